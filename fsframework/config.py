@@ -1,0 +1,232 @@
+"""Typed configuration: nested dataclasses are the schema.
+
+A job is `YAML file -> dotted key=value overrides`, merged with omegaconf in
+strict mode onto the dataclass defaults, so an unknown key or a value of the
+wrong type fails with the key's name before any work starts. `validate()`
+then checks the relations between values (block size a multiple of the cell
+size, window wide enough, positive learning rate, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+MODEL_NAMES = ("tfpp", "swa", "alibi", "sinusoidal", "fs", "fsl")
+FREESOLO_MODELS = ("fs", "fsl")
+COMBINE_MODES = ("sum", "gate", "separate_wo")
+ATTENTION_IMPLS = ("auto", "reference", "triton")
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or invalid."""
+
+
+@dataclass
+class AttentionConfig:
+    """Attention hyperparameters; the FreeSolo ones follow SPEC §1 (paper defaults)."""
+
+    window: int = 512  # local branch / SWA: keys with 0 <= i - j <= window
+    rope_theta: float = 10000.0
+    impl: str = "auto"  # auto | reference | triton
+    cell_size: int = 32  # s
+    block_size: int = 128  # B, a multiple of s
+    top_k: int = 4  # K
+    sigma: float = 4.0  # erf prior width, per head at init
+    lam: float = 1.0  # prior weight, per head at init
+    recent_cells: int = 8  # W (FS-L)
+    retained_cells: int = 64  # P (FS-L)
+    combine: str = "sum"  # sum | gate | separate_wo
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tfpp"  # one of MODEL_NAMES
+    vocab_size: int = 260
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_hidden: int = 0  # 0: SwiGLU width 8/3 d_model rounded up to a multiple of 64
+    norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    max_seq_len: int = 4096  # only bounds nothing learned; kept for recipes and eval defaults
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        if self.mlp_hidden > 0:
+            return self.mlp_hidden
+        return ((8 * self.d_model // 3) + 63) // 64 * 64
+
+
+@dataclass
+class DataConfig:
+    source: str = "embedded"  # "embedded" (built-in corpus) or a local/remote MDS directory
+    cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
+    tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
+    seq_len: int = 512
+    micro_batch_size: int = 4
+    num_workers: int = 0
+    shuffle: bool = True
+    shuffle_seed: int = 1234
+    embedded_python_chars: int = 3_000_000  # natural text taken from the stdlib sources
+    embedded_retrieval_docs: int = 2000  # generated long-range retrieval documents
+    eval_fraction: float = 0.02  # held out for perplexity
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 20
+    decay: str = "cosine"  # cosine | linear | constant
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ParallelConfig:
+    sp: int = 1  # sequence-parallel group size
+    zero_stage: int = 0
+    grad_accum: int = 1
+    precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
+    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    timeout_s: int = 600
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    ckpt_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    seed: int = 0
+    init_from: Optional[str] = None  # load weights only (fresh optimizer and schedule)
+    progress: bool = True
+    tensorboard: bool = True
+
+
+@dataclass
+class EvalConfig:
+    lengths: list = field(default_factory=lambda: [256, 512, 1024])
+    num_batches: int = 4
+    batch_size: int = 2
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+
+
+def _positive(key: str, value: float, *, zero_ok: bool = False) -> None:
+    if value < 0 or (value == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(f"{key}={value!r} is invalid; it must be {bound}")
+
+
+def validate(cfg: Config) -> Config:
+    """Check relations between values; raise ConfigError naming the key and what is allowed."""
+    m, a = cfg.model, cfg.model.attention
+    _choice("model.name", m.name, MODEL_NAMES)
+    _choice("model.attention.combine", a.combine, COMBINE_MODES)
+    _choice("model.attention.impl", a.impl, ATTENTION_IMPLS)
+    _choice("optim.decay", cfg.optim.decay, ("cosine", "linear", "constant"))
+    _choice("parallel.precision", cfg.parallel.precision, ("auto", "fp32", "bf16"))
+    _choice("parallel.backend", cfg.parallel.backend, ("auto", "gloo", "nccl"))
+    _choice("parallel.zero_stage", cfg.parallel.zero_stage, (0, 1, 2, 3))
+    for key in ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "data.seq_len",
+                "data.micro_batch_size", "train.max_steps", "train.ckpt_every", "train.keep_checkpoints",
+                "train.log_every", "parallel.sp", "parallel.grad_accum", "model.attention.cell_size",
+                "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size",
+                "eval.num_batches"):
+        section, *rest = key.split(".")
+        obj = getattr(cfg, section)
+        for part in rest[:-1]:
+            obj = getattr(obj, part)
+        _positive(key, getattr(obj, rest[-1]))
+    for key, value in (("model.attention.window", a.window), ("model.attention.recent_cells", a.recent_cells),
+                       ("model.attention.retained_cells", a.retained_cells), ("model.attention.lam", a.lam),
+                       ("optim.weight_decay", cfg.optim.weight_decay), ("optim.warmup_steps", cfg.optim.warmup_steps),
+                       ("optim.grad_clip", cfg.optim.grad_clip), ("data.num_workers", cfg.data.num_workers)):
+        _positive(key, value, zero_ok=True)
+    _positive("model.attention.sigma", a.sigma)
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must lie in [0, 1]")
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model={m.d_model} must be a multiple of model.n_heads={m.n_heads}")
+    if m.head_dim % 2:
+        raise ConfigError(f"head dim d_model/n_heads={m.head_dim} must be even for RoPE")
+    if m.name in FREESOLO_MODELS:
+        if a.block_size % a.cell_size:
+            raise ConfigError(
+                f"model.attention.block_size={a.block_size} must be a multiple of model.attention.cell_size={a.cell_size}")
+        if a.window < a.block_size - 1:
+            raise ConfigError(
+                f"model.attention.window={a.window} must be >= model.attention.block_size - 1 = {a.block_size - 1} "
+                "(the local branch must cover the current query block)")
+    if not 0.0 <= cfg.data.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
+    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
+        raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
+    return cfg
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults <- YAML file <- dotted `key=value` overrides, strict, then validated."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(Config)
+    try:
+        merged = schema
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file not found: {path}")
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+        for item in overrides or []:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} must look like key=value (e.g. train.max_steps=10)")
+        if overrides:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"invalid config{f' key {key!r}' if key else ''}: {msg}") from None
+    return validate(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml_file(path: str | Path) -> Config:
+    """Load a resolved `config.yaml` written by a run (strict, validated)."""
+    return load_config(path)
+
+
+def replace(cfg: Config, **changes: Any) -> Config:
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,165 @@
+"""The embedded default corpus: real text every Python install carries, plus generated
+long-range retrieval documents, written as MDS shards.
+
+- Natural text: docstrings and the reference-manual topics shipped inside the
+  standard library (`pydoc_data/topics.py`), and the library's source files,
+  found through `sysconfig`, read in sorted order (deterministic).
+- Retrieval documents: facts and passkeys planted far from the question that
+  asks for them, in natural-text filler, so small models can learn to retrieve.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+_FACT_KEYS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "granite", "harbor", "indigo", "juniper",
+              "kestrel", "lantern", "meadow", "nickel", "orchid", "pepper", "quartz", "raven", "saffron", "tundra",
+              "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_sources() -> list[Path]:
+    """Every `.py` file of the standard library outside tests and site-packages, sorted."""
+    root = stdlib_root()
+    skip = ("site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__")
+    files = [p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts)]
+    return sorted(files)
+
+
+def _docstrings(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) > 80:
+                out.append(doc)
+    return out
+
+
+def stdlib_prose(max_chars: int) -> list[str]:
+    """English prose: the reference manual topics (pydoc_data), then docstrings; at most max_chars."""
+    docs: list[str] = []
+    total = 0
+    try:
+        from pydoc_data.topics import topics
+
+        for key in sorted(topics):
+            docs.append(topics[key].strip())
+            total += len(docs[-1])
+            if total >= max_chars:
+                return docs
+    except ImportError:
+        pass
+    for path in stdlib_sources():
+        for doc in _docstrings(path.read_text(encoding="utf-8", errors="replace")):
+            docs.append(doc)
+            total += len(doc)
+            if total >= max_chars:
+                return docs
+    return docs
+
+
+def stdlib_code(max_chars: int) -> list[str]:
+    """Source files of the standard library, whole, at most max_chars in total."""
+    docs, total = [], 0
+    for path in stdlib_sources():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        docs.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    return docs
+
+
+def filler_text(prose: list[str], rng: random.Random, num_chars: int) -> str:
+    """Natural-text filler of about `num_chars` characters from random prose paragraphs."""
+    parts, total = [], 0
+    while total < num_chars:
+        doc = prose[rng.randrange(len(prose))]
+        start = rng.randrange(max(1, len(doc) - 400))
+        piece = doc[start:start + rng.randint(200, 1200)]
+        parts.append(piece)
+        total += len(piece) + 1
+    return " ".join(parts)[:num_chars]
+
+
+def retrieval_document(prose: list[str], rng: random.Random, length_chars: int) -> str:
+    """A document whose end asks for something stated far earlier.
+
+    Three shapes, chosen at random: a passkey ("The passkey is NNNNN."), a
+    magic-number fact for a word key, or several facts with one asked.
+    """
+    kind = rng.choice(("passkey", "fact", "facts"))
+    body = length_chars - 120
+    if kind == "passkey":
+        key = f"{rng.randrange(10000, 100000)}"
+        needle = f" The passkey is {key}. Remember it. {key} is the passkey. "
+        question, answer = " What is the passkey? The passkey is", f" {key}."
+        needles = [needle]
+    else:
+        count = 1 if kind == "fact" else rng.randint(2, 4)
+        keys = rng.sample(_FACT_KEYS, count)
+        values = [f"{rng.randrange(1_000_000, 10_000_000)}" for _ in keys]
+        needles = [f" One of the special magic numbers for {k} is: {v}. " for k, v in zip(keys, values)]
+        asked = rng.randrange(count)
+        question = f" What is the special magic number for {keys[asked]}? The special magic number for {keys[asked]} is:"
+        answer = f" {values[asked]}."
+    filler = filler_text(prose, rng, max(body, 0))
+    # needles in the first 60% so the question is always far from them
+    pieces, prev = [], 0
+    cuts = sorted(rng.randrange(0, max(1, int(len(filler) * 0.6))) for _ in needles)
+    for cut, needle in zip(cuts, needles):
+        pieces += [filler[prev:cut], needle]
+        prev = cut
+    pieces.append(filler[prev:])
+    return "".join(pieces) + question + answer
+
+
+def embedded_documents(python_chars: int, retrieval_docs: int, doc_chars: int, seed: int = 0) -> list[str]:
+    """All documents of the embedded corpus in a deterministic shuffled order."""
+    rng = random.Random(seed)
+    prose = stdlib_prose(python_chars // 2)
+    code = stdlib_code(python_chars // 2)
+    retrieval = [retrieval_document(prose, rng, rng.randint(doc_chars // 2, doc_chars)) for _ in range(retrieval_docs)]
+    docs = prose + code + retrieval
+    rng.shuffle(docs)
+    return docs
+
+
+def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, python_chars: int,
+                          retrieval_docs: int, eval_fraction: float, seed: int = 0) -> dict:
+    """Write `out_dir/train` and `out_dir/eval` MDS datasets (skipped when the same build exists)."""
+    from fsframework.data.shards import pack_documents, write_mds
+
+    out_dir = Path(out_dir)
+    recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
+              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 1}
+    stamp = out_dir / "recipe.json"
+    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
+        return json.loads(stamp.read_text())["stats"]
+    import shutil
+
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=seq_len * 3 // 2, seed=seed)
+    num_eval = max(1, int(len(docs) * eval_fraction)) if eval_fraction > 0 else 0
+    eval_docs, train_docs = docs[:num_eval], docs[num_eval:]
+    stats = {}
+    for split, split_docs in (("train", train_docs), ("eval", eval_docs)):
+        if not split_docs:
+            continue
+        samples = pack_documents((tokenizer.encode(d) for d in split_docs), seq_len, tokenizer.eos_id)
+        stats[split] = write_mds(samples, out_dir / split)
+    stamp.write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
+    return stats

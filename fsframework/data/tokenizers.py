@@ -1,0 +1,88 @@
+"""Tokenizers: byte-level (default, no files), HF `tokenizer.json`, sentencepiece `.model`.
+
+All expose `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size` and
+`eos_id` (the document separator appended after every document).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0..255, then EOS = 256. Vocab 257 (models round it up)."""
+
+    name = "byte"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` JSON file."""
+
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer as _Tok
+
+        self.name = path
+        self._tok = _Tok.from_file(path)
+        self.vocab_size = self._tok.get_vocab_size()
+        eos = None
+        for cand in ("</s>", "<|endoftext|>", "<eos>", "[SEP]"):
+            eos = self._tok.token_to_id(cand)
+            if eos is not None:
+                break
+        self.eos_id = eos if eos is not None else self.vocab_size - 1
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids])
+
+
+class SentencePieceTokenizer:
+    def __init__(self, path: str):
+        import sentencepiece as spm
+
+        self.name = path
+        self._sp = spm.SentencePieceProcessor(model_file=path)
+        self.vocab_size = self._sp.get_piece_size()
+        eos = self._sp.eos_id()
+        self.eos_id = eos if eos >= 0 else self.vocab_size - 1
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """`byte`, a path to `tokenizer.json`, or a path to a sentencepiece `.model`."""
+    if spec == "byte":
+        return ByteTokenizer()
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file not found: {spec} (use 'byte', a tokenizer.json or a .model file)")
+    if path.suffix == ".json":
+        return HFTokenizer(str(path))
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(str(path))
+    raise ValueError(f"unknown tokenizer file type {path.suffix!r} for {spec}: expected .json or .model")

@@ -1,0 +1,83 @@
+"""Pre-norm decoder-only language model (Transformer++ shape) with a pluggable attention.
+
+Legend: B batch, T time, D model width, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fsframework.config import ModelConfig
+from fsframework.models.blocks import RMSNorm, SwiGLU, sinusoidal_table
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention: nn.Module):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = attention
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, attention_factory: Callable[[ModelConfig, int], nn.Module],
+                 absolute_positions: bool = False):
+        super().__init__()
+        self.cfg = cfg
+        self.absolute_positions = absolute_positions
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(DecoderBlock(cfg, attention_factory(cfg, i)) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """Normal init of every Linear/Embedding weight, zero biases; modules with other
+        parameters (norm gains, gates) re-initialise them in `reset_extra_parameters`."""
+        std = self.cfg.init_std
+        residual_scale = 1.0 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                # residual-branch outputs scaled down with depth (GPT-2 / OLMo style)
+                scale = residual_scale if name.endswith(("wo", "w_down")) else 1.0
+                nn.init.normal_(module.weight, mean=0.0, std=std * scale)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if hasattr(module, "reset_extra_parameters"):
+                module.reset_extra_parameters()
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.absolute_positions:
+            pos = torch.arange(tokens.shape[1], device=tokens.device)
+            x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens `[B, T]` -> logits `[B, T, V]`."""
+        return self.lm_head(self.hidden_states(tokens))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross entropy; `targets` uses -100 for ignored positions.
+        With `weights` `[B, T]`: `sum w CE / sum w` over the non-ignored targets."""
+        logits = self(tokens).float()
+        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                             reduction="none")
+        valid = (targets.reshape(-1) != -100).to(ce.dtype)
+        w = valid if weights is None else valid * weights.reshape(-1).to(ce.dtype)
+        return (ce * w).sum() / w.sum().clamp_min(1e-12)

@@ -1,0 +1,90 @@
+"""Sliding-window causal attention with RoPE (SPEC §1.2), reference implementation.
+
+Query `i` attends to keys `j` with `0 <= i - j <= window` (window + 1 keys, self
+included); logits are `RoPE(q_i) . RoPE(k_j) / sqrt(d)`. Queries are processed in
+chunks so memory is `O(N * (chunk + window))`, never `N x N`.
+
+Shapes: q, k, v `[B, T, H, D]` -> `[B, T, H, D]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fsframework.ops.rope import rotate
+
+_IMPLS = ("auto", "reference", "triton")
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, impl: str) -> None:
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if impl not in _IMPLS:
+        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
+
+
+def window_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, chunk: int = 256
+) -> torch.Tensor:
+    """Banded causal softmax attention on already-rotated q/k, chunked over queries."""
+    bsz, seq, heads, dim = q.shape
+    scale = 1.0 / math.sqrt(dim)
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math, fp64 kept for tests
+    out = torch.empty_like(q)
+    for start in range(0, seq, chunk):
+        end = min(start + chunk, seq)
+        kstart = max(0, start - window)
+        # B T H D -> B H T D
+        qc = q[:, start:end].transpose(1, 2).to(acc)
+        kc = k[:, kstart:end].transpose(1, 2).to(acc)
+        vc = v[:, kstart:end].transpose(1, 2).to(acc)
+        logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
+        qi = torch.arange(start, end, device=q.device)[:, None]
+        kj = torch.arange(kstart, end, device=q.device)[None, :]
+        band = (qi - kj >= 0) & (qi - kj <= window)
+        logits = logits.masked_fill(~band, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        out[:, start:end] = torch.matmul(probs, vc).transpose(1, 2).to(q.dtype)
+    return out
+
+
+def sliding_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window: int,
+    rope_theta: float | None = 10000.0,
+    start_pos: int = 0,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Local branch of FreeSolo and the SWA baseline.
+
+    q, k, v: `[B, T, H, D]`, q/k unrotated; RoPE (base `rope_theta`, absolute
+    positions from `start_pos`) is applied here, or skipped when `rope_theta`
+    is None. `impl`: "reference", "triton" or "auto" (Triton on CUDA tensors
+    when the kernel is importable, the reference elsewhere).
+    """
+    _check(q, k, v, window, impl)
+    if impl == "triton" or (impl == "auto" and q.is_cuda):
+        kernel = _triton_kernel()
+        if kernel is not None:
+            return kernel(q, k, v, window=window, rope_theta=rope_theta, start_pos=start_pos)
+        if impl == "triton":
+            raise RuntimeError("impl='triton' requested but the window-attention Triton kernel is unavailable")
+    if rope_theta is not None:
+        q = rotate(q, rope_theta, start_pos)
+        k = rotate(k, rope_theta, start_pos)
+    return window_attention_reference(q, k, v, window=window)
+
+
+def _triton_kernel():
+    try:
+        from fsf_kernels.window_attention import sliding_window_attention as kernel
+    except ImportError:
+        return None
+    return kernel
