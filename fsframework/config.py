@@ -111,14 +111,19 @@ class TrainConfig:
     log_every: int = 1
     seed: int = 0
     init_from: Optional[str] = None  # load weights only (fresh optimizer and schedule)
+    stop_at_step: Optional[int] = None  # end this invocation early (after a checkpoint); the schedule still spans max_steps
     progress: bool = True
     tensorboard: bool = True
 
 
 @dataclass
 class EvalConfig:
+    """What `fsf run` evaluates after training (and the defaults of `fsf eval`)."""
+
+    tasks: list = field(default_factory=lambda: ["perplexity"])
     lengths: list = field(default_factory=lambda: [256, 512, 1024])
-    num_batches: int = 4
+    num_samples: int = 10  # per task and length (retrieval tasks)
+    num_batches: int = 4  # perplexity windows per length = num_batches * batch_size
     batch_size: int = 2
 
 
@@ -156,7 +161,7 @@ def validate(cfg: Config) -> Config:
     _choice("parallel.zero_stage", cfg.parallel.zero_stage, (0, 1, 2, 3))
     for key in ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "data.seq_len",
                 "data.micro_batch_size", "train.max_steps", "train.ckpt_every", "train.keep_checkpoints",
-                "train.log_every", "parallel.sp", "parallel.grad_accum", "model.attention.cell_size",
+                "train.log_every", "parallel.sp", "parallel.grad_accum", "eval.num_samples", "model.attention.cell_size",
                 "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size",
                 "eval.num_batches"):
         section, *rest = key.split(".")

@@ -1,0 +1,53 @@
+"""`fsf data`: build MDS shards from text files and inspect them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+data_app = typer.Typer(help="Build MDS training shards from .txt/.jsonl/.jsonl.gz/.parquet files and inspect them.",
+                       no_args_is_help=True)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@data_app.command()
+def build(
+    inputs: List[Path] = typer.Argument(..., help="Input files: .txt (one document each), .jsonl, .jsonl.gz, .parquet"),
+    out: Path = typer.Option(..., "--out", help="Output directory for the MDS shards"),
+    tokenizer: str = typer.Option("byte", help="'byte', a tokenizer.json or a sentencepiece .model"),
+    seq_len: int = typer.Option(4096, "--seq-len", help="Tokens per sample (each sample stores seq_len + 1)"),
+    workers: int = typer.Option(1, help="Tokenizer worker processes"),
+    text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
+    compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
+    overwrite: bool = typer.Option(False, help="Replace an existing MDS dataset in --out"),
+) -> None:
+    """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1)."""
+    from fsframework.data.build import DataBuildError, build_shards
+
+    try:
+        build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
+                     text_field=text_field, compression=compression, overwrite=overwrite)
+    except (DataBuildError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+
+
+@data_app.command()
+def inspect(
+    directory: Path = typer.Argument(..., help="MDS dataset directory (with index.json)"),
+    tokenizer: str = typer.Option("byte", help="Tokenizer used to build the shards"),
+    sample: int = typer.Option(0, help="Index of the sample to decode"),
+    chars: Optional[int] = typer.Option(600, help="Characters of the decoded sample to print"),
+) -> None:
+    """Verify every shard (sizes, hashes, samples), print statistics and decode one sample."""
+    from fsframework.data.inspect_shards import ShardError, inspect as run_inspect
+
+    try:
+        run_inspect(directory, tokenizer, sample, max_chars=chars or 0)
+    except (ShardError, FileNotFoundError, ValueError, IndexError) as exc:
+        _fail(str(exc))

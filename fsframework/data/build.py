@@ -1,0 +1,347 @@
+"""Build MDS shards from raw text files: read, tokenize in worker processes, pack, write.
+
+Inputs, by extension:
+- `.txt`: the whole file is one document.
+- `.jsonl`, `.jsonl.gz`: one JSON object per line; the document is `obj[text_field]`.
+- `.parquet`: one document per row of the `text_field` column (needs pyarrow).
+
+Documents keep their boundaries: each is closed by the tokenizer's EOS and packed
+by `shards.pack_documents` into the pinned sample format, then written by
+`shards.write_mds` (compressed, xxh64-hashed shards plus `index.json`).
+
+What is skipped and what is an error:
+- Counted skips (reported in the stats, the build goes on): an empty or
+  whitespace-only document (including a blank JSONL line and a JSON `null` or
+  parquet null text), text that is not valid UTF-8 (undecodable bytes in a file or
+  line, or a lone surrogate escaped in JSON), and text the tokenizer maps to no
+  tokens. These are defects of single documents, common in scraped data.
+- Errors (`DataBuildError`, naming the file and line or row; nothing is left in
+  `out_dir`): a missing or unreadable file, an unknown extension, a corrupt gzip
+  stream, malformed JSON, a line that is not a JSON object, a missing text field,
+  a text field that is neither a string nor null, a parquet file without the column
+  or with a non-text column. These mean the inputs or the options are wrong, so
+  a shard built from them would be silently wrong.
+
+Shards are written to a temporary sibling directory and moved to `out_dir` only when
+the build succeeds. Output is identical for any number of workers: documents keep
+their input order.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import multiprocessing as mp
+import os
+import shutil
+import zlib
+from collections import deque
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from fsframework.data.shards import pack_documents, write_mds
+from fsframework.data.tokenizers import load_tokenizer
+
+SKIP_REASONS = ("empty", "invalid_utf8")
+_EXTENSIONS = (".jsonl.gz", ".jsonl", ".txt", ".parquet")
+_CHUNK_BYTES = 1 << 20      # payload bytes per task sent to a worker
+_CHUNK_RECORDS = 1024       # ...or this many documents, whichever comes first
+
+
+class DataBuildError(ValueError):
+    """Bad input data or options; the message names the file (and line or row)."""
+
+
+def input_kind(path: str | Path) -> str:
+    name = str(path).lower()
+    for ext in _EXTENSIONS:
+        if name.endswith(ext):
+            return ext
+    raise DataBuildError(f"{path}: unknown input extension (expected one of {', '.join(_EXTENSIONS)})")
+
+
+# ---------------------------------------------------------------- reading (main process)
+# A record is (line_or_row, kind, payload, progress_bytes); the worker turns it into
+# token ids, a skip reason or an error message. JSON parsing happens in the workers
+# too, so the main process only moves bytes.
+
+def _read_txt(path: Path, text_field: str) -> Iterator[tuple]:
+    data = path.read_bytes()
+    yield 1, "bytes", data, len(data)
+
+
+def _read_jsonl(path: Path, text_field: str) -> Iterator[tuple]:
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw, mode="rb") if str(path).lower().endswith(".gz") else raw
+        last = 0
+        # The raw file position tracks progress in on-disk (compressed) bytes.
+        for lineno, line in enumerate(stream, start=1):
+            pos = raw.tell()
+            yield lineno, "json", line, pos - last
+            last = pos
+
+
+def _read_parquet(path: Path, text_field: str) -> Iterator[tuple]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DataBuildError(f"{path}: reading .parquet needs pyarrow (pip install pyarrow)") from exc
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataBuildError(f"{path}: not a readable parquet file: {exc}") from exc
+    schema = pf.schema_arrow
+    if text_field not in schema.names:
+        raise DataBuildError(f"{path}: no column {text_field!r} (columns: {', '.join(schema.names)})")
+    col_type = schema.field(text_field).type
+    if not (pa.types.is_string(col_type) or pa.types.is_large_string(col_type)
+            or pa.types.is_binary(col_type) or pa.types.is_large_binary(col_type)):
+        raise DataBuildError(f"{path}: column {text_field!r} has type {col_type}, expected a string column")
+    size, groups = path.stat().st_size, max(1, pf.num_row_groups)
+    row = 0
+    for group in range(pf.num_row_groups):
+        values = pf.read_row_group(group, columns=[text_field]).column(0).to_pylist()
+        for k, value in enumerate(values):
+            row += 1
+            yield row, "value", value, (size // groups if k == len(values) - 1 else 0)
+
+
+_READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".jsonl.gz": _read_jsonl, ".parquet": _read_parquet}
+
+
+def _records(paths: list[Path], text_field: str) -> Iterator[tuple]:
+    """(file index, line, kind, payload, progress bytes) for every document of every file."""
+    for fi, path in enumerate(paths):
+        try:
+            for rec in _READERS[input_kind(path)](path, text_field):
+                yield (fi, *rec)
+        except DataBuildError:
+            raise
+        except (OSError, EOFError, zlib.error) as exc:
+            # gzip raises BadGzipFile (an OSError) or EOFError on damaged streams
+            raise DataBuildError(f"{path}: cannot read: {exc}") from exc
+
+
+def _chunks(records: Iterable[tuple]) -> Iterator[list[tuple]]:
+    chunk, size = [], 0
+    for rec in records:
+        chunk.append(rec)
+        payload = rec[3]
+        size += len(payload) if isinstance(payload, (bytes, str)) else 0
+        if size >= _CHUNK_BYTES or len(chunk) >= _CHUNK_RECORDS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+# ---------------------------------------------------------------- tokenizing (workers)
+
+_TOKENIZER = None
+
+
+def _init_worker(tokenizer_spec: str) -> None:
+    global _TOKENIZER
+    _TOKENIZER = load_tokenizer(tokenizer_spec)
+
+
+def _text_of(kind: str, payload, text_field: str) -> tuple[str, object]:
+    """('text', str) | ('skip', reason) | ('error', message) for one record."""
+    if kind == "json":
+        if not payload.strip():
+            return "skip", "empty"
+        try:
+            line = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return "skip", "invalid_utf8"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return "error", f"malformed JSON: {exc}"
+        if not isinstance(obj, dict):
+            return "error", f"expected a JSON object, got {type(obj).__name__}"
+        if text_field not in obj:
+            return "error", f"no field {text_field!r} (fields: {', '.join(map(str, obj)) or 'none'})"
+        payload = obj[text_field]
+        if payload is not None and not isinstance(payload, str):
+            return "error", f"field {text_field!r} is {type(payload).__name__}, expected a string"
+    if payload is None:
+        return "skip", "empty"
+    if isinstance(payload, bytes):
+        try:
+            payload = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            return "skip", "invalid_utf8"
+    return "text", payload
+
+
+def _tokenize_chunk(args: tuple[list[tuple], str]) -> tuple[int, list[tuple]]:
+    """(input bytes covered, [(file index, line, status, value)]) with status 'ok'
+    (int32 token ids), 'skip' (reason) or 'error' (message)."""
+    chunk, text_field = args
+    out = []
+    for fi, line, kind, payload, _ in chunk:
+        status, value = _text_of(kind, payload, text_field)
+        if status == "text":
+            if not value.strip():
+                status, value = "skip", "empty"
+            else:
+                try:
+                    ids = _TOKENIZER.encode(value)
+                except UnicodeEncodeError:  # lone surrogates from JSON "\ud800" escapes
+                    ids = None
+                if ids is None:
+                    status, value = "skip", "invalid_utf8"
+                elif len(ids) == 0:
+                    status, value = "skip", "empty"
+                else:
+                    status, value = "ok", np.asarray(ids, dtype=np.int32)
+        out.append((fi, line, status, value))
+    return sum(rec[4] for rec in chunk), out
+
+
+def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator:
+    """fn over tasks in order, in `workers` processes, with a bounded number in flight.
+
+    `Pool.imap` would read the whole input ahead into its task queue (no back
+    pressure), so tasks are submitted through a window of `4 * workers`.
+    """
+    if workers <= 1:
+        _init_worker(*initargs)
+        yield from map(fn, tasks)
+        return
+    # spawn: safe with threads (progress bar, torch) in the parent, same on every OS
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+        window: deque = deque()
+        for task in tasks:
+            window.append(pool.apply_async(fn, (task,)))
+            if len(window) >= 4 * workers:
+                yield window.popleft().get()
+        while window:
+            yield window.popleft().get()
+
+
+# ---------------------------------------------------------------- building
+
+def _prepare_out(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        if not overwrite:
+            raise DataBuildError(f"{out_dir}: output directory exists and is not empty (use overwrite)")
+        if out_dir.is_dir() and not (out_dir / "index.json").is_file():
+            raise DataBuildError(f"{out_dir}: refusing to overwrite a directory that is not an MDS dataset")
+
+
+def shard_summary(out_dir: str | Path) -> dict:
+    """Shard count and on-disk bytes from an MDS `index.json`."""
+    index = json.loads((Path(out_dir) / "index.json").read_text())
+    shards = index["shards"]
+    size = sum((s.get("zip_data") or s["raw_data"])["bytes"] for s in shards)
+    return {"shards": len(shards), "bytes": size}
+
+
+def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "byte", seq_len: int,
+                 workers: int = 1, text_field: str = "text", compression: str | None = "zstd",
+                 size_limit: int = 1 << 24, overwrite: bool = False, verbose: bool = True) -> dict:
+    """Tokenize `inputs` and write MDS shards of `seq_len + 1`-token samples to `out_dir`.
+
+    Returns stats: documents, skipped (per reason), tokens (document tokens incl. EOS),
+    tokens_written (in samples; the trailing partial sample is dropped), samples,
+    shards, bytes. With `verbose`, shows a progress bar and prints the summary.
+    """
+    from streaming.base.compression import is_compression
+
+    if seq_len < 1:
+        raise DataBuildError(f"seq_len must be >= 1, got {seq_len}")
+    if workers < 1:
+        raise DataBuildError(f"workers must be >= 1, got {workers}")
+    if compression in ("", "none"):
+        compression = None
+    if compression is not None and not is_compression(compression):
+        raise DataBuildError(f"unknown compression {compression!r}")
+    if not inputs:
+        raise DataBuildError("no input files given")
+    paths = [Path(p) for p in inputs]
+    for path in paths:
+        input_kind(path)
+        if not path.is_file():
+            raise DataBuildError(f"{path}: input file not found")
+        if not os.access(path, os.R_OK):
+            raise DataBuildError(f"{path}: input file not readable")
+    tok = load_tokenizer(tokenizer)
+    out_dir = Path(out_dir)
+    _prepare_out(out_dir, overwrite)
+    tmp_dir = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+
+    stats = {"documents": 0, "skipped": {r: 0 for r in SKIP_REASONS}, "tokens": 0}
+    total_bytes = sum(p.stat().st_size for p in paths)
+    progress = _progress(verbose)
+
+    def documents(task_id) -> Iterator[list[int]]:
+        chunks = _chunks(_records(paths, text_field))
+        tasks = ((chunk, text_field) for chunk in chunks)
+        for advanced, result in _ordered_map(_tokenize_chunk, tasks, workers, (tokenizer,)):
+            for fi, line, status, value in result:
+                if status == "ok":
+                    stats["documents"] += 1
+                    stats["tokens"] += len(value) + 1
+                    yield value.tolist()
+                elif status == "skip":
+                    stats["skipped"][value] += 1
+                else:
+                    unit = {".txt": None, ".parquet": "row"}.get(input_kind(paths[fi]), "line")
+                    where = f"{paths[fi]}" + (f", {unit} {line}" if unit else "")
+                    raise DataBuildError(f"{where}: {value}")
+            if progress is not None:
+                progress.update(task_id, advance=advanced, description=f"{stats['documents']:,} documents")
+
+    try:
+        with (progress if progress is not None else nullcontext()):
+            task_id = progress.add_task("tokenizing", total=total_bytes) if progress is not None else None
+            samples = write_mds(pack_documents(documents(task_id), seq_len, tok.eos_id), tmp_dir,
+                                compression=compression, size_limit=size_limit)
+            if progress is not None:
+                progress.update(task_id, completed=total_bytes)
+        if samples == 0:
+            raise DataBuildError(f"inputs hold {stats['tokens']} tokens, fewer than one sample of "
+                                 f"{seq_len + 1}; nothing written")
+        stats.update(samples=samples, tokens_written=samples * (seq_len + 1), **shard_summary(tmp_dir))
+        recipe = {"inputs": [str(p) for p in paths], "tokenizer": tok.name, "seq_len": seq_len,
+                  "text_field": text_field, "compression": compression}
+        (tmp_dir / "build.json").write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
+        os.replace(tmp_dir, out_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    if verbose:
+        print_summary(stats, out_dir)
+    return stats
+
+
+def _progress(verbose: bool):
+    if not verbose:
+        return None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+
+
+def print_summary(stats: dict, out_dir: str | Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"MDS shards in {out_dir}", show_header=False)
+    skipped = ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items())
+    for key, value in (("documents", f"{stats['documents']:,}"), ("skipped", skipped),
+                       ("tokens", f"{stats['tokens']:,}"), ("tokens in samples", f"{stats['tokens_written']:,}"),
+                       ("samples", f"{stats['samples']:,}"), ("shards", f"{stats['shards']:,}"),
+                       ("bytes", f"{stats['bytes']:,}")):
+        table.add_row(key, value)
+    Console().print(table)

@@ -1,0 +1,79 @@
+"""Greedy decoding with full forward passes (no KV cache yet).
+
+The models take no padding mask, so a padded batch would let real tokens attend to
+pad tokens and shift their positions. Prompts are therefore batched only with
+prompts of identical length; the task generators make every prompt of one task
+and length the same length, so in practice batches are full.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+
+def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits `[B, V]` of the last position.
+
+    For models exposing `hidden_states` and `lm_head` (TransformerLM), only the last
+    position goes through the output head, so memory stays linear in the length
+    instead of holding `[B, T, V]` logits.
+    """
+    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+        return model.lm_head(model.hidden_states(tokens)[:, -1]).float()
+    return model(tokens)[:, -1].float()
+
+
+def _greedy_batch(model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, eos_id: int | None) -> list[list[int]]:
+    new = []
+    done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    for _ in range(max_new_tokens):
+        nxt = last_logits(model, tokens).argmax(dim=-1)
+        new.append(nxt)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        if eos_id is not None:
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+    if not new:
+        return [[] for _ in range(tokens.shape[0])]
+    rows = torch.stack(new, dim=1).tolist()
+    if eos_id is not None:
+        rows = [row[:row.index(eos_id)] if eos_id in row else row for row in rows]
+    return rows
+
+
+def greedy_generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                    eos_id: int | None = None, batch_size: int = 8, device: torch.device | str | None = None,
+                    on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+    """Greedy continuations of `prompts` (each without the prompt, cut before the first EOS).
+
+    Prompts of equal length are decoded together, `batch_size` at a time, in the input
+    order within each length. `on_batch(n)` is called after each batch of n prompts
+    (progress bars). The model is used as is (device, dtype, eval mode are the caller's).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        groups[len(prompt)].append(i)
+    out: list[list[int]] = [[] for _ in prompts]
+    with torch.inference_mode():
+        for length in sorted(groups):
+            idxs = groups[length]
+            for start in range(0, len(idxs), batch_size):
+                chunk = idxs[start:start + batch_size]
+                tokens = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
+                for i, row in zip(chunk, _greedy_batch(model, tokens, max_new_tokens, eos_id)):
+                    out[i] = row
+                if on_batch is not None:
+                    on_batch(len(chunk))
+    return out

@@ -1,0 +1,111 @@
+"""PNG plots of an evaluation result (the dict `suite.run_eval` returns).
+
+Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly, so
+no pyplot state or display backend is involved (safe in headless jobs and tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def _figure(width: float = 6.4, height: float = 4.2) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return str(path)
+
+
+def _lengths(series: dict) -> list[int]:
+    return sorted(int(k) for k in series)
+
+
+def plot_scores_vs_length(scores: dict[str, dict[str, float | None]], path: Path,
+                          title: str = "Score vs context length") -> str:
+    """One line per task: score (0-100) against length, log-2 length axis."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for task, series in sorted(scores.items()):
+        xs = [n for n in _lengths(series) if series[str(n)] is not None]
+        if xs:
+            ax.plot(xs, [series[str(n)] for n in xs], marker="o", label=task)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("score")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    return _save(fig, path)
+
+
+def plot_heatmap(table: dict[str, dict[str, float | None]], path: Path, *, row_label: str, title: str) -> str:
+    """Heat map with lengths as columns and the inner keys (depths, fact counts) as rows."""
+    import numpy as np
+
+    lengths = _lengths(table)
+    rows = sorted({float(r) for series in table.values() for r in series})
+    keys = {float(r): r for series in table.values() for r in series}
+    grid = np.full((len(rows), len(lengths)), np.nan)
+    for j, n in enumerate(lengths):
+        for i, r in enumerate(rows):
+            value = table[str(n)].get(keys[r])
+            if value is not None:
+                grid[i, j] = value
+    fig = _figure(1.6 + 0.9 * len(lengths), 1.4 + 0.35 * len(rows))
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
+    for i in range(len(rows)):
+        for j in range(len(lengths)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=7)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(row_label)
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="score")
+    return _save(fig, path)
+
+
+def plot_perplexity(ppl: dict[str, float | None], path: Path) -> str:
+    fig = _figure()
+    ax = fig.add_subplot()
+    xs = [n for n in _lengths(ppl) if ppl[str(n)] is not None]
+    ax.plot(xs, [ppl[str(n)] for n in xs], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title("Perplexity vs context length")
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def write_plots(results: dict, plots_dir: str | Path) -> list[str]:
+    """Every plot the result supports; returns the written paths."""
+    out = Path(plots_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scores, breakdown = results.get("scores", {}), results.get("breakdown", {})
+    paths = []
+    task_scores = {t: s for t, s in scores.items() if t != "perplexity"}
+    if task_scores:
+        paths.append(plot_scores_vs_length(task_scores, out / "score_vs_length.png"))
+    if breakdown.get("passkey"):
+        paths.append(plot_heatmap(breakdown["passkey"], out / "passkey_depth_length.png", row_label="depth (%)",
+                                  title="Passkey retrieval"))
+    if breakdown.get("ffact"):
+        paths.append(plot_heatmap(breakdown["ffact"], out / "ffact_facts_length.png", row_label="facts F",
+                                  title="F-fact memory probe"))
+    if scores.get("perplexity"):
+        paths.append(plot_perplexity(scores["perplexity"], out / "perplexity_vs_length.png"))
+    return paths

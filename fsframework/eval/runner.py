@@ -1,0 +1,50 @@
+"""Evaluate a checkpoint: load it, pick the data and tokenizer of its run, run the suite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+
+def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
+                        batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str]) -> dict:
+    from fsframework.data.loader import prepare_data_dir
+    from fsframework.data.tokenizers import load_tokenizer
+    from fsframework.eval.suite import run_eval
+    from fsframework.train.checkpoint import load_model, resolve_checkpoint
+
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    ckpt = resolve_checkpoint(checkpoint)
+    model, cfg = load_model(ckpt, device, overrides)
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    out = out or run_dir / "eval" / "scores.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
+                    num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
+                    out_path=str(out), plots_dir=str(out.parent), data_dir=prepare_data_dir(cfg, "eval"),
+                    device=device, num_batches=cfg.eval.num_batches)
+
+
+def summary_table(run_dir: Path, scores: dict) -> None:
+    """The main job's closing table: training loss first/last, throughput, eval scores."""
+    from rich.console import Console
+    from rich.table import Table
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    table = Table(title=f"summary of {run_dir}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    if records:
+        table.add_row("steps", str(records[-1]["step"]))
+        table.add_row("tokens", f"{records[-1]['tokens']:,}")
+        table.add_row("loss (first step)", f"{records[0]['loss']:.4f}")
+        table.add_row("loss (last step)", f"{records[-1]['loss']:.4f}")
+        tps = sorted(r["tokens_per_s"] for r in records)
+        table.add_row("tokens/s (median)", f"{tps[len(tps) // 2]:,.0f}")
+    for task, by_length in scores.get("scores", {}).items():
+        for length, value in by_length.items():
+            table.add_row(f"{task} @ {length}", f"{value:.2f}" if isinstance(value, float) else str(value))
+    Console().print(table)

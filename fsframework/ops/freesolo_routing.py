@@ -1,0 +1,192 @@
+"""FreeSolo routing (SPEC §1.3-§1.6): cell summaries, available sets and top-K selection.
+
+Reference implementation in plain PyTorch. Legend: Bt batch, N tokens, H heads,
+d head width, C complete cells, M candidate cells of one query block, K top_k.
+
+Queries are processed one query block (`block_size` tokens) at a time: every
+query of a block sees the same full prefix `C_i = {c : (c+1)s <= b_i}`, so a
+block needs scores of shape `[Bt, block, H, |A_i|]` only. FS scores all of
+`C_i` (`O(N^2/s)` work, `O(N)` memory); FS-L keeps each head's top-P cells by
+key-norm priority incrementally, merging the `B/s` newly eligible cells of each
+block into the previous top-P, so its routing is `O(N)` in time and memory.
+No `N x N` or `N x N/s` tensor is ever built.
+
+[choice]s implemented here (SPEC §1.5, §1.6): ties in the FS-L priority `a_c`
+and ties in the routing score `r_ic` are both won by the earlier cell.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+VARIANTS = ("fs", "fsl")
+
+
+def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_size: int, block_size: int,
+                       top_k: int, recent_cells: int, retained_cells: int) -> None:
+    """Raise ValueError naming the problem when shapes or sizes are invalid."""
+    if q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(f"q and k must share a [B, N, H, d] shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] < 1:
+        raise ValueError(f"head width d must be >= 1, got {q.shape[-1]}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if cell_size < 1:
+        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
+    if block_size < 1 or block_size % cell_size:
+        raise ValueError(f"block_size={block_size} must be a positive multiple of cell_size={cell_size}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if recent_cells < 0 or retained_cells < 0:
+        raise ValueError(f"recent_cells (W={recent_cells}) and retained_cells (P={retained_cells}) must be >= 0")
+
+
+def per_head(value: float | torch.Tensor, heads: int, name: str, *, positive: bool, like: torch.Tensor) -> torch.Tensor:
+    """A float or a `[H]` (or scalar) tensor -> a `[H]` tensor in `like`'s dtype and device."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] not in (1, heads)):
+            raise ValueError(f"{name} must be a float or a tensor of shape ({heads},), got shape {tuple(value.shape)}")
+        return value.detach().to(device=like.device, dtype=like.dtype).expand(heads)
+    value = float(value)
+    if (positive and not value > 0) or value < 0:
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
+    return torch.full((heads,), value, device=like.device, dtype=like.dtype)
+
+
+def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summaries of the complete cells from unrotated keys `k` `[Bt, N, H, d]`.
+
+    Returns `kbar` `[Bt, C, H, d]` (mean key) and `a` `[Bt, C, H]` (largest key L2
+    norm of the cell), `C = N // cell_size`: an incomplete trailing cell is never
+    eligible, so it gets no summary. Computed in fp32 (fp64 inputs stay fp64).
+    """
+    bsz, seq, heads, dim = k.shape
+    num_cells = seq // cell_size
+    acc = torch.promote_types(k.dtype, torch.float32)
+    kc = k[:, : num_cells * cell_size].to(acc).view(bsz, num_cells, cell_size, heads, dim)
+    return kc.mean(dim=2), torch.linalg.vector_norm(kc, dim=-1).amax(dim=2)
+
+
+def top_k_earliest(scores: torch.Tensor, valid: torch.Tensor | None, top_k: int) -> torch.Tensor:
+    """Positions of the `top_k` largest `scores` along the last axis, best first.
+
+    scores `[..., M]`, ordered so that position order is cell order among the
+    valid entries; valid: bool, broadcastable to scores, or None (all valid).
+    Returns `[..., top_k]` long positions, -1 where fewer than `top_k` are valid.
+    Ties are won by the lower position, exactly: `torch.topk` only supplies the
+    K-th value; everything above it is taken, and equal values are taken in
+    position order (cumulative count) until K are chosen.
+    """
+    lead, num = scores.shape[:-1], scores.shape[-1]
+    kt = min(top_k, num)
+    out = torch.full((*lead, top_k), -1, dtype=torch.long, device=scores.device)
+    if kt == 0:
+        return out
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
+    kth = scores.topk(kt, dim=-1, sorted=True).values[..., -1:]
+    above = scores > kth
+    tied = scores == kth
+    if valid is not None:
+        tied &= valid  # a -inf K-th value means fewer than K valid cells: take only the valid ones
+    need = kt - above.sum(dim=-1, keepdim=True)
+    take = above | (tied & (tied.cumsum(dim=-1) <= need))
+    # compact the taken positions into kt slots (in position order); slot kt is a dump
+    slot = torch.where(take, take.cumsum(dim=-1) - 1, kt)
+    pos = torch.arange(num, device=scores.device).expand_as(scores)
+    picked = torch.full((*lead, kt + 1), -1, dtype=torch.long, device=scores.device)
+    picked.scatter_(-1, slot, pos)
+    picked_scores = torch.full((*lead, kt + 1), float("-inf"), dtype=scores.dtype, device=scores.device)
+    picked_scores.scatter_(-1, slot, scores)
+    # a stable descending sort of slots already in position order keeps earlier cells first on ties
+    order = picked_scores[..., :kt].sort(dim=-1, descending=True, stable=True).indices
+    out[..., :kt] = picked[..., :kt].gather(-1, order)
+    return out
+
+
+def _prior(a: torch.Tensor, centers: torch.Tensor, queries: torch.Tensor, lam: torch.Tensor,
+           sigma: torch.Tensor) -> torch.Tensor:
+    """`lam_h * a_c * erf((i - p_c) / (2 sigma_h))` -> `[Bt, Bq, H, M]`.
+
+    a, centers: `[Bt, H, M]` (centers may broadcast over Bt and H); queries: `[Bq]` positions.
+    """
+    dist = queries.to(a.dtype)[None, :, None, None] - centers[:, None]  # Bt Bq H M
+    return (lam[:, None] * a)[:, None] * torch.erf(dist / (2.0 * sigma)[:, None])
+
+
+def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
+                           block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
+                           lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
+                           retained_cells: int = 64) -> torch.Tensor:
+    """Selected cells `[Bt, N, H, top_k]` (descending score, -1 = none) for unrotated q, k `[Bt, N, H, d]`.
+
+    See `fsframework.ops.freesolo.select_cells` for the full contract.
+    """
+    check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
+                       recent_cells=recent_cells, retained_cells=retained_cells)
+    bsz, seq, heads, dim = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    like = torch.empty((), dtype=acc, device=q.device)
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
+    with torch.no_grad():  # hard selections receive no gradient (SPEC §1.6)
+        kbar, a = cell_summaries(k, cell_size)
+        kbar_h = kbar.transpose(1, 2)  # Bt C H d -> Bt H C d
+        a_h = a.transpose(1, 2).contiguous()  # Bt H C
+        centers = (torch.arange(kbar.shape[1], device=q.device, dtype=acc) + 0.5) * cell_size
+        route = _route_fs if variant == "fs" else _route_fsl
+        route(q, kbar_h, a_h, centers, out, cell_size=cell_size, block_size=block_size, top_k=top_k,
+              sigma=sigma_h, lam=lam_h, recent=recent_cells, retained=retained_cells)
+    return out
+
+
+def _route_fs(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, **_):
+    """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
+    seq, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+    for start in range(block_size, seq, block_size):  # the first block has no eligible cell
+        end = min(start + block_size, seq)
+        num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
+        qb = q[:, start:end].to(kbar_h.dtype)
+        content = torch.einsum("bqhd,bhcd->bqhc", qb, kbar_h[:, :, :num]) * scale
+        pos = torch.arange(start, end, device=q.device)
+        scores = content + _prior(a_h[:, :, :num], centers[None, None, :num], pos, lam, sigma)
+        out[:, start:end] = top_k_earliest(scores, None, top_k)  # position == cell index
+
+
+def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, recent, retained):
+    """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, top-P kept incrementally."""
+    bsz, seq, heads, dim = q.shape
+    scale = 1.0 / math.sqrt(dim)
+    device = q.device
+    # retained cells per batch and head, ascending cell index (so merges stay in cell order)
+    kept = torch.empty((bsz, heads, 0), dtype=torch.long, device=device)
+    num_seen = 0
+    for start in range(block_size, seq, block_size):
+        end = min(start + block_size, seq)
+        num = start // cell_size
+        if retained > 0:
+            # newly eligible cells all come after the kept ones, so the concatenation is in cell order
+            new = torch.arange(num_seen, num, device=device).expand(bsz, heads, -1)
+            cand = torch.cat((kept, new), dim=-1)
+            if cand.shape[-1] > retained:
+                # stable descending sort of a cell-ordered list: ties in a_c go to the earlier cell
+                best = a_h.gather(-1, cand).sort(dim=-1, descending=True, stable=True).indices[..., :retained]
+                cand = cand.gather(-1, best).sort(dim=-1).values
+            kept = cand
+        num_seen = num
+        low = max(0, num - recent)
+        recent_cells = torch.arange(low, num, device=device).expand(bsz, heads, -1)
+        # kept cells inside the recent window are duplicates; the rest precede every recent cell
+        cells = torch.cat((kept, recent_cells), dim=-1)  # Bt H M
+        valid = torch.cat((kept < low, torch.ones_like(recent_cells, dtype=torch.bool)), dim=-1)
+        kb = kbar_h.gather(2, cells[..., None].expand(-1, -1, -1, dim))  # Bt H M d
+        qb = q[:, start:end].to(kb.dtype)
+        content = torch.einsum("bqhd,bhmd->bqhm", qb, kb) * scale
+        pos = torch.arange(start, end, device=device)
+        scores = content + _prior(a_h.gather(-1, cells), centers[cells], pos, lam, sigma)
+        choice = top_k_earliest(scores, valid[:, None], top_k)  # Bt Bq H K, positions into M
+        chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
+        out[:, start:end] = torch.where(choice >= 0, chosen, -1)

@@ -1,0 +1,28 @@
+"""The DeepSpeed config a run needs, derived from the framework config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fsframework.config import Config
+
+
+def use_bf16(cfg: Config) -> bool:
+    precision = cfg.parallel.precision
+    return precision == "bf16" or (precision == "auto" and torch.cuda.is_available())
+
+
+def deepspeed_config(cfg: Config) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.data.micro_batch_size,
+        "gradient_accumulation_steps": cfg.parallel.grad_accum,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": {"stage": cfg.parallel.zero_stage},
+        "bf16": {"enabled": use_bf16(cfg)},
+        # the optimizer is a plain torch AdamW handed to deepspeed.initialize (no JIT-built extension)
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**12,
+        "wall_clock_breakdown": False,
+    }

@@ -1,0 +1,183 @@
+"""The training loop: config -> model -> DeepSpeed engine -> steps -> checkpoints.
+
+Loop state lives in `TrainState` (checkpointed with the engine); one optimizer
+step is `train_step`, which runs `grad_accum` calls of `forward_backward`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsframework.config import Config, to_yaml
+from fsframework.train import checkpoint as ckpt_io
+from fsframework.train.distributed import DistInfo, init_distributed
+from fsframework.train.monitor import Monitor, console
+from fsframework.train.schedule import lr_factor
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken
+    tokens: int = 0  # training tokens consumed (all ranks)
+
+
+class LanguageModelingLoss(nn.Module):
+    """Wraps an LM so the engine's forward returns the (optionally weighted) loss."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None):
+        return self.model.loss(inputs, targets, weights)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Decay matrices only; norms, gains and biases are left alone."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def _memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.dist: DistInfo = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
+        if self.dist.world_size % cfg.parallel.sp:
+            raise ValueError(f"world size {self.dist.world_size} is not a multiple of parallel.sp={cfg.parallel.sp}")
+        self.dp_size = self.dist.world_size // cfg.parallel.sp
+        self.state = TrainState()
+        self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
+
+    def build(self) -> None:
+        import deepspeed
+
+        from fsframework.data.loader import TokenLoader, make_streaming_dataset, prepare_data_dir
+        from fsframework.models.registry import build_model, count_parameters
+        from fsframework.parallel.deepspeed_config import deepspeed_config
+
+        cfg = self.cfg
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            data_dir = prepare_data_dir(cfg, "train")
+        ckpt_io.barrier()
+        data_dir = prepare_data_dir(cfg, "train", build=False)
+
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model)
+        if cfg.train.init_from:
+            weights = ckpt_io.consolidated_state_dict(ckpt_io.resolve_checkpoint(cfg.train.init_from))
+            model.load_state_dict(weights)
+            self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
+        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters, "
+                 f"{cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads")
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+                                      betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_factor(step, cfg.train.max_steps, cfg.optim))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=LanguageModelingLoss(model), optimizer=optimizer, lr_scheduler=scheduler,
+            config=deepspeed_config(cfg))
+        self.model = model
+        dataset = make_streaming_dataset(data_dir, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
+                                         seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
+                                         local_cache=str(self.run_dir / "data_cache"))
+        self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers)
+
+    def maybe_resume(self) -> None:
+        found = ckpt_io.find_latest(self.ckpt_root, log=self.log)
+        if found is None:
+            return
+        ckpt_io.load_engine(self.engine, found)
+        client = ckpt_io.load_client_state(found, self.dist.rank)
+        self.state = TrainState(**client["train_state"])
+        self.loader.load_state_dict(client["loader"])
+        ckpt_io.set_rng_state(client["rng"])
+        self.log(f"resumed from {found.name} at step {self.state.step}")
+
+    def save(self) -> None:
+        client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
+        ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
+                     keep=self.cfg.train.keep_checkpoints)
+
+    def forward_backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        dev = self.engine.device
+        loss = self.engine(batch["inputs"].to(dev), batch["targets"].to(dev))
+        self.engine.backward(loss)
+        return loss.detach()
+
+    def _local_grad_norm(self) -> float | None:
+        """Norm of the full gradients held by this rank (ZeRO 0 only; ZeRO 1-3 report their own)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.parallel.zero_stage > 0 or not grads:
+            return None
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+
+    def train_step(self) -> dict[str, Any]:
+        lr = self.optimizer.param_groups[0]["lr"]
+        losses = []
+        pre_step_norm = None
+        for _ in range(self.cfg.parallel.grad_accum):
+            losses.append(self.forward_backward(next(self.loader)))
+            if self.engine.is_gradient_accumulation_boundary():
+                pre_step_norm = self._local_grad_norm()
+            self.engine.step()
+        loss = torch.stack(losses).mean()
+        if self.dp_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(loss)
+            loss /= self.dist.world_size
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is None:
+            grad_norm = pre_step_norm
+        return {"loss": float(loss), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None}
+
+    def fit(self) -> TrainState:
+        cfg = self.cfg
+        self.build()
+        self.maybe_resume()
+        tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
+        monitor = Monitor(self.run_dir, total_steps=cfg.train.max_steps, start_step=self.state.step,
+                          enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
+        self.engine.train()
+        try:
+            last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
+            while self.state.step < last:
+                start = time.perf_counter()
+                metrics = self.train_step()
+                elapsed = time.perf_counter() - start
+                self.state.step += 1
+                self.state.tokens += tokens_per_step
+                if self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps:
+                    monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens,
+                                 "tokens_per_s": tokens_per_step / elapsed,
+                                 "memory_mb": _memory_mb(self.dist.device)})
+                else:
+                    monitor.advance(self.state.step)
+                if self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last:
+                    self.save()
+        finally:
+            monitor.close()
+        return self.state
+
+
+def train(cfg: Config) -> TrainState:
+    return Trainer(cfg).fit()

@@ -1,0 +1,243 @@
+"""FreeSolo cell routing (SPEC §1.3-§1.6) in Triton: FS and FS-L top-K selection.
+
+Three kernels: a summary pre-pass (mean key, largest key norm per complete
+cell), the FS-L retention scan (top-P cells by norm per query block, kept
+incrementally per head), and the scorer: one program per query tile of one
+query block, scoring its available cells tile by tile and keeping a running
+top-K in registers, so no score matrix is ever written to global memory.
+No gradient (the selection is hard).
+
+Legend: B batch, N tokens, H heads, D head dim, S cell size, C = N // S
+complete cells, NB query blocks, K top_k, P retained cells, W recent cells.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fsframework.ops.freesolo_routing import check_routing_args, per_head
+from fsf_kernels.common.tiles import mma
+from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
+from fsf_kernels.common.utils import check_head_dim, dot_is_ieee, next_pow2
+
+_BC = 64  # FS: cells scored per step
+
+
+@triton.jit
+def cell_summary_kernel(k, kbar, a, s_kb, s_kt, s_kh, H, C, S: tl.constexpr, SP: tl.constexpr, D: tl.constexpr,
+                        BD: tl.constexpr):
+    """kbar `[B, H, C, D]` = mean key of cell c, a `[B, H, C]` = its largest key L2 norm (fp32)."""
+    c, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_s = tl.arange(0, SP)
+    o_d = tl.arange(0, BD)
+    rows = c.to(tl.int64) * S + o_s
+    mask = (o_s[:, None] < S) & (o_d[None, :] < D)
+    x = tl.load(k + b * s_kb + h * s_kh + rows[:, None] * s_kt + o_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    base = (b * H + h) * C + c
+    tl.store(kbar + base * D + o_d, tl.sum(x, 0) / S, mask=o_d < D)
+    # padded rows have norm 0 and every norm is >= 0, so they never win the max
+    tl.store(a + base, tl.max(tl.sqrt(tl.sum(x * x, 1)), 0))
+
+
+@triton.jit
+def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.constexpr, PP: tl.constexpr,
+                      NEW: tl.constexpr, NEWP: tl.constexpr):
+    """kept `[B*H, NB, PP]` int32: per block, the P eligible cells of largest a (ties: earlier), -1 = empty.
+
+    Sequential over blocks, one program per (batch, head): the state is the
+    previous block's top-P, merged with the NEW = BLK/S newly eligible cells by
+    ranking the union and compacting ranks < P into slots (slot = rank).
+    """
+    bh = tl.program_id(0).to(tl.int64)
+    slots = tl.arange(0, PP)
+    o_new = tl.arange(0, NEWP)
+    valid_n = o_new < NEW
+    sv = tl.full([PP], float("-inf"), tl.float32)
+    si = tl.full([PP], -1, tl.int32)
+    row = kept + bh * NB * PP
+    tl.store(row + slots, si)
+    for j in range(1, NB):
+        n_prev = (j - 1) * BLK // S
+        c_new = n_prev + o_new
+        nv = tl.load(a + bh * C + c_new, mask=valid_n, other=float("-inf"))
+        valid_s = si >= 0
+        # every kept cell precedes every new cell, so equal a goes to the kept one
+        s_beats_s = (sv[None, :] > sv[:, None]) | ((sv[None, :] == sv[:, None]) & (si[None, :] < si[:, None]))
+        rank_s = tl.sum((s_beats_s & valid_s[None, :]).to(tl.int32), 1)
+        rank_s += tl.sum(((nv[None, :] > sv[:, None]) & valid_n[None, :]).to(tl.int32), 1)
+        n_beats_n = (nv[None, :] > nv[:, None]) | ((nv[None, :] == nv[:, None]) & (c_new[None, :] < c_new[:, None]))
+        rank_n = tl.sum(((sv[None, :] >= nv[:, None]) & valid_s[None, :]).to(tl.int32), 1)
+        rank_n += tl.sum((n_beats_n & valid_n[None, :]).to(tl.int32), 1)
+        hit_s = (valid_s & (rank_s < P))[None, :] & (rank_s[None, :] == slots[:, None])  # [slot, x]
+        hit_n = (valid_n & (rank_n < P))[None, :] & (rank_n[None, :] == slots[:, None])
+        si = (tl.sum(tl.where(hit_s, si[None, :] + 1, 0), 1) + tl.sum(tl.where(hit_n, c_new[None, :] + 1, 0), 1)
+              - 1)
+        sv = tl.sum(tl.where(hit_s, sv[None, :], 0.0), 1) + tl.sum(tl.where(hit_n, nv[None, :], 0.0), 1)
+        sv = tl.where(si >= 0, sv, float("-inf"))
+        tl.store(row + j * PP + slots, si)
+
+
+@triton.jit
+def _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S: tl.constexpr, D: tl.constexpr,
+                BD: tl.constexpr, IEEE: tl.constexpr):
+    """r = q.kbar/sqrt(D) + lam*a*erf((i - p_c)/(2 sigma)) for cells idx `[BC]` -> `[BM, BC]`, -inf if not valid."""
+    o_d = tl.arange(0, BD)
+    b_kbar = tl.load(kbar_bh + idx.to(tl.int64)[:, None] * D + o_d[None, :], mask=valid[:, None] & (o_d[None, :] < D),
+                     other=0.0)
+    b_a = tl.load(a_bh + idx, mask=valid, other=0.0)
+    content = mma(b_q, tl.trans(b_kbar), IEEE) * scale
+    center = (idx.to(tl.float32) + 0.5) * S
+    prior = (lam_h * b_a)[None, :] * tl.math.erf((pos[:, None] - center[None, :]) / two_sigma)
+    return tl.where(valid[None, :], content + prior, float("-inf"))
+
+
+@triton.jit
+def select_cells_fwd_kernel(
+    q, kbar, a, kept, sigma, lam, out,
+    s_qb, s_qt, s_qh,
+    N, H, C, NB, TPB, W, scale,
+    BLK: tl.constexpr, S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, WP: tl.constexpr, FSL: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One query tile inside query block j: every row shares the eligible prefix of n_j cells."""
+    pid, pid_bh = tl.program_id(0), tl.program_id(1)
+    j = pid // TPB
+    r0 = (pid % TPB) * BM
+    b = (pid_bh // H).to(tl.int64)
+    h = pid_bh % H
+    bh = b * H + h
+    o_r = r0 + tl.arange(0, BM)
+    o_m = j * BLK + o_r
+    m_row = (o_r < BLK) & (o_m < N)
+    o_d = tl.arange(0, BD)
+    p_q = q + b * s_qb + h.to(tl.int64) * s_qh + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :]
+    b_q = tl.load(p_q, mask=m_row[:, None] & (o_d[None, :] < D), other=0.0).to(tl.float32)
+    pos = o_m.to(tl.float32)
+    lam_h = tl.load(lam + h)
+    two_sigma = 2.0 * tl.load(sigma + h)
+    kbar_bh = kbar + bh * C * D
+    a_bh = a + bh * C
+    n_j = j * BLK // S
+    run_v, run_i = topk_init(BM, KP, K)
+    if FSL:
+        low = tl.maximum(n_j - W, 0)
+        idx = tl.load(kept + (bh * NB + j) * PP + tl.arange(0, PP))
+        # kept cells inside the recent window are counted once, as recent
+        valid = (idx >= 0) & (idx < low)
+        s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+        run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, PP)), K, KP)
+        idx = low + tl.arange(0, WP)
+        s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+        run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, WP)), K, KP)
+    else:
+        for c0 in range(0, n_j, BC):
+            idx = c0 + tl.arange(0, BC)
+            s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+            run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BC)), K, KP)
+    sel = topk_sorted(run_v, run_i, K, KP)
+    o_k = tl.arange(0, KP)
+    p_out = out + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :]
+    tl.store(p_out, sel.to(tl.int64), mask=m_row[:, None] & (o_k[None, :] < K))
+
+
+def cell_summary_fwd(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summaries of the complete cells: kbar `[B, H, C, D]` and a `[B, H, C]`, fp32 (C >= 1 rows allocated)."""
+    bsz, seq, heads, dim = k.shape
+    num_cells = seq // cell_size
+    if k.stride(3) != 1:
+        k = k.contiguous()
+    kbar = torch.empty((bsz, heads, max(num_cells, 1), dim), device=k.device, dtype=torch.float32)
+    a = torch.empty((bsz, heads, max(num_cells, 1)), device=k.device, dtype=torch.float32)
+    if num_cells:
+        cell_summary_kernel[(num_cells, bsz * heads)](
+            k, kbar, a, k.stride(0), k.stride(1), k.stride(2), heads, kbar.shape[2],
+            S=cell_size, SP=next_pow2(cell_size), D=dim, BD=next_pow2(dim),
+        )
+    return kbar, a
+
+
+def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, retained: int) -> torch.Tensor:
+    """Retained cells per query block, `[B*H, NB, PP]` int32 (-1 = empty)."""
+    bsz, heads, num_alloc = a.shape
+    num_blocks = triton.cdiv(seq, block_size)
+    pp = max(16, next_pow2(retained))
+    if retained == 0:
+        return torch.full((bsz * heads, num_blocks, pp), -1, device=a.device, dtype=torch.int32)
+    kept = torch.empty((bsz * heads, num_blocks, pp), device=a.device, dtype=torch.int32)
+    new = block_size // cell_size
+    fsl_retain_kernel[(bsz * heads,)](
+        a, kept, num_alloc, num_blocks, BLK=block_size, S=cell_size, P=retained, PP=pp, NEW=new, NEWP=next_pow2(new),
+    )
+    return kept
+
+
+def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, block_size, top_k, recent_cells):
+    """Top-K cells `[B, N, H, K]` int64 in descending score, -1 where fewer are available."""
+    bsz, seq, heads, dim = q.shape
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    out = torch.empty((bsz, seq, heads, top_k), device=q.device, dtype=torch.long)
+    num_blocks = triton.cdiv(seq, block_size)
+    bm = max(16, min(64, next_pow2(block_size)))
+    tiles = triton.cdiv(block_size, bm)
+    fsl = variant == "fsl"
+    select_cells_fwd_kernel[(num_blocks * tiles, bsz * heads)](
+        q, kbar, a, kept, sigma_h, lam_h, out,
+        q.stride(0), q.stride(1), q.stride(2),
+        seq, heads, kbar.shape[2], num_blocks, tiles, recent_cells, 1.0 / math.sqrt(dim),
+        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=next_pow2(dim), BM=bm, BC=_BC,
+        PP=kept.shape[-1], WP=max(16, next_pow2(recent_cells)), FSL=fsl, IEEE=dot_is_ieee(q.dtype),
+    )
+    return out
+
+
+def select_cells(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    *,
+    variant: str = "fs",
+    cell_size: int = 32,
+    block_size: int = 128,
+    top_k: int = 4,
+    sigma: float | torch.Tensor = 4.0,
+    lam: float | torch.Tensor = 1.0,
+    recent_cells: int = 8,
+    retained_cells: int = 64,
+) -> torch.Tensor:
+    """Top-K cells per query and head, same contract as `fsframework.ops.freesolo.select_cells`.
+
+    q, k: unrotated `[B, N, H, D]`, fp32/fp16/bf16. Scores
+    `r_ic = q_i . kbar_c / sqrt(D) + lam_h a_c erf((i - p_c) / (2 sigma_h))` over the
+    complete cells ending before the query's block (FS), or per head over the
+    `recent_cells` most recent of them plus the `retained_cells` of largest `a_c`
+    (FS-L). sigma, lam: floats or `[H]` tensors. Ties go to the earlier cell.
+    Returns int64 `[B, N, H, top_k]`, best first, -1 where fewer are available.
+    For bf16/fp16 inputs the content term uses tf32 products on the GPU, so
+    near-tied cells may be ordered differently from the fp32 reference.
+    """
+    check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
+                       recent_cells=recent_cells, retained_cells=retained_cells)
+    check_head_dim("q", q)
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    if top_k > 64:
+        raise ValueError(f"top_k must be <= 64 for the Triton kernel, got {top_k}")
+    heads = q.shape[2]
+    like = torch.empty((), dtype=torch.float32, device=q.device)
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like).contiguous()
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like).contiguous()
+    with torch.no_grad():
+        q, k = q.detach(), k.detach()
+        kbar, a = cell_summary_fwd(k, cell_size)
+        if variant == "fsl":
+            kept = fsl_retain_fwd(a, q.shape[1], cell_size, block_size, retained_cells)
+        else:
+            kept = torch.full((1, 1, 16), -1, device=q.device, dtype=torch.int32)
+        return select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
+                                block_size=block_size, top_k=top_k, recent_cells=recent_cells)

@@ -1,0 +1,272 @@
+"""Sliding-window causal attention with RoPE (SPEC §1.2) in Triton.
+
+Query i attends to keys j with 0 <= i - j <= window. FlashAttention-style:
+the forward keeps an online softmax per query tile and visits only the key
+tiles that intersect the band; the backward recomputes probabilities from the
+saved log-sum-exp, with one pass over key tiles for dk/dv and one over query
+tiles for dq (no atomics). RoPE is a pre-pass (see common/rope.py).
+
+Legend: B batch, T sequence, H heads, D head dim. Tensors are `[B, T, H, D]`;
+the log-sum-exp `lse` and `delta` are fp32 `[B, H, T]` and in base 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fsf_kernels.common.rope import rope_apply, rope_tables
+from fsf_kernels.common.tiles import mma
+from fsf_kernels.common.utils import check_head_dim, dot_is_ieee, next_pow2
+
+_LOG2E = 1.4426950408889634
+_BM = 64
+_BN = 64
+
+
+@triton.jit
+def window_attention_fwd_kernel(
+    q, k, v, o, lse,
+    s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
+    T, H, window, qk_scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    m0 = pid_m * BM
+    o_m = m0 + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    p_q = q + b * s_qb + h * s_qh + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :]
+    b_q = tl.load(p_q, mask=(o_m[:, None] < T) & m_d[None, :], other=0.0)
+
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    # only key tiles that meet the band [m0 - window, m0 + BM - 1]
+    lo = tl.maximum(m0 - window, 0) // BN * BN
+    hi = tl.minimum(m0 + BM, T)
+    for n0 in range(lo, hi, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < T
+        row = o_n.to(tl.int64)[:, None]
+        b_k = tl.load(k + b * s_kb + h * s_kh + row * s_kt + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+        b_v = tl.load(v + b * s_vb + h * s_vh + row * s_vt + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
+        s = mma(b_q, tl.trans(b_k), IEEE) * qk_scale
+        diff = o_m[:, None] - o_n[None, :]
+        s = tl.where((diff >= 0) & (diff <= window) & m_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row can still be empty (padding rows); keep its exponents finite
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + mma(p.to(b_v.dtype), b_v, IEEE)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    m_row = o_m < T
+    p_o = o + ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    tl.store(p_o, out.to(o.dtype.element_ty), mask=m_row[:, None] & m_d[None, :])
+    tl.store(lse + (b * H + h) * T + o_m, m_i + tl.log2(l_safe), mask=m_row)
+
+
+@triton.jit
+def window_attention_bwd_preprocess_kernel(o, do, delta, T, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """delta_i = sum_d dO_id * O_id, the softmax-backward row term."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_m = pid_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    mask = (o_m[:, None] < T) & (o_d[None, :] < D)
+    off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    b_o = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
+    b_do = tl.load(do + off, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta + (b * H + h) * T + o_m, tl.sum(b_o * b_do, 1), mask=o_m < T)
+
+
+@triton.jit
+def window_attention_bwd_dkdv_kernel(
+    q, k, v, do, lse, delta, dk, dv,
+    T, H, window, qk_scale, scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One key tile, looping over the query tiles of [n0, n0 + BN - 1 + window]."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    n0 = pid_n * BN
+    o_n = n0 + tl.arange(0, BN)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m_n = o_n < T
+    kv_off = ((b * T + o_n.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    kv_mask = m_n[:, None] & m_d[None, :]
+    b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0)
+    b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0)
+    b_dk = tl.zeros([BN, BD], tl.float32)
+    b_dv = tl.zeros([BN, BD], tl.float32)
+    lo = n0 // BM * BM
+    hi = tl.minimum(n0 + BN + window, T)
+    for m0 in range(lo, hi, BM):
+        o_m = m0 + tl.arange(0, BM)
+        m_m = o_m < T
+        q_off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+        q_mask = m_m[:, None] & m_d[None, :]
+        b_q = tl.load(q + q_off, mask=q_mask, other=0.0)
+        b_do = tl.load(do + q_off, mask=q_mask, other=0.0)
+        b_lse = tl.load(lse + (b * H + h) * T + o_m, mask=m_m, other=0.0)
+        b_delta = tl.load(delta + (b * H + h) * T + o_m, mask=m_m, other=0.0)
+        # transposed scores [BN, BM] so dk/dv accumulate without transposing back
+        sT = mma(b_k, tl.trans(b_q), IEEE) * qk_scale
+        diff = o_m[None, :] - o_n[:, None]
+        band = (diff >= 0) & (diff <= window) & m_m[None, :] & m_n[:, None]
+        pT = tl.where(band, tl.exp2(sT - b_lse[None, :]), 0.0)
+        b_dv += mma(pT.to(b_do.dtype), b_do, IEEE)
+        dpT = mma(b_v, tl.trans(b_do), IEEE)
+        dsT = pT * (dpT - b_delta[None, :])
+        b_dk += mma(dsT.to(b_q.dtype), b_q, IEEE)
+    tl.store(dk + kv_off, (b_dk * scale).to(dk.dtype.element_ty), mask=kv_mask)
+    tl.store(dv + kv_off, b_dv.to(dv.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def window_attention_bwd_dq_kernel(
+    q, k, v, do, lse, delta, dq,
+    T, H, window, qk_scale, scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One query tile, looping over the key tiles of its band (as the forward)."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    m0 = pid_m * BM
+    o_m = m0 + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    m_m = o_m < T
+    q_off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    q_mask = m_m[:, None] & m_d[None, :]
+    b_q = tl.load(q + q_off, mask=q_mask, other=0.0)
+    b_do = tl.load(do + q_off, mask=q_mask, other=0.0)
+    b_lse = tl.load(lse + (b * H + h) * T + o_m, mask=m_m, other=0.0)
+    b_delta = tl.load(delta + (b * H + h) * T + o_m, mask=m_m, other=0.0)
+    b_dq = tl.zeros([BM, BD], tl.float32)
+    lo = tl.maximum(m0 - window, 0) // BN * BN
+    hi = tl.minimum(m0 + BM, T)
+    for n0 in range(lo, hi, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < T
+        kv_off = ((b * T + o_n.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+        kv_mask = m_n[:, None] & m_d[None, :]
+        b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0)
+        b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0)
+        s = mma(b_q, tl.trans(b_k), IEEE) * qk_scale
+        diff = o_m[:, None] - o_n[None, :]
+        band = (diff >= 0) & (diff <= window) & m_n[None, :] & m_m[:, None]
+        p = tl.where(band, tl.exp2(s - b_lse[:, None]), 0.0)
+        dp = mma(b_do, tl.trans(b_v), IEEE)
+        ds = p * (dp - b_delta[:, None])
+        b_dq += mma(ds.to(b_k.dtype), b_k, IEEE)
+    tl.store(dq + q_off, b_dq * scale, mask=q_mask)
+
+
+def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Banded attention on already-rotated q/k: returns o `[B, T, H, D]` and lse `[B, H, T]`."""
+    bsz, seq, heads, dim = q.shape
+    q, k, v = (x if x.stride(3) == 1 else x.contiguous() for x in (q, k, v))
+    o = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=q.dtype)
+    lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    scale = 1.0 / math.sqrt(dim)
+    grid = (triton.cdiv(seq, _BM), bsz * heads)
+    window_attention_fwd_kernel[grid](
+        q, k, v, o, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        seq, heads, window, scale * _LOG2E,
+        D=dim, BD=next_pow2(dim), BM=_BM, BN=_BN, IEEE=dot_is_ieee(q.dtype),
+    )
+    return o, lse
+
+
+def window_attention_bwd(q, k, v, o, lse, do, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients w.r.t. the rotated q/k (fp32) and v (v's dtype); all contiguous."""
+    bsz, seq, heads, dim = q.shape
+    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
+    bd = next_pow2(dim)
+    scale = 1.0 / math.sqrt(dim)
+    delta = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    window_attention_bwd_preprocess_kernel[(triton.cdiv(seq, _BM), bsz * heads)](o, do, delta, seq, heads, D=dim, BD=bd, BM=_BM)
+    dq = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    dk = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    dv = torch.empty_like(v)
+    meta = dict(D=dim, BD=bd, BM=_BM, BN=_BN, IEEE=dot_is_ieee(q.dtype))
+    window_attention_bwd_dkdv_kernel[(triton.cdiv(seq, _BN), bsz * heads)](
+        q, k, v, do, lse, delta, dk, dv, seq, heads, window, scale * _LOG2E, scale, **meta
+    )
+    window_attention_bwd_dq_kernel[(triton.cdiv(seq, _BM), bsz * heads)](
+        q, k, v, do, lse, delta, dq, seq, heads, window, scale * _LOG2E, scale, **meta
+    )
+    return dq, dk, dv
+
+
+class WindowAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, window, cos, sin):
+        q_r = q if cos is None else rope_apply(q, cos, sin)
+        k_r = k if cos is None else rope_apply(k, cos, sin)
+        o, lse = window_attention_fwd(q_r, k_r, v, window)
+        ctx.save_for_backward(q_r, k_r, v, o, lse, cos, sin)
+        ctx.window = window
+        ctx.dtypes = (q.dtype, k.dtype)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q_r, k_r, v, o, lse, cos, sin = ctx.saved_tensors
+        dq, dk, dv = window_attention_bwd(q_r, k_r, v, o, lse, do, ctx.window)
+        if cos is not None:
+            # d(R x)/dx = R, so the input gradient is R^T applied to the rotated one
+            dq = rope_apply(dq, cos, sin, inverse=True, out_dtype=ctx.dtypes[0])
+            dk = rope_apply(dk, cos, sin, inverse=True, out_dtype=ctx.dtypes[1])
+        else:
+            dq, dk = dq.to(ctx.dtypes[0]), dk.to(ctx.dtypes[1])
+        return dq, dk, dv, None, None, None
+
+
+def sliding_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window: int,
+    rope_theta: float | None = 10000.0,
+    start_pos: int = 0,
+) -> torch.Tensor:
+    """Sliding-window causal attention with RoPE, Triton forward and backward.
+
+    q, k, v: `[B, T, H, D]`, q/k unrotated, fp32/fp16/bf16, one dtype, on the
+    same device. Query i attends to keys j with `0 <= i - j <= window`, logits
+    `RoPE(q_i) . RoPE(k_j) / sqrt(D)`; RoPE (half-split, base `rope_theta`,
+    positions from `start_pos`) is skipped when `rope_theta` is None.
+    Returns `[B, T, H, D]` in q's dtype. Same result as
+    `fsframework.ops.local_attention.sliding_window_attention(impl="reference")`.
+    """
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_head_dim("q", q, even=rope_theta is not None)
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    if start_pos < 0:
+        raise ValueError(f"start_pos must be >= 0, got {start_pos}")
+    cos = sin = None
+    if rope_theta is not None:
+        cos, sin = rope_tables(q.shape[1], q.shape[3], rope_theta, start_pos, q.device)
+    return WindowAttentionFunction.apply(q, k, v, int(window), cos, sin)

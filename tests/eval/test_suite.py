@@ -1,0 +1,121 @@
+"""The evaluation suite end to end: JSON, plots, table, and oracle / wrong-model scores."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from fsframework.config import ModelConfig
+from fsframework.data.tokenizers import load_tokenizer
+from fsframework.eval import decoding
+from fsframework.eval.ruler import RULER_TASKS
+from fsframework.eval.suite import TASKS, run_eval
+from fsframework.models.registry import build_model
+
+TOK = load_tokenizer("byte")
+GENERATION_TASKS = [t for t in TASKS if t != "perplexity"]
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    return build_model(ModelConfig(name="tfpp", vocab_size=260, d_model=32, n_layers=2, n_heads=2))
+
+
+def _run(model, tmp_path, tasks=GENERATION_TASKS, lengths=(1024, 2048), **kw):
+    kw.setdefault("gen_tokens", {t: 4 for t in tasks})
+    return run_eval(model, TOK, tasks=list(tasks), lengths=list(lengths), num_samples=2, seed=0, batch_size=4,
+                    out_path=str(tmp_path / "eval.json"), plots_dir=str(tmp_path / "plots"), data_dir=None,
+                    device="cpu", **kw)
+
+
+def test_run_eval_writes_json_and_plots(tmp_path):
+    model = _tiny_model()
+    results = _run(model, tmp_path)
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["scores"] == results["scores"]
+    assert set(saved["scores"]) == set(GENERATION_TASKS)
+    for task in GENERATION_TASKS:
+        assert set(saved["scores"][task]) == {"1024", "2048"}
+        assert all(0 <= v <= 100 for v in saved["scores"][task].values())
+    assert set(saved["ruler_mean"]) == {"1024", "2048"}
+    assert len(saved["samples"]["niah_single_1"]["1024"]) == 2
+    record = saved["samples"]["passkey"]["2048"][0]
+    assert {"prediction", "answers", "score", "depth", "prompt_tokens"} <= set(record)
+    assert record["prompt_tokens"] == 2048 - 4
+    assert set(saved["breakdown"]["ffact"]["2048"]) == {"1", "2", "4", "8", "16"}
+    assert "1024/F=16" in saved["skipped"]["ffact"]  # 16 facts do not fit in 1024 bytes with the guard
+    names = {p.name for p in (tmp_path / "plots").iterdir()}
+    assert names == {"score_vs_length.png", "passkey_depth_length.png", "ffact_facts_length.png"}
+    assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
+    assert model.training, "the model's mode is restored"
+
+
+def test_perplexity_task_calls_the_pinned_function(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(model, tokenizer, lengths, *, data_dir, num_batches, batch_size, device):
+        calls.append((lengths, data_dir, num_batches, batch_size, device))
+        return {n: 10.0 + n / 1024 for n in lengths}
+
+    monkeypatch.setitem(sys.modules, "fsframework.eval.perplexity",
+                        types.SimpleNamespace(perplexity_vs_length=fake))
+    results = run_eval(_tiny_model(), TOK, tasks=["perplexity"], lengths=[512, 256], num_samples=5, seed=0,
+                       batch_size=2, out_path=None, plots_dir=str(tmp_path), data_dir="data/eval", device="cpu")
+    assert calls == [([256, 512], "data/eval", 3, 2, "cpu")]
+    assert results["scores"]["perplexity"] == {"256": 10.25, "512": 10.5}
+    assert (tmp_path / "perplexity_vs_length.png").is_file()
+
+
+def test_task_names_and_arguments_are_validated(tmp_path):
+    with pytest.raises(ValueError, match="allowed tasks: niah_single_1, .*passkey, ffact, perplexity"):
+        _run(None, tmp_path, tasks=["niah_single_9"])
+    with pytest.raises(ValueError, match="needs data_dir"):
+        _run(None, tmp_path, tasks=["perplexity"])
+
+
+def _oracle(prompt: list[int]) -> str:
+    """Reads the answer off the prompt the way a perfect retriever would."""
+    text = TOK.decode(prompt)
+    if text.endswith("The passkey is"):
+        return " " + re.search(r"The passkey is (\d{5})\.", text).group(1) + "."
+    asked = re.findall(r"special magic \w+ for ([\w\-, ]+?)(?: mentioned in the provided text)?\?", text)[-1]
+    keys = asked.replace(", and ", ", ").split(", ")
+    values = [v for k in keys for v in re.findall(rf"special magic \w+ for {re.escape(k)} is: ([\w-]+)\.", text)]
+    return " " + ", ".join(values) + "."
+
+
+def _fake_generate(answer_fn):
+    def generate(model, prompts, max_new_tokens, *, eos_id=None, batch_size=1, device=None, on_batch=None):
+        if on_batch:
+            on_batch(len(prompts))
+        return [TOK.encode(answer_fn(p)) for p in prompts]
+
+    return generate
+
+
+def test_oracle_scores_100_and_wrong_model_scores_0(tmp_path, monkeypatch):
+    monkeypatch.setattr(decoding, "greedy_generate", _fake_generate(_oracle))
+    good = _run(None, tmp_path, lengths=[2048])
+    for task in GENERATION_TASKS:
+        assert good["scores"][task] == {"2048": 100.0}, task
+    assert good["ruler_mean"] == {"2048": 100.0}
+    assert set(good["breakdown"]["passkey"]["2048"].values()) == {100.0}
+
+    monkeypatch.setattr(decoding, "greedy_generate", _fake_generate(lambda p: " 1234567, I do not know."))
+    bad = _run(None, tmp_path, lengths=[2048])
+    for task in GENERATION_TASKS:
+        assert bad["scores"][task] == {"2048": 0.0}, task
+
+
+def test_short_lengths_are_skipped_with_a_reason(tmp_path):
+    results = _run(_tiny_model(), tmp_path, tasks=["niah_multivalue"], lengths=[256, 1024],
+                   gen_tokens={"niah_multivalue": 128})
+    assert results["scores"]["niah_multivalue"]["256"] is None
+    assert "without any haystack" in results["skipped"]["niah_multivalue"]["256"]
+    assert results["scores"]["niah_multivalue"]["1024"] is not None
+    assert set(RULER_TASKS) >= {"niah_multivalue"}
