@@ -122,8 +122,7 @@ class EvalConfig:
 
     tasks: list = field(default_factory=lambda: ["perplexity"])
     lengths: list = field(default_factory=lambda: [256, 512, 1024])
-    num_samples: int = 10  # per task and length (retrieval tasks)
-    num_batches: int = 4  # perplexity windows per length = num_batches * batch_size
+    num_samples: int = 10  # per task and length (perplexity: windows per length)
     batch_size: int = 2
 
 
@@ -162,8 +161,7 @@ def validate(cfg: Config) -> Config:
     for key in ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "data.seq_len",
                 "data.micro_batch_size", "train.max_steps", "train.ckpt_every", "train.keep_checkpoints",
                 "train.log_every", "parallel.sp", "parallel.grad_accum", "eval.num_samples", "model.attention.cell_size",
-                "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size",
-                "eval.num_batches"):
+                "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size"):
         section, *rest = key.split(".")
         obj = getattr(cfg, section)
         for part in rest[:-1]:

@@ -137,6 +137,19 @@ def embedded_documents(python_chars: int, retrieval_docs: int, doc_chars: int, s
     return docs
 
 
+def _split_heldout(docs: list[str], fraction: float, min_chars: int) -> tuple[list[str], list[str]]:
+    """Hold out leading documents until they cover `fraction` of the characters, and at
+    least `min_chars` (so perplexity at several times the training length has windows)."""
+    if fraction <= 0:
+        return [], docs
+    target = max(fraction * sum(map(len, docs)), min_chars)
+    taken, count = 0, 0
+    while count < len(docs) - 1 and taken < target:
+        taken += len(docs[count])
+        count += 1
+    return docs[:count], docs[count:]
+
+
 def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, python_chars: int,
                           retrieval_docs: int, eval_fraction: float, seed: int = 0) -> dict:
     """Write `out_dir/train` and `out_dir/eval` MDS datasets (skipped when the same build exists)."""
@@ -144,7 +157,7 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
 
     out_dir = Path(out_dir)
     recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
-              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 1}
+              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 2}
     stamp = out_dir / "recipe.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
         return json.loads(stamp.read_text())["stats"]
@@ -153,8 +166,7 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
     if out_dir.exists():
         shutil.rmtree(out_dir)
     docs = embedded_documents(python_chars, retrieval_docs, doc_chars=seq_len * 3 // 2, seed=seed)
-    num_eval = max(1, int(len(docs) * eval_fraction)) if eval_fraction > 0 else 0
-    eval_docs, train_docs = docs[:num_eval], docs[num_eval:]
+    eval_docs, train_docs = _split_heldout(docs, eval_fraction, min_chars=64 * seq_len)
     stats = {}
     for split, split_docs in (("train", train_docs), ("eval", eval_docs)):
         if not split_docs:

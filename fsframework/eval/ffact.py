@@ -34,7 +34,7 @@ def effective_guard(length: int, recent_guard: int = RECENT_GUARD) -> int:
     return min(recent_guard, length // 4)
 
 
-def _prefix(tokenizer, haystack: NaturalHaystack, rng: random.Random, facts: list[list[int]], room: int,
+def _prefix(haystack: NaturalHaystack, rng: random.Random, facts: list[list[int]], room: int,
             guard: int) -> tuple[list[int], list[int]]:
     """Haystack of `room` tokens with the facts inserted at random boundaries at least
     `guard` haystack tokens before its end. Returns the prefix and each fact's distance
@@ -76,7 +76,7 @@ def ffact_samples(tokenizer, length: int, num_prefixes: int, seed: int, *, count
                 if room < guard:
                     raise PromptTooLong(f"F={count}: facts and question leave {room} haystack tokens, "
                                         f"fewer than the recency guard {guard}")
-                prefix, distances = _prefix(tokenizer, haystack, rng, facts, room, guard)
+                prefix, distances = _prefix(haystack, rng, facts, room, guard)
                 asked = range(count) if count <= MAX_QUERIES else sorted(rng.sample(range(count), MAX_QUERIES))
                 for n in asked:
                     prompt = prefix + questions[n]

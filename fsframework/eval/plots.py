@@ -83,7 +83,8 @@ def plot_perplexity(ppl: dict[str, float | None], path: Path) -> str:
     xs = [n for n in _lengths(ppl) if ppl[str(n)] is not None]
     ax.plot(xs, [ppl[str(n)] for n in xs], marker="o")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    if xs:  # a log axis needs at least one positive value
+        ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title("Perplexity vs context length")

@@ -22,8 +22,23 @@ RULER task settings reproduced (RULER `synthetic.yaml`):
 | niah_multivalue  | essay    | words | numbers | 1    | 4      | 1       |
 | niah_multiquery  | essay    | words | numbers | 4    | 1      | 4       |
 
-"essay" is natural English text from the standard library's documentation
-(RULER uses Paul Graham essays, which would need a download).
+Templates, needle wording ("numbers"/"uuids"/"words" variants), the singular
+rewording when one value is asked, the multi-query join ("a, b, and c"), 7-digit
+values, UUID4 values and the 128-token generation budget follow RULER. Where this
+differs from RULER, and why:
+
+- "essay" is natural English text from the standard library's documentation,
+  starting at a random sentence per sample (RULER: Paul Graham essays, always
+  from the start; they would need a download).
+- The queried needle's depth is spread evenly over 0..100% across samples
+  (RULER draws every needle's depth at random from its 40-point grid; here only
+  the extra needles do), for the noise and distractor haystacks too (RULER
+  inserts those at random line indices).
+- The haystack is cut at token level so every prompt is exactly
+  `length - gen_tokens` tokens (RULER fits whole words/lines and leaves slack).
+  The cut removes the start of the first haystack unit.
+- Keys and values are checked to be distinct (distractors included); RULER
+  draws them independently.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
                     num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
                     out_path=str(out), plots_dir=str(out.parent), data_dir=prepare_data_dir(cfg, "eval"),
-                    device=device, num_batches=cfg.eval.num_batches)
+                    device=device)
 
 
 def summary_table(run_dir: Path, scores: dict) -> None:

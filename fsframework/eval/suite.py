@@ -109,7 +109,14 @@ def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir
     num_batches = max(1, math.ceil(num_samples / batch_size))
     ppl = perplexity_vs_length(model, tokenizer, list(lengths), data_dir=data_dir, num_batches=num_batches,
                                batch_size=batch_size, device=device)
-    results["scores"]["perplexity"] = {str(n): (float(ppl[n]) if n in ppl else None) for n in lengths}
+    scores = {}
+    for n in lengths:
+        value = float(ppl.get(n, float("nan")))
+        # NaN (no full window of held-out text at this length) is not valid JSON: record None
+        scores[str(n)] = value if math.isfinite(value) else None
+        if scores[str(n)] is None:
+            results["skipped"].setdefault("perplexity", {})[str(n)] = "no full window of held-out text"
+    results["scores"]["perplexity"] = scores
 
 
 def print_table(results: dict, console: Console | None = None) -> Table:

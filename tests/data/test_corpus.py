@@ -1,0 +1,82 @@
+"""The embedded corpus builds MDS shards that the streaming loader reads back; tokenizers round-trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fsframework.config import load_config
+from fsframework.data.corpus import build_embedded_corpus, retrieval_document, stdlib_prose
+from fsframework.data.loader import TokenLoader, make_streaming_dataset, prepare_data_dir
+from fsframework.data.shards import pack_documents
+from fsframework.data.tokenizers import ByteTokenizer, load_tokenizer
+
+
+def test_pack_documents_keeps_boundaries():
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]]
+    samples = list(pack_documents(docs, seq_len=4, eos_id=0))
+    assert [s["tokens"].tolist() for s in samples] == [[1, 2, 3, 0, 4], [5, 0, 6, 7, 8]]
+    assert [s["doc_ids"].tolist() for s in samples] == [[0, 0, 0, 0, 1], [0, 0, 1, 1, 1]]
+
+
+def test_embedded_corpus_builds_and_loads(tmp_path):
+    cfg = load_config(None, [f"data.cache_dir={tmp_path}", "data.seq_len=128", "data.micro_batch_size=3",
+                             "data.embedded_python_chars=100000", "data.embedded_retrieval_docs=20"])
+    train_dir = prepare_data_dir(cfg, "train")
+    stats = (tmp_path / "recipe.json").read_text()
+    assert '"train"' in stats and (tmp_path / "eval" / "index.json").is_file()
+    mtime = (tmp_path / "train" / "index.json").stat().st_mtime
+    prepare_data_dir(cfg, "train")  # same recipe: reused, not rebuilt
+    assert (tmp_path / "train" / "index.json").stat().st_mtime == mtime
+
+    dataset = make_streaming_dataset(train_dir, batch_size=3, shuffle=False, seed=0)
+    loader = TokenLoader(dataset, batch_size=3)
+    batch = next(loader)
+    assert batch["inputs"].shape == (3, 128) and batch["targets"].shape == (3, 128)
+    assert np.array_equal(batch["inputs"][:, 1:].numpy(), batch["targets"][:, :-1].numpy())
+    text = ByteTokenizer().decode(batch["inputs"][0].tolist())
+    assert len(text) > 50
+    # shards hold real stdlib text and generated retrieval documents
+    all_text = "".join(ByteTokenizer().decode(dataset[i]["tokens"].tolist()) for i in range(len(dataset)))
+    assert "The passkey is" in all_text or "special magic number" in all_text
+    assert "def " in all_text
+
+
+def test_retrieval_document_plants_the_answer_far_from_the_question():
+    import random
+
+    prose = stdlib_prose(200_000)
+    doc = retrieval_document(prose, random.Random(3), 3000)
+    answer = doc.rsplit(" ", 1)[-1].rstrip(".")
+    assert answer.isdigit()
+    assert doc.index(answer) < len(doc) * 0.7
+
+
+def test_tokenizers_round_trip(tmp_path):
+    text = "Hello, wörld! 123"
+    byte = load_tokenizer("byte")
+    assert byte.decode(byte.encode(text)) == text and byte.eos_id == 256
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    hf = Tokenizer(models.BPE(unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    hf.train_from_iterator([text] * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "</s>"],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert tok.eos_id == hf.token_to_id("</s>")
+    assert tok.decode(tok.encode("Hello")).strip() == "Hello"
+
+    import sentencepiece as spm
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(stdlib_prose(60_000)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=200,
+                                   model_type="bpe", minloglevel=2)
+    sp = load_tokenizer(str(tmp_path / "sp.model"))
+    assert sp.decode(sp.encode("the value of the object")) == "the value of the object"
+
+    with pytest.raises(FileNotFoundError, match="tokenizer file not found"):
+        load_tokenizer(str(tmp_path / "missing.json"))

@@ -1,0 +1,94 @@
+"""Exact resume and atomic checkpoints, through the CLI as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fsframework.train.checkpoint import CRASH_ENV, CheckpointError, find_latest, resolve_checkpoint, verify
+from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
+
+STEPS = 20
+
+
+def _losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    return [r["loss"] for r in records]
+
+
+def _train(run_dir: Path, data_cache: str, *extra: str, env: dict | None = None, check: bool = True):
+    return run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
+                   f"data.cache_dir={data_cache}", *TINY_DATA, *TINY_MODEL, "model.name=tfpp",
+                   f"train.max_steps={STEPS}", "train.ckpt_every=5", "optim.warmup_steps=4", "train.progress=false",
+                   "train.tensorboard=false", *extra, env=env, check=check)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, data_cache) -> Path:
+    run_dir = tmp_path_factory.mktemp("straight")
+    _train(run_dir, data_cache)
+    return run_dir
+
+
+def test_straight_run_learns_and_writes_run_files(straight_run):
+    losses = _losses(straight_run)
+    assert len(losses) == STEPS
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, "the loss must fall"
+    assert (straight_run / "config.yaml").is_file()
+    assert any((straight_run / "tensorboard").glob("events.*")) is False  # disabled in this test
+    record = json.loads((straight_run / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("step", "loss", "lr", "tokens", "tokens_per_s", "grad_norm"):
+        assert key in record
+
+
+def test_resume_is_exact(straight_run, tmp_path, data_cache):
+    run_dir = tmp_path / "split"
+    _train(run_dir, data_cache, "train.stop_at_step=10")
+    assert len(_losses(run_dir)) == 10
+    proc = _train(run_dir, data_cache)
+    assert "resumed from step_00000010" in proc.stdout
+    assert _losses(run_dir) == _losses(straight_run)
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(straight_run, tmp_path, data_cache):
+    run_dir = tmp_path / "crash"
+    proc = _train(run_dir, data_cache, env={CRASH_ENV: "15"}, check=False)
+    assert proc.returncode != 0
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / ".tmp-step_00000015").is_dir(), "the crash happened mid-write"
+    assert (ckpts / "latest").read_text().strip() == "step_00000010"
+    assert find_latest(ckpts).name == "step_00000010"
+    # the metrics of steps 11..15 were logged before the crash; the resumed run rewrites them
+    proc = _train(run_dir, data_cache)
+    assert "resumed from step_00000010" in proc.stdout
+    assert _losses(run_dir) == _losses(straight_run)
+    assert not (ckpts / ".tmp-step_00000015").exists()
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000015", "step_00000020"]  # keep last 2
+
+
+def test_damaged_latest_checkpoint_falls_back_and_is_reported(straight_run, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(straight_run, run_dir)
+    newest = run_dir / "checkpoints" / "step_00000020"
+    victim = next(p for p in sorted(newest.rglob("*.pt")))
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated file
+    with pytest.raises(CheckpointError, match=victim.name):
+        verify(newest)
+    messages = []
+    assert find_latest(run_dir / "checkpoints", log=messages.append).name == "step_00000015"
+    assert "step_00000020" in messages[0]
+    with pytest.raises(CheckpointError, match="not found"):
+        resolve_checkpoint(tmp_path / "nowhere")
+
+
+def test_eval_of_a_checkpoint_reports_perplexity_beyond_training_length(straight_run, tmp_path):
+    out = tmp_path / "scores.json"
+    run_fsf("eval", str(straight_run), "--tasks", "perplexity", "--lengths", "64,256", "--out", str(out))
+    scores = json.loads(out.read_text())["scores"]["perplexity"]
+    assert set(scores) == {"64", "256"}
+    assert all(1.0 < v < 300.0 for v in scores.values())

@@ -1,0 +1,25 @@
+"""Helpers for tests: the repository root, tiny config overrides, running the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small enough that a CPU trains a few steps in seconds.
+TINY_DATA = ["data.seq_len=64", "data.micro_batch_size=2", "data.embedded_python_chars=200000",
+             "data.embedded_retrieval_docs=40"]
+TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2"]
+
+
+def run_fsf(*args: str, env: dict | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `python -m fsframework ARGS` in a fresh process, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "fsframework", *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fsf {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
