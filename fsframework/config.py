@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 MODEL_NAMES = ("tfpp", "swa", "alibi", "sinusoidal", "fs", "fsl")
 FREESOLO_MODELS = ("fs", "fsl")
@@ -67,8 +67,18 @@ class ModelConfig:
 
 
 @dataclass
+class StreamConfig:
+    """One dataset of a mixture: an MDS directory (local path or s3://... prefix) with
+    `train/` and `eval/` splits, drawn with `proportion` (None: by size)."""
+
+    source: str = ""
+    proportion: Optional[float] = None
+
+
+@dataclass
 class DataConfig:
     source: str = "embedded"  # "embedded" (built-in corpus) or a local/remote MDS directory
+    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, `source` is ignored
     cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
     tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
     seq_len: int = 512
@@ -187,6 +197,11 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 f"model.attention.window={a.window} must be >= model.attention.block_size - 1 = {a.block_size - 1} "
                 "(the local branch must cover the current query block)")
+    for i, stream in enumerate(cfg.data.streams):
+        if not stream.source:
+            raise ConfigError(f"data.streams[{i}].source is empty: give a local directory or an s3:// prefix")
+        if stream.proportion is not None and stream.proportion <= 0:
+            raise ConfigError(f"data.streams[{i}].proportion={stream.proportion} must be > 0")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):

@@ -17,8 +17,23 @@ import torch
 from fsframework.config import Config
 
 
+def _split_location(source: str, split: str) -> str:
+    """`<source>/<split>` for a local or remote dataset root (a bare MDS dir serves as train)."""
+    root = source.rstrip("/")
+    if "://" in root:
+        return f"{root}/{split}"
+    local = Path(root) / split
+    if (local / "index.json").is_file():
+        return str(local)
+    if split == "train" and (Path(root) / "index.json").is_file():
+        return root
+    raise FileNotFoundError(f"dataset {source!r}: no MDS index at {local / 'index.json'} "
+                            "(build shards with `fsf data build`)")
+
+
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
-    """Directory of the MDS dataset for `split` (`train` or `eval`)."""
+    """Location of the single MDS dataset for `split` (`train` or `eval`); builds the
+    embedded corpus on first use."""
     data = cfg.data
     if data.source == "embedded":
         root = Path(data.cache_dir)
@@ -31,15 +46,14 @@ def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -
                                   retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
                                   seed=0)
         return str(root / split)
-    root = data.source.rstrip("/")
-    if "://" in root:
-        return f"{root}/{split}"
-    local = Path(root) / split
-    if not (local / "index.json").is_file():
-        if (Path(root) / "index.json").is_file() and split == "train":
-            return root
-        raise FileNotFoundError(f"data.source={data.source!r}: no MDS index at {local / 'index.json'}")
-    return str(local)
+    return _split_location(data.source, split)
+
+
+def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> list[tuple[str, float | None]]:
+    """(location, proportion) of every stream of the configured mixture."""
+    if cfg.data.streams:
+        return [(_split_location(s.source, split), s.proportion) for s in cfg.data.streams]
+    return [(prepare_data_dir(cfg, split, build=build), None)]
 
 
 def _collate(samples: list[dict]) -> dict[str, torch.Tensor]:
@@ -48,18 +62,30 @@ def _collate(samples: list[dict]) -> dict[str, torch.Tensor]:
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "doc_ids": doc_ids[:, 1:]}
 
 
-def make_streaming_dataset(path: str, *, batch_size: int, shuffle: bool, seed: int, replication: int | None = None,
-                           local_cache: str | None = None):
-    """A StreamingDataset over a local MDS directory or a remote prefix (cached in `local_cache`)."""
-    from streaming import StreamingDataset
+def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, batch_size: int, shuffle: bool,
+                           seed: int, replication: int | None = None, local_cache: str | None = None):
+    """A StreamingDataset over one or several MDS datasets, local or remote.
 
-    if "://" in path:
-        if local_cache is None:
-            raise ValueError(f"remote dataset {path} needs a local cache directory")
-        kwargs: dict[str, Any] = {"remote": path, "local": local_cache}
-    else:
-        kwargs = {"local": path}
-    return StreamingDataset(**kwargs, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
+    Remote streams (`s3://...`) are cached under `local_cache/<index>`; proportions
+    mix streams (None everywhere: by size). `replication=sp` hands every rank of a
+    sequence-parallel group the same samples.
+    """
+    import hashlib
+
+    from streaming import Stream, StreamingDataset
+
+    if isinstance(streams, str):
+        streams = [(streams, None)]
+    built = []
+    for location, proportion in streams:
+        if "://" in location:
+            if local_cache is None:
+                raise ValueError(f"remote dataset {location} needs a local cache directory")
+            tag = hashlib.sha1(location.encode()).hexdigest()[:12]
+            built.append(Stream(remote=location, local=f"{local_cache}/{tag}", proportion=proportion))
+        else:
+            built.append(Stream(local=location, proportion=proportion))
+    return StreamingDataset(streams=built, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
                             replication=replication if replication and replication > 1 else None)
 
 

@@ -11,7 +11,7 @@ import torch
 
 def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
                         batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str]) -> dict:
-    from fsframework.data.loader import prepare_data_dir
+    from fsframework.data.loader import data_streams
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
     from fsframework.train.checkpoint import load_model, resolve_checkpoint
@@ -24,7 +24,7 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     out.parent.mkdir(parents=True, exist_ok=True)
     return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
                     num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
-                    out_path=str(out), plots_dir=str(out.parent), data_dir=prepare_data_dir(cfg, "eval"),
+                    out_path=str(out), plots_dir=str(out.parent), data_dir=data_streams(cfg, "eval")[0][0],
                     device=device)
 
 

@@ -68,7 +68,7 @@ class Trainer:
     def build(self) -> None:
         import deepspeed
 
-        from fsframework.data.loader import TokenLoader, make_streaming_dataset, prepare_data_dir
+        from fsframework.data.loader import TokenLoader, data_streams, make_streaming_dataset
         from fsframework.models.registry import build_model, count_parameters
         from fsframework.parallel.deepspeed_config import deepspeed_config
 
@@ -76,9 +76,9 @@ class Trainer:
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
-            data_dir = prepare_data_dir(cfg, "train")
+            data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
         ckpt_io.barrier()
-        data_dir = prepare_data_dir(cfg, "train", build=False)
+        streams = data_streams(cfg, "train", build=False)
 
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
@@ -96,7 +96,7 @@ class Trainer:
             model=LanguageModelingLoss(model), optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg))
         self.model = model
-        dataset = make_streaming_dataset(data_dir, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
+        dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                          seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
                                          local_cache=str(self.run_dir / "data_cache"))
         self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers)
