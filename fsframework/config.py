@@ -92,6 +92,19 @@ class DataConfig:
 
 
 @dataclass
+class LossConfig:
+    """Recall-weighted next-token loss (SPEC §1.10): `sum w CE / sum w`,
+    `w = 1 + beta * recall + beta_switch * switch`; off by default."""
+
+    recall_weighting: bool = False
+    beta: float = 9.0
+    beta_switch: float = 9.0
+    ngram: int = 4
+    min_distance: int = 512
+    switch_window: int = 64
+
+
+@dataclass
 class OptimConfig:
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -142,6 +155,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -183,6 +197,10 @@ def validate(cfg: Config) -> Config:
                        ("optim.grad_clip", cfg.optim.grad_clip), ("data.num_workers", cfg.data.num_workers)):
         _positive(key, value, zero_ok=True)
     _positive("model.attention.sigma", a.sigma)
+    for key, value in (("loss.beta", cfg.loss.beta), ("loss.beta_switch", cfg.loss.beta_switch),
+                       ("loss.min_distance", cfg.loss.min_distance), ("loss.switch_window", cfg.loss.switch_window)):
+        _positive(key, value, zero_ok=True)
+    _positive("loss.ngram", cfg.loss.ngram)
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must lie in [0, 1]")
     if m.d_model % m.n_heads:

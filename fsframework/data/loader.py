@@ -56,10 +56,31 @@ def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> li
     return [(prepare_data_dir(cfg, split, build=build), None)]
 
 
-def _collate(samples: list[dict]) -> dict[str, torch.Tensor]:
-    tokens = torch.from_numpy(np.stack([s["tokens"] for s in samples]).astype(np.int64))
-    doc_ids = torch.from_numpy(np.stack([s["doc_ids"] for s in samples]).astype(np.int64))
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "doc_ids": doc_ids[:, 1:]}
+class Collate:
+    """Stack samples into `inputs`/`targets`/`doc_ids` `[B, seq_len]`; with a recall-weighting
+    config also `weights` `[B, seq_len]` from the recall/switch masks of each sample
+    (computed from token ids alone, within documents, in the loader workers)."""
+
+    def __init__(self, recall=None):
+        self.recall = recall
+
+    def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
+        tokens = np.stack([s["tokens"] for s in samples]).astype(np.int64)
+        doc_ids = np.stack([s["doc_ids"] for s in samples]).astype(np.int64)
+        batch = {"inputs": torch.from_numpy(tokens[:, :-1]), "targets": torch.from_numpy(tokens[:, 1:]),
+                 "doc_ids": torch.from_numpy(doc_ids[:, 1:])}
+        if self.recall is not None:
+            batch["weights"] = torch.from_numpy(np.stack([self._weights(t, d) for t, d in zip(tokens, doc_ids)]))
+        return batch
+
+    def _weights(self, tokens: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
+        from fsframework.data.masks import loss_weights, recall_masks
+
+        r = self.recall
+        f, chi = recall_masks(tokens, doc_ids, ngram=r.ngram, min_distance=r.min_distance,
+                              switch_window=r.switch_window)
+        # masks are indexed by the target token; targets are tokens[1:]
+        return loss_weights(f, chi, beta=r.beta, beta_switch=r.beta_switch)[1:]
 
 
 def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, batch_size: int, shuffle: bool,
@@ -96,12 +117,12 @@ class TokenLoader:
     captured after the last batch handed out.
     """
 
-    def __init__(self, dataset, batch_size: int, num_workers: int = 0):
+    def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None):
         from streaming import StreamingDataLoader
 
         self.dataset = dataset
         self.loader = StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                                          collate_fn=_collate, drop_last=True)
+                                          collate_fn=Collate(recall), drop_last=True)
         self._iter: Iterator | None = None
 
     def __iter__(self) -> "TokenLoader":

@@ -9,7 +9,6 @@ import math
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fsframework.config import ModelConfig
@@ -73,11 +72,8 @@ class TransformerLM(nn.Module):
         return self.lm_head(self.hidden_states(tokens))
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean next-token cross entropy; `targets` uses -100 for ignored positions.
-        With `weights` `[B, T]`: `sum w CE / sum w` over the non-ignored targets."""
-        logits = self(tokens).float()
-        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                             reduction="none")
-        valid = (targets.reshape(-1) != -100).to(ce.dtype)
-        w = valid if weights is None else valid * weights.reshape(-1).to(ce.dtype)
-        return (ce * w).sum() / w.sum().clamp_min(1e-12)
+        """Next-token cross entropy (`-100` targets ignored); with `weights` `[B, T]` the
+        weighted mean `sum w CE / sum w` (SPEC §1.10)."""
+        from fsframework.train.losses import lm_losses
+
+        return lm_losses(self(tokens), targets, weights)[0]

@@ -18,6 +18,7 @@ from fsframework.config import Config, to_yaml
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.train.distributed import DistInfo, init_distributed
 from fsframework.train.monitor import Monitor, console
+from fsframework.train.losses import lm_losses
 from fsframework.train.schedule import lr_factor
 
 
@@ -28,14 +29,18 @@ class TrainState:
 
 
 class LanguageModelingLoss(nn.Module):
-    """Wraps an LM so the engine's forward returns the (optionally weighted) loss."""
+    """Wraps an LM so the engine's forward returns the loss to optimise (recall-weighted
+    when weights are given); the plain mean CE of the last call is kept for logging."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.last_plain_loss: torch.Tensor | None = None
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None):
-        return self.model.loss(inputs, targets, weights)
+        loss, plain = lm_losses(self.model(inputs), targets, weights)
+        self.last_plain_loss = plain.detach()
+        return loss
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -99,7 +104,8 @@ class Trainer:
         dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                          seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
                                          local_cache=str(self.run_dir / "data_cache"))
-        self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers)
+        self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
+                                  recall=cfg.loss if cfg.loss.recall_weighting else None)
 
     def maybe_resume(self) -> None:
         found = ckpt_io.find_latest(self.ckpt_root, log=self.log)
@@ -117,11 +123,13 @@ class Trainer:
         ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
                      keep=self.cfg.train.keep_checkpoints)
 
-    def forward_backward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
         dev = self.engine.device
-        loss = self.engine(batch["inputs"].to(dev), batch["targets"].to(dev))
+        weights = batch["weights"].to(dev) if "weights" in batch else None
+        loss = self.engine(batch["inputs"].to(dev), batch["targets"].to(dev), weights)
         self.engine.backward(loss)
-        return loss.detach()
+        return loss.detach(), self.engine.module.last_plain_loss
 
     def _local_grad_norm(self) -> float | None:
         """Norm of the full gradients held by this rank (ZeRO 0 only; ZeRO 1-3 report their own)."""
@@ -132,23 +140,28 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         lr = self.optimizer.param_groups[0]["lr"]
-        losses = []
+        losses, plain_losses = [], []
         pre_step_norm = None
         for _ in range(self.cfg.parallel.grad_accum):
-            losses.append(self.forward_backward(next(self.loader)))
+            loss, plain = self.forward_backward(next(self.loader))
+            losses.append(loss)
+            plain_losses.append(plain)
             if self.engine.is_gradient_accumulation_boundary():
                 pre_step_norm = self._local_grad_norm()
             self.engine.step()
-        loss = torch.stack(losses).mean()
-        if self.dp_size > 1:
+        both = torch.stack([torch.stack(losses).mean(), torch.stack(plain_losses).mean()])
+        if self.dist.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(loss)
-            loss /= self.dist.world_size
+            dist.all_reduce(both)
+            both /= self.dist.world_size
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:
             grad_norm = pre_step_norm
-        return {"loss": float(loss), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None}
+        metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None}
+        if self.cfg.loss.recall_weighting:
+            metrics["plain_loss"] = float(both[1])
+        return metrics
 
     def fit(self) -> TrainState:
         cfg = self.cfg

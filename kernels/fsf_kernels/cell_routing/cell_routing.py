@@ -20,9 +20,8 @@ import triton
 import triton.language as tl
 
 from fsframework.ops.freesolo_routing import check_routing_args, per_head
-from fsf_kernels.common.tiles import mma
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
-from fsf_kernels.common.utils import check_head_dim, dot_is_ieee, next_pow2
+from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
 
 _BC = 64  # FS: cells scored per step
 
@@ -85,13 +84,13 @@ def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.
 
 @triton.jit
 def _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S: tl.constexpr, D: tl.constexpr,
-                BD: tl.constexpr, IEEE: tl.constexpr):
+                BD: tl.constexpr, PREC: tl.constexpr):
     """r = q.kbar/sqrt(D) + lam*a*erf((i - p_c)/(2 sigma)) for cells idx `[BC]` -> `[BM, BC]`, -inf if not valid."""
     o_d = tl.arange(0, BD)
     b_kbar = tl.load(kbar_bh + idx.to(tl.int64)[:, None] * D + o_d[None, :], mask=valid[:, None] & (o_d[None, :] < D),
                      other=0.0)
     b_a = tl.load(a_bh + idx, mask=valid, other=0.0)
-    content = mma(b_q, tl.trans(b_kbar), IEEE) * scale
+    content = tl.dot(b_q, tl.trans(b_kbar), input_precision=PREC) * scale
     center = (idx.to(tl.float32) + 0.5) * S
     prior = (lam_h * b_a)[None, :] * tl.math.erf((pos[:, None] - center[None, :]) / two_sigma)
     return tl.where(valid[None, :], content + prior, float("-inf"))
@@ -103,7 +102,8 @@ def select_cells_fwd_kernel(
     s_qb, s_qt, s_qh,
     N, H, C, NB, TPB, W, scale,
     BLK: tl.constexpr, S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-    BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, WP: tl.constexpr, FSL: tl.constexpr, IEEE: tl.constexpr,
+    BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, WP: tl.constexpr, FSL: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """One query tile inside query block j: every row shares the eligible prefix of n_j cells."""
     pid, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -130,15 +130,15 @@ def select_cells_fwd_kernel(
         idx = tl.load(kept + (bh * NB + j) * PP + tl.arange(0, PP))
         # kept cells inside the recent window are counted once, as recent
         valid = (idx >= 0) & (idx < low)
-        s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+        s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
         run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, PP)), K, KP)
         idx = low + tl.arange(0, WP)
-        s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+        s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
         run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, WP)), K, KP)
     else:
         for c0 in range(0, n_j, BC):
             idx = c0 + tl.arange(0, BC)
-            s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, IEEE)
+            s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
             run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BC)), K, KP)
     sel = topk_sorted(run_v, run_i, K, KP)
     o_k = tl.arange(0, KP)
@@ -191,8 +191,11 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
         q, kbar, a, kept, sigma_h, lam_h, out,
         q.stride(0), q.stride(1), q.stride(2),
         seq, heads, kbar.shape[2], num_blocks, tiles, recent_cells, 1.0 / math.sqrt(dim),
-        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=next_pow2(dim), BM=bm, BC=_BC,
-        PP=kept.shape[-1], WP=max(16, next_pow2(recent_cells)), FSL=fsl, IEEE=dot_is_ieee(q.dtype),
+        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)), BM=bm,
+        BC=_BC,
+        PP=kept.shape[-1], WP=max(16, next_pow2(recent_cells)), FSL=fsl,
+        # routing math is fp32; half inputs accept tf32 products for speed
+        **dot_args(torch.float32, "ieee" if q.dtype == torch.float32 else "tf32"),
     )
     return out
 

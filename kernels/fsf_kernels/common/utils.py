@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+import triton.language as tl
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def next_pow2(x: int) -> int:
@@ -12,9 +16,24 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
-def dot_is_ieee(dtype: torch.dtype) -> bool:
-    """fp32 inputs get exact fp32 products; half types use the tensor-core path."""
-    return dtype == torch.float32
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_args(dtype: torch.dtype, fp32_precision: str = "ieee") -> dict:
+    """Constexprs `DT` (dtype of `tl.dot` operands) and `PREC` (its input_precision).
+
+    Half types feed the tensor cores as they are. fp32 operands use exact
+    products ("ieee") unless the caller accepts "tf32". numpy has no bfloat16,
+    so the CPU interpreter computes bf16 dots wrongly: there every operand is
+    widened to fp32 (bf16 x bf16 products are exact in fp32, so this matches
+    tensor-core math up to the summation order).
+    """
+    if interpreting():
+        return dict(DT=tl.float32, PREC="ieee")
+    if dtype == torch.float32:
+        return dict(DT=tl.float32, PREC=fp32_precision)
+    return dict(DT=_TL[dtype], PREC="tf32")  # PREC only applies to fp32 operands
 
 
 def check_head_dim(name: str, x: torch.Tensor, even: bool = False) -> None:

@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.rope import rope_apply, rope_tables
-from fsf_kernels.common.tiles import mma
-from fsf_kernels.common.utils import check_head_dim, dot_is_ieee, next_pow2
+from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
 _BM = 64
@@ -32,7 +31,7 @@ def window_attention_fwd_kernel(
     q, k, v, o, lse,
     s_qb, s_qt, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,
     T, H, window, qk_scale,
-    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -42,7 +41,7 @@ def window_attention_fwd_kernel(
     o_d = tl.arange(0, BD)
     m_d = o_d < D
     p_q = q + b * s_qb + h * s_qh + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :]
-    b_q = tl.load(p_q, mask=(o_m[:, None] < T) & m_d[None, :], other=0.0)
+    b_q = tl.load(p_q, mask=(o_m[:, None] < T) & m_d[None, :], other=0.0).to(DT)
 
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
@@ -54,9 +53,10 @@ def window_attention_fwd_kernel(
         o_n = n0 + tl.arange(0, BN)
         m_n = o_n < T
         row = o_n.to(tl.int64)[:, None]
-        b_k = tl.load(k + b * s_kb + h * s_kh + row * s_kt + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-        b_v = tl.load(v + b * s_vb + h * s_vh + row * s_vt + o_d[None, :], mask=m_n[:, None] & m_d[None, :], other=0.0)
-        s = mma(b_q, tl.trans(b_k), IEEE) * qk_scale
+        kv_mask = m_n[:, None] & m_d[None, :]
+        b_k = tl.load(k + b * s_kb + h * s_kh + row * s_kt + o_d[None, :], mask=kv_mask, other=0.0).to(DT)
+        b_v = tl.load(v + b * s_vb + h * s_vh + row * s_vt + o_d[None, :], mask=kv_mask, other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
         diff = o_m[:, None] - o_n[None, :]
         s = tl.where((diff >= 0) & (diff <= window) & m_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -65,7 +65,7 @@ def window_attention_fwd_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + mma(p.to(b_v.dtype), b_v, IEEE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PREC)
         m_i = m_new
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -95,7 +95,7 @@ def window_attention_bwd_preprocess_kernel(o, do, delta, T, H, D: tl.constexpr, 
 def window_attention_bwd_dkdv_kernel(
     q, k, v, do, lse, delta, dk, dv,
     T, H, window, qk_scale, scale,
-    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """One key tile, looping over the query tiles of [n0, n0 + BN - 1 + window]."""
     pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -108,8 +108,8 @@ def window_attention_bwd_dkdv_kernel(
     m_n = o_n < T
     kv_off = ((b * T + o_n.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     kv_mask = m_n[:, None] & m_d[None, :]
-    b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0)
-    b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0)
+    b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0).to(DT)
+    b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0).to(DT)
     b_dk = tl.zeros([BN, BD], tl.float32)
     b_dv = tl.zeros([BN, BD], tl.float32)
     lo = n0 // BM * BM
@@ -119,19 +119,19 @@ def window_attention_bwd_dkdv_kernel(
         m_m = o_m < T
         q_off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
         q_mask = m_m[:, None] & m_d[None, :]
-        b_q = tl.load(q + q_off, mask=q_mask, other=0.0)
-        b_do = tl.load(do + q_off, mask=q_mask, other=0.0)
+        b_q = tl.load(q + q_off, mask=q_mask, other=0.0).to(DT)
+        b_do = tl.load(do + q_off, mask=q_mask, other=0.0).to(DT)
         b_lse = tl.load(lse + (b * H + h) * T + o_m, mask=m_m, other=0.0)
         b_delta = tl.load(delta + (b * H + h) * T + o_m, mask=m_m, other=0.0)
         # transposed scores [BN, BM] so dk/dv accumulate without transposing back
-        sT = mma(b_k, tl.trans(b_q), IEEE) * qk_scale
+        sT = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale
         diff = o_m[None, :] - o_n[:, None]
         band = (diff >= 0) & (diff <= window) & m_m[None, :] & m_n[:, None]
         pT = tl.where(band, tl.exp2(sT - b_lse[None, :]), 0.0)
-        b_dv += mma(pT.to(b_do.dtype), b_do, IEEE)
-        dpT = mma(b_v, tl.trans(b_do), IEEE)
+        b_dv += tl.dot(pT.to(b_do.dtype), b_do, input_precision=PREC)
+        dpT = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
         dsT = pT * (dpT - b_delta[None, :])
-        b_dk += mma(dsT.to(b_q.dtype), b_q, IEEE)
+        b_dk += tl.dot(dsT.to(b_q.dtype), b_q, input_precision=PREC)
     tl.store(dk + kv_off, (b_dk * scale).to(dk.dtype.element_ty), mask=kv_mask)
     tl.store(dv + kv_off, b_dv.to(dv.dtype.element_ty), mask=kv_mask)
 
@@ -140,7 +140,7 @@ def window_attention_bwd_dkdv_kernel(
 def window_attention_bwd_dq_kernel(
     q, k, v, do, lse, delta, dq,
     T, H, window, qk_scale, scale,
-    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """One query tile, looping over the key tiles of its band (as the forward)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -153,8 +153,8 @@ def window_attention_bwd_dq_kernel(
     m_m = o_m < T
     q_off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     q_mask = m_m[:, None] & m_d[None, :]
-    b_q = tl.load(q + q_off, mask=q_mask, other=0.0)
-    b_do = tl.load(do + q_off, mask=q_mask, other=0.0)
+    b_q = tl.load(q + q_off, mask=q_mask, other=0.0).to(DT)
+    b_do = tl.load(do + q_off, mask=q_mask, other=0.0).to(DT)
     b_lse = tl.load(lse + (b * H + h) * T + o_m, mask=m_m, other=0.0)
     b_delta = tl.load(delta + (b * H + h) * T + o_m, mask=m_m, other=0.0)
     b_dq = tl.zeros([BM, BD], tl.float32)
@@ -165,19 +165,20 @@ def window_attention_bwd_dq_kernel(
         m_n = o_n < T
         kv_off = ((b * T + o_n.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
         kv_mask = m_n[:, None] & m_d[None, :]
-        b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0)
-        b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0)
-        s = mma(b_q, tl.trans(b_k), IEEE) * qk_scale
+        b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0).to(DT)
+        b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
         diff = o_m[:, None] - o_n[None, :]
         band = (diff >= 0) & (diff <= window) & m_n[None, :] & m_m[:, None]
         p = tl.where(band, tl.exp2(s - b_lse[:, None]), 0.0)
-        dp = mma(b_do, tl.trans(b_v), IEEE)
+        dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         ds = p * (dp - b_delta[:, None])
-        b_dq += mma(ds.to(b_k.dtype), b_k, IEEE)
+        b_dq += tl.dot(ds.to(b_k.dtype), b_k, input_precision=PREC)
     tl.store(dq + q_off, b_dq * scale, mask=q_mask)
 
 
-def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Banded attention on already-rotated q/k: returns o `[B, T, H, D]` and lse `[B, H, T]`."""
     bsz, seq, heads, dim = q.shape
     q, k, v = (x if x.stride(3) == 1 else x.contiguous() for x in (q, k, v))
@@ -187,9 +188,10 @@ def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wind
     grid = (triton.cdiv(seq, _BM), bsz * heads)
     window_attention_fwd_kernel[grid](
         q, k, v, o, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
         seq, heads, window, scale * _LOG2E,
-        D=dim, BD=next_pow2(dim), BM=_BM, BN=_BN, IEEE=dot_is_ieee(q.dtype),
+        D=dim, BD=max(16, next_pow2(dim)), BM=_BM, BN=_BN, **dot_args(q.dtype),
     )
     return o, lse
 
@@ -198,14 +200,16 @@ def window_attention_bwd(q, k, v, o, lse, do, window: int) -> tuple[torch.Tensor
     """Gradients w.r.t. the rotated q/k (fp32) and v (v's dtype); all contiguous."""
     bsz, seq, heads, dim = q.shape
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
-    bd = next_pow2(dim)
+    bd = max(16, next_pow2(dim))  # tl.dot needs extents >= 16
     scale = 1.0 / math.sqrt(dim)
     delta = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
-    window_attention_bwd_preprocess_kernel[(triton.cdiv(seq, _BM), bsz * heads)](o, do, delta, seq, heads, D=dim, BD=bd, BM=_BM)
+    window_attention_bwd_preprocess_kernel[(triton.cdiv(seq, _BM), bsz * heads)](
+        o, do, delta, seq, heads, D=dim, BD=bd, BM=_BM,
+    )
     dq = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dv = torch.empty_like(v)
-    meta = dict(D=dim, BD=bd, BM=_BM, BN=_BN, IEEE=dot_is_ieee(q.dtype))
+    meta = dict(D=dim, BD=bd, BM=_BM, BN=_BN, **dot_args(q.dtype))
     window_attention_bwd_dkdv_kernel[(triton.cdiv(seq, _BN), bsz * heads)](
         q, k, v, do, lse, delta, dk, dv, seq, heads, window, scale * _LOG2E, scale, **meta
     )
@@ -258,7 +262,8 @@ def sliding_window_attention(
     `fsframework.ops.local_attention.sliding_window_attention(impl="reference")`.
     """
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q, even=rope_theta is not None)

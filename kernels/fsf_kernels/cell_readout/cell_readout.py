@@ -1,0 +1,303 @@
+"""FreeSolo selected-cell readout (SPEC §1.6, Eq. 9) in Triton, forward and backward.
+
+Work is grouped by cell: a program owns a tile of BM queries of one head and
+walks the sorted, de-duplicated list of cells that any of them selected. Each
+cell's K/V tile is loaded once and serves every query of the tile that chose
+it (rows that did not are masked), with an online softmax in registers. The
+backward walks the same lists: dq accumulates in registers, and the tile's
+contribution to the cell's dk/dv (one `[S, D]` block per tile and cell, not
+per query) is added atomically into fp32 buffers. RMSNorm is fused into the
+forward epilogue and its backward into a row pre-pass.
+
+Legend: B batch, N tokens, H heads, D head dim, S cell size, K cells per
+query, NT = ceil(N / BM) query tiles, U = BM * K list slots per tile.
+Row statistics (lse in base 2, rstd, delta) are fp32 `[B, H, N]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
+
+_LOG2E = 1.4426950408889634
+_BM = 16
+_NONE = 2147483647  # sorts after every cell id
+
+
+@triton.jit
+def cell_readout_fwd_kernel(
+    q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
+    s_gh, N, H, NT, eps, qk_scale,
+    S: tl.constexpr, SP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, HAS_G: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_m = pid_t * BM + tl.arange(0, BM)
+    m_row = o_m < N
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    o_s = tl.arange(0, SP)
+    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    b_q = tl.load(q + row_off, mask=m_row[:, None] & m_d[None, :], other=0.0).to(DT)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    o_k = tl.arange(0, KP)
+    b_c = tl.load(cells + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
+                  mask=m_row[:, None] & (o_k[None, :] < K), other=-1)
+    lst = (b * H + h) * NT + pid_t
+    for u in range(0, tl.load(ucount + lst)):
+        c = tl.load(ucells + lst * (BM * K) + u)
+        # how often each row lists c: the reference counts a duplicated cell twice
+        mult = tl.sum((b_c == c).to(tl.float32), 1)
+        tok = c.to(tl.int64) * S + o_s
+        m_tok = (o_s < S) & (tok < N)
+        kv_off = ((b * N + tok[:, None]) * H + h) * D + o_d[None, :]
+        b_k = tl.load(k + kv_off, mask=m_tok[:, None] & m_d[None, :], other=0.0).to(DT)
+        b_v = tl.load(v + kv_off, mask=m_tok[:, None] & m_d[None, :], other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
+        s = tl.where((mult > 0)[:, None] & m_tok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None]) * mult[:, None]
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision=PREC)
+        m_i = m_new
+    # rows that selected nothing: acc = 0 and l = 0 -> y = 0 exactly
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    b_y = acc / l_safe[:, None]
+    b_rstd = 1.0 / tl.sqrt(tl.sum(b_y * b_y, 1) / D + eps)
+    o = b_y * b_rstd[:, None]
+    if HAS_G:
+        o = o * tl.load(g + h * s_gh + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :]
+    mask = m_row[:, None] & m_d[None, :]
+    tl.store(out + row_off, o.to(out.dtype.element_ty), mask=mask)
+    tl.store(y + row_off, b_y, mask=mask)
+    stat = (b * H + h) * N + o_m
+    tl.store(lse + stat, tl.where(l_i > 0, m_i + tl.log2(l_safe), 0.0), mask=m_row)
+    tl.store(rstd + stat, b_rstd, mask=m_row)
+
+
+@triton.jit
+def cell_readout_bwd_preprocess_kernel(
+    do, y, rstd, g, dy, delta, dg_part, s_gh, N, H,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
+):
+    """RMSNorm backward per row: dy = r (u - r^2 y mean(u y)), u = g do; delta = dy . y; partial sums of dg."""
+    pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_m = pid_t * BM + tl.arange(0, BM)
+    m_row = o_m < N
+    o_d = tl.arange(0, BD)
+    mask = m_row[:, None] & (o_d[None, :] < D)
+    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    b_do = tl.load(do + row_off, mask=mask, other=0.0).to(tl.float32)
+    b_y = tl.load(y + row_off, mask=mask, other=0.0)
+    b_r = tl.load(rstd + (b * H + h) * N + o_m, mask=m_row, other=0.0)
+    u = b_do
+    if HAS_G:
+        u = b_do * tl.load(g + h * s_gh + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
+    uy = tl.sum(u * b_y, 1) / D
+    b_dy = b_r[:, None] * (u - (b_r * b_r * uy)[:, None] * b_y)
+    tl.store(dy + row_off, b_dy, mask=mask)
+    tl.store(delta + (b * H + h) * N + o_m, tl.sum(b_dy * b_y, 1), mask=m_row)
+    # dg partials [B, NT, H, D], summed on the host (deterministic, no atomics)
+    part = tl.sum(b_do * b_y * b_r[:, None], 0)
+    tl.store(dg_part + ((b * tl.num_programs(0) + pid_t) * H + h) * D + o_d, part, mask=o_d < D)
+
+
+@triton.jit
+def cell_readout_bwd_kernel(
+    q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
+    N, H, NT, qk_scale, scale,
+    S: tl.constexpr, SP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_m = pid_t * BM + tl.arange(0, BM)
+    m_row = o_m < N
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    o_s = tl.arange(0, SP)
+    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    row_mask = m_row[:, None] & m_d[None, :]
+    b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
+    # dy in the input dtype, as dO in FlashAttention: half-precision dots, fp32 accumulators
+    b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0).to(b_q.dtype)
+    stat = (b * H + h) * N + o_m
+    b_lse = tl.load(lse + stat, mask=m_row, other=0.0)
+    b_delta = tl.load(delta + stat, mask=m_row, other=0.0)
+    b_dq = tl.zeros([BM, BD], tl.float32)
+    o_k = tl.arange(0, KP)
+    b_c = tl.load(cells + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
+                  mask=m_row[:, None] & (o_k[None, :] < K), other=-1)
+    lst = (b * H + h) * NT + pid_t
+    for u in range(0, tl.load(ucount + lst)):
+        c = tl.load(ucells + lst * (BM * K) + u)
+        # how often each row lists c: the reference counts a duplicated cell twice
+        mult = tl.sum((b_c == c).to(tl.float32), 1)
+        tok = c.to(tl.int64) * S + o_s
+        m_tok = (o_s < S) & (tok < N)
+        kv_off = ((b * N + tok[:, None]) * H + h) * D + o_d[None, :]
+        kv_mask = m_tok[:, None] & m_d[None, :]
+        b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0).to(DT)
+        b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
+        use = (mult > 0)[:, None] & m_tok[None, :]
+        p = tl.where(use, tl.exp2(s - b_lse[:, None]) * mult[:, None], 0.0)
+        dp = tl.dot(b_dy, tl.trans(b_v), input_precision=PREC)
+        ds = p * (dp - b_delta[:, None])
+        b_dq += tl.dot(ds.to(b_k.dtype), b_k, input_precision=PREC)
+        # this tile's share of the cell's gradients, one [S, D] block for all its queries
+        b_dk = tl.dot(tl.trans(ds.to(b_q.dtype)), b_q, input_precision=PREC) * scale
+        b_dv = tl.dot(tl.trans(p.to(b_dy.dtype)), b_dy, input_precision=PREC)
+        tl.atomic_add(dk + kv_off, b_dk, mask=kv_mask)
+        tl.atomic_add(dv + kv_off, b_dv, mask=kv_mask)
+    tl.store(dq + row_off, (b_dq * scale).to(dq.dtype.element_ty), mask=row_mask)
+
+
+def unique_cells(cells: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, head, query tile): the sorted distinct cells its queries chose.
+
+    cells `[B, N, H, K]` -> ucells int32 `[B, H, NT, BM*K]` (ids first, then
+    padding) and ucount int32 `[B, H, NT]`. O(N K) memory, two sorts.
+    """
+    bsz, seq, heads, top_k = cells.shape
+    num_tiles = triton.cdiv(seq, block_m)
+    pad = num_tiles * block_m - seq
+    c = torch.nn.functional.pad(cells.to(torch.int64), (0, 0, 0, 0, 0, pad), value=-1)
+    # B (NT BM) H K -> B H NT (BM K)
+    c = c.view(bsz, num_tiles, block_m, heads, top_k).permute(0, 3, 1, 2, 4).reshape(bsz, heads, num_tiles, -1)
+    c = torch.where(c < 0, _NONE, c).sort(dim=-1).values
+    dup = torch.zeros_like(c, dtype=torch.bool)
+    dup[..., 1:] = c[..., 1:] == c[..., :-1]
+    c = torch.where(dup, _NONE, c).sort(dim=-1).values
+    count = (c != _NONE).sum(dim=-1).to(torch.int32)
+    return c.to(torch.int32).contiguous(), count.contiguous()
+
+
+def _gain(rms_weight, heads, device):
+    """(pointer tensor, head stride, has_gain): `[d]` gains broadcast over heads with stride 0."""
+    if rms_weight is None:
+        return torch.empty(1, device=device, dtype=torch.float32), 0, False
+    w = rms_weight.detach().contiguous()
+    return w, (w.shape[-1] if w.dim() == 2 else 0), True
+
+
+def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int, eps: float):
+    """Returns LR `[B, N, H, D]` (q's dtype), y fp32 `[B, N, H, D]`, lse and rstd fp32 `[B, H, N]`."""
+    bsz, seq, heads, dim = q.shape
+    out = torch.empty_like(q)
+    y = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    rstd = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    g, s_gh, has_g = _gain(rms_weight, heads, q.device)
+    num_tiles = ucount.shape[-1]
+    cell_readout_fwd_kernel[(num_tiles, bsz * heads)](
+        q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
+        s_gh, seq, heads, num_tiles, eps, _LOG2E / math.sqrt(dim),
+        S=cell_size, SP=max(16, next_pow2(cell_size)), K=cells.shape[-1], KP=next_pow2(cells.shape[-1]),
+        D=dim, BD=max(16, next_pow2(dim)), BM=_BM, HAS_G=has_g, **dot_args(q.dtype),
+    )
+    return out, y, lse, rstd
+
+
+def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do, cell_size: int):
+    """Gradients dq, dk, dv (input dtypes) and d rms_weight (its shape and dtype, or None)."""
+    bsz, seq, heads, dim = q.shape
+    do = do.contiguous()
+    g, s_gh, has_g = _gain(rms_weight, heads, q.device)
+    num_tiles = ucount.shape[-1]
+    bd = max(16, next_pow2(dim))
+    dy = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    delta = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
+    dg_part = torch.empty((bsz, num_tiles, heads, dim), device=q.device, dtype=torch.float32)
+    cell_readout_bwd_preprocess_kernel[(num_tiles, bsz * heads)](
+        do, y, rstd, g, dy, delta, dg_part, s_gh, seq, heads, D=dim, BD=bd, BM=_BM, HAS_G=has_g,
+    )
+    dq = torch.empty_like(q)
+    # atomics accumulate here; cells nobody chose (and the incomplete tail) keep zero gradients
+    dk = torch.zeros((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    dv = torch.zeros((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    cell_readout_bwd_kernel[(num_tiles, bsz * heads)](
+        q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
+        seq, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim),
+        S=cell_size, SP=max(16, next_pow2(cell_size)), K=cells.shape[-1], KP=next_pow2(cells.shape[-1]),
+        D=dim, BD=bd, BM=_BM, **dot_args(q.dtype),
+    )
+    dg = None
+    if rms_weight is not None:
+        dg = dg_part.sum(dim=(0, 1))  # H D
+        if rms_weight.dim() == 1:
+            dg = dg.sum(dim=0)
+        dg = dg.to(rms_weight.dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype), dg
+
+
+class CellReadoutFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cells, rms_weight, cell_size, eps):
+        q, k, v, cells = (x.contiguous() for x in (q, k, v, cells))
+        ucells, ucount = unique_cells(cells, _BM)
+        out, y, lse, rstd = cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size, eps)
+        ctx.save_for_backward(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd)
+        ctx.cell_size = cell_size
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd = ctx.saved_tensors
+        dq, dk, dv, dg = cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do,
+                                          ctx.cell_size)
+        return dq, dk, dv, None, dg, None, None
+
+
+def cell_readout(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cells: torch.Tensor,
+    *,
+    cell_size: int = 32,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """Selected-cell readout, same contract as `fsframework.ops.freesolo.cell_readout`.
+
+    q, k, v: unrotated `[B, N, H, D]` (one dtype: fp32/fp16/bf16); cells:
+    `[B, N, H, K]` int64/int32 cell ids, -1 = unused (ids must be complete
+    cells, `< N // cell_size`; the reference's dispatcher checks this). One
+    softmax jointly over the `K * cell_size` selected tokens with logits
+    `q_i . k_j / sqrt(D)` (no RoPE), then RMSNorm over D in fp32 with gain
+    `rms_weight` `[H, D]`, `[D]` or None and `eps`. Rows that selected
+    nothing are exactly 0 with zero gradients. Returns `[B, N, H, D]` in q's
+    dtype; differentiable w.r.t. q, k, v and rms_weight.
+    """
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must share a [B, N, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_head_dim("q", q)
+    if cell_size < 1:
+        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
+    if cells.dim() != 4 or cells.shape[:3] != q.shape[:3] or not 1 <= cells.shape[3] <= 64:
+        raise ValueError(f"cells must have shape {tuple(q.shape[:3])} + (K,) with 1 <= K <= 64, "
+                         f"got {tuple(cells.shape)}")
+    if cells.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cells must be int64 or int32, got {cells.dtype}")
+    heads, dim = q.shape[2], q.shape[3]
+    if rms_weight is not None and tuple(rms_weight.shape) not in ((heads, dim), (dim,)):
+        raise ValueError(f"rms_weight must have shape ({heads}, {dim}) or ({dim},), got {tuple(rms_weight.shape)}")
+    return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps))

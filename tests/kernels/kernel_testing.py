@@ -1,0 +1,54 @@
+"""Helpers shared by the kernel tests (imported by name: tests/kernels is on sys.path under pytest)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+on_interpreter = not torch.cuda.is_available()
+
+# relative-RMS bounds vs the fp32 reference. bf16 is looser on the CPU interpreter,
+# which rounds fp32 -> bf16 by truncation where the GPU rounds to nearest even.
+TOL = {
+    torch.float32: 2e-5,
+    torch.float16: 5e-3,
+    torch.bfloat16: 3e-2 if on_interpreter else 1.5e-2,
+}
+
+
+def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want||_rms / ||want||_rms in fp64 (0 when both are 0)."""
+    got, want = got.double(), want.double()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.isfinite(got).all(), "non-finite values in the kernel output"
+    den = want.pow(2).mean().sqrt().item()
+    num = (got - want).pow(2).mean().sqrt().item()
+    return num / den if den > 0 else num
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, name: str) -> None:
+    err = rel_rms(got, want)
+    assert err <= TOL[dtype], f"{name}: relative RMS error {err:.3e} > {TOL[dtype]:.1e}"
+
+
+def routing_scores(q, k, cells, *, cell_size, block_size, sigma, lam):
+    """fp64 Eq. 7 scores of the listed cells `[B, N, H, K]` (-inf where -1), to judge near-ties."""
+    bsz, seq, heads, dim = q.shape
+    num = seq // cell_size
+    kc = k[:, : num * cell_size].double().view(bsz, num, cell_size, heads, dim)
+    kbar, a = kc.mean(2), kc.norm(dim=-1).amax(2)  # B C H D, B C H
+    c = cells.clamp_min(0)
+    idx = c.permute(0, 2, 1, 3).reshape(bsz, heads, -1)  # B H (N K)
+    kb = kbar.transpose(1, 2).gather(2, idx[..., None].expand(-1, -1, -1, dim)).view(bsz, heads, seq, -1, dim)
+    ab = a.transpose(1, 2).gather(2, idx).view(bsz, heads, seq, -1)
+    content = torch.einsum("bnhd,bhnkd->bnhk", q.double(), kb) / math.sqrt(dim)
+    sig = torch.as_tensor(sigma, dtype=torch.float64).expand(heads)
+    lm = torch.as_tensor(lam, dtype=torch.float64).expand(heads)
+    pos = torch.arange(seq, dtype=torch.float64)[None, :, None, None]
+    center = (c.double() + 0.5) * cell_size
+    prior = lm[:, None] * ab.permute(0, 2, 1, 3) * torch.erf((pos - center) / (2 * sig[:, None]))
+    return torch.where(cells >= 0, content + prior, -math.inf)

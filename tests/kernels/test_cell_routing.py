@@ -1,0 +1,131 @@
+"""Triton FS / FS-L cell selection vs fsframework.ops.freesolo.select_cells (reference)."""
+
+import pytest
+import torch
+
+from fsframework.ops.freesolo import select_cells as reference
+from fsf_kernels.cell_routing import select_cells
+from kernel_testing import gpu, needs_cuda, routing_scores
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+# (variant, B, N, H, D, cell_size, block_size, top_k, retained P, recent W, dtype)
+CPU_CASES = [
+    ("fs", 1, 63, 2, 32, 8, 16, 4, 64, 8, F32),
+    ("fs", 1, 200, 2, 32, 8, 32, 4, 64, 8, F32),
+    ("fs", 2, 1000, 1, 64, 16, 64, 3, 64, 8, F32),
+    ("fsl", 1, 300, 2, 32, 8, 32, 4, 5, 3, F32),
+    ("fsl", 1, 1000, 1, 32, 32, 128, 4, 64, 8, F32),
+    ("fsl", 1, 1000, 1, 128, 8, 24, 4, 6, 2, F32),
+    ("fsl", 1, 130, 1, 32, 4, 12, 5, 0, 3, F32),
+    ("fsl", 1, 130, 1, 32, 4, 12, 5, 7, 0, F32),
+    ("fs", 1, 200, 1, 48, 8, 32, 4, 64, 8, BF16),
+    ("fsl", 1, 200, 1, 32, 8, 32, 4, 4, 2, F16),
+]
+GPU_CASES = [
+    ("fs", 1, 8192, 4, 64, 32, 128, 4, 64, 8, BF16),
+    ("fsl", 1, 16384, 4, 64, 32, 128, 4, 64, 8, BF16),
+    ("fsl", 2, 4099, 2, 128, 32, 128, 4, 64, 8, F32),
+]
+
+
+def _id(case):
+    var, b, n, h, d, s, blk, k, p, w, dt = case
+    return f"{var}-B{b}-N{n}-H{h}-d{d}-s{s}-blk{blk}-K{k}-P{p}-W{w}-{str(dt).split('.')[-1]}"
+
+
+def _inputs(case, device, gen):
+    var, bsz, seq, heads, dim, s, blk, top_k, p, w, dtype = case
+    q = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
+    k = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
+    kwargs = dict(variant=var, cell_size=s, block_size=blk, top_k=top_k, retained_cells=p, recent_cells=w,
+                  sigma=(torch.rand(heads, generator=gen) * 6 + 0.5).to(device), lam=0.8)
+    return q, k, kwargs
+
+
+def _assert_same_selection(got, want, q, k, kwargs, atol):
+    """Identical index sets, except where the fp64 scores of the differing picks tie within atol."""
+    assert got.dtype == torch.long and got.shape == want.shape
+    assert ((got >= 0).sum(-1) == (want >= 0).sum(-1)).all(), "different numbers of selected cells"
+    bad = (got != want).any(-1)
+    if not bad.any():
+        return
+    sk = dict(cell_size=kwargs["cell_size"], block_size=kwargs["block_size"], sigma=kwargs["sigma"].cpu(),
+              lam=kwargs["lam"])
+    s_got = routing_scores(q.cpu(), k.cpu(), got.cpu(), **sk)
+    s_want = routing_scores(q.cpu(), k.cpu(), want.cpu(), **sk)
+    gap = (s_got - s_want).abs().nan_to_num(0.0).amax(-1)[bad.cpu()]
+    assert gap.max() <= atol, f"{int(bad.sum())} rows differ, worst score gap {gap.max():.3e}"
+
+
+def _check(case, device, atol):
+    gen = torch.Generator().manual_seed(case[2] + case[4])
+    q, k, kwargs = _inputs(case, device, gen)
+    got = select_cells(q, k, **kwargs)
+    want = reference(q.float(), k.float(), **kwargs, impl="reference")
+    _assert_same_selection(got, want, q.float(), k.float(), kwargs, atol)
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=_id)
+def test_matches_reference(case, device):
+    _check(case, device, atol=1e-5)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", GPU_CASES, ids=_id)
+def test_matches_reference_gpu(case):
+    # half inputs score with tf32 products on the GPU
+    _check(case, "cuda", atol=1e-5 if case[-1] == F32 else 2e-2)
+
+
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_ties_go_to_the_earlier_cell(variant, device):
+    """Repeated cells have identical summaries and scores; the earlier copy must be chosen first."""
+    gen = torch.Generator().manual_seed(0)
+    cell = torch.randn(1, 8, 1, 32, generator=gen)
+    k = cell.repeat(1, 24, 1, 1).to(device)  # 24 identical cells of 8 tokens
+    q = torch.randn(1, 192, 1, 32, generator=gen).to(device)
+    kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=1,
+                  sigma=4.0, lam=0.0)
+    got = select_cells(q, k, **kwargs)
+    want = reference(q, k, **kwargs, impl="reference")
+    assert torch.equal(got, want)
+
+
+def test_fsl_equals_fs_when_everything_is_retained(device):
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(1, 300, 2, 32, generator=gen).to(device) for _ in range(2))
+    common = dict(cell_size=8, block_size=32, top_k=4, recent_cells=3)
+    fs = select_cells(q, k, variant="fs", retained_cells=64, **common)
+    fsl = select_cells(q, k, variant="fsl", retained_cells=300 // 8, **common)
+    assert torch.equal(fs, fsl)
+
+
+def test_first_block_and_short_sequences_select_nothing(device):
+    q = torch.randn(1, 100, 1, 16, device=device)
+    got = select_cells(q, q, variant="fs", cell_size=32, block_size=128, top_k=4)
+    assert (got == -1).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(block_size=40, cell_size=32), "multiple"),
+        (dict(variant="dense"), "variant"),
+        (dict(top_k=0), "top_k"),
+        (dict(sigma=torch.ones(3)), "sigma"),
+    ],
+    ids=["block-not-multiple", "bad-variant", "zero-top-k", "sigma-shape"],
+)
+def test_bad_sizes(kwargs, match):
+    x = torch.randn(1, 64, 2, 16)
+    with pytest.raises(ValueError, match=match):
+        select_cells(x, x, **kwargs)
+
+
+def test_reference_module_dispatches_here(device):
+    """fsframework's impl="triton" path reaches this kernel by its pinned name."""
+    q, k = (torch.randn(1, 100, 1, 16, device=device) for _ in range(2))
+    kwargs = dict(variant="fsl", cell_size=8, block_size=16, top_k=2, retained_cells=3, recent_cells=1)
+    assert torch.equal(reference(q, k, **kwargs, impl="triton"), reference(q, k, **kwargs, impl="reference"))
