@@ -1,8 +1,16 @@
-"""Shared fixtures: streaming shared-memory hygiene and a per-session data cache."""
+"""Shared fixtures: Triton interpreter on CPU, streaming shared-memory hygiene, a per-session data cache."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when a kernel module is imported: on a CPU-only machine the
+# kernels must run under the interpreter wherever a test first imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,33 @@
+"""The FreeSolo models train through the trainer with `model.attention.impl=triton`
+(the interpreter on CPU) and their losses match the reference path step by step."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.utils import REPO, TINY_DATA, run_fsf
+
+FS_TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.attention.cell_size=4",
+           "model.attention.block_size=8", "model.attention.window=8", "model.attention.top_k=2",
+           "model.attention.retained_cells=3", "model.attention.recent_cells=1"]
+
+
+def _losses(run_dir) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_triton_path_trains_like_the_reference(variant, tmp_path, data_cache):
+    losses = {}
+    for impl in ("reference", "triton"):
+        run_dir = tmp_path / impl
+        run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
+                f"data.cache_dir={data_cache}", *TINY_DATA, *FS_TINY, f"model.name={variant}",
+                f"model.attention.impl={impl}", "train.max_steps=3", "train.ckpt_every=3", "train.progress=false",
+                "train.tensorboard=false", env={"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")})
+        losses[impl] = _losses(run_dir)
+    assert len(losses["triton"]) == 3
+    assert losses["triton"] == pytest.approx(losses["reference"], rel=1e-4)
