@@ -13,6 +13,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention).")
 
 
+def _mount_subcommands() -> None:
+    from fsframework.cli_data import data_app
+
+    app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.")
+
+
+_mount_subcommands()
+
+
 def _fail(message: str, code: int = 2) -> None:
     from rich.console import Console
 
@@ -91,6 +100,11 @@ def config(config: Path = typer.Argument(..., help="YAML job file"),
     from fsframework.config import to_yaml
 
     typer.echo(to_yaml(_load(config, overrides)))
+
+
+from fsframework.cli_launch import launch_command  # noqa: E402  (after the app, which it extends)
+
+app.command("launch")(launch_command)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -30,32 +30,42 @@ def _check_hashes(name: str, data: bytes, info: dict) -> None:
             raise ShardError(f"shard {name}: {algo} hash mismatch (corrupt file)")
 
 
+def _read(path: Path, name: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ShardError(f"shard {name}: unreadable: {exc}") from exc
+
+
 def read_shard(root: Path, shard: dict) -> list[dict]:
-    """All samples of one shard, after checking sizes and hashes."""
+    """All samples of one shard, after checking sizes and hashes.
+
+    A compressed dataset may also hold decompressed copies (the loader leaves them
+    next to the compressed files and reads those first), so every copy present is
+    checked; the shard is missing only when neither is there.
+    """
     from streaming.base.compression import decompress
     from streaming.base.format.mds.reader import MDSReader
 
     raw_info, zip_info = shard["raw_data"], shard.get("zip_data")
-    info = zip_info or raw_info
-    name = info["basename"]
-    path = root / name
-    if not path.is_file():
-        # streaming may have left only the decompressed copy; accept it if it is there
-        if zip_info and (root / raw_info["basename"]).is_file():
-            info, zip_info, name, path = raw_info, None, raw_info["basename"], root / raw_info["basename"]
-        else:
-            raise ShardError(f"shard {name}: file missing from {root}")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ShardError(f"shard {name}: unreadable: {exc}") from exc
-    _check_hashes(name, data, info)
-    if zip_info:
+    raw_path = root / raw_info["basename"]
+    zip_path = root / zip_info["basename"] if zip_info else None
+    name = (zip_info or raw_info)["basename"]
+    data = None
+    if zip_path is not None and zip_path.is_file():
+        packed = _read(zip_path, name)
+        _check_hashes(name, packed, zip_info)
         try:
-            data = decompress(shard["compression"], data)
+            data = decompress(shard["compression"], packed)
         except Exception as exc:  # the codecs raise assorted types on bad input
             raise ShardError(f"shard {name}: cannot decompress ({shard['compression']}): {exc}") from exc
         _check_hashes(name, data, raw_info)
+    if raw_path.is_file():
+        name = raw_info["basename"]
+        data = _read(raw_path, name)
+        _check_hashes(name, data, raw_info)
+    if data is None:
+        raise ShardError(f"shard {name}: file missing from {root}")
     reader = MDSReader.from_json(str(root), None, shard)
     # MDS layout: uint32 sample count, uint32 offsets[count + 1], then the samples
     count = int(np.frombuffer(data[:4], np.uint32)[0])

@@ -58,21 +58,23 @@ def _runs(doc_ids, length: int) -> np.ndarray:
     return runs
 
 
-def _ngram_codes(x: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
-    """An int64 code per n-gram start, equal iff the n-grams are equal (exact, no hashing)."""
+def _group_keys(x: np.ndarray, runs: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """An int64 key per n-gram start, equal iff the document and the n-gram are equal
+    (an exact positional code, no hashing, so no collisions)."""
     # Dense token ranks: at most len(x) distinct values, so base**n fits in 63 bits
     # for any sequence up to 2**15 tokens at n = 4, whatever the vocabulary size.
     _, dense = np.unique(x, return_inverse=True)
     dense = dense.reshape(-1).astype(np.int64)
     base = int(dense.max()) + 1
-    if base ** n < 2 ** 63:
-        code = np.zeros(starts.shape[0], dtype=np.int64)
+    num_runs = int(runs[-1]) + 1
+    if num_runs * base ** n < 2 ** 63:
+        key = runs[starts].copy()
         for k in range(n):
-            code = code * base + dense[starts + k]
-        return code
+            key = key * base + dense[starts + k]
+        return key
     # Too many distinct tokens for a positional code: group equal rows exactly.
-    windows = dense[starts[:, None] + np.arange(n)[None, :]]
-    _, inverse = np.unique(windows, axis=0, return_inverse=True)
+    rows = np.concatenate([runs[starts, None], dense[starts[:, None] + np.arange(n)[None, :]]], axis=1)
+    _, inverse = np.unique(rows, axis=0, return_inverse=True)
     return inverse.reshape(-1).astype(np.int64)
 
 
@@ -101,20 +103,21 @@ def recall_masks(tokens, doc_ids=None, *, ngram: int = 4, min_distance: int = 51
     if length < n + 1:
         return f, chi
 
-    # n-grams that start at p and stay inside one document
+    # n-grams that start at p and stay inside one document (run ids never decrease,
+    # so equal ids at both ends mean one run throughout)
     p_all = np.arange(length - n + 1)
     valid = runs[p_all] == runs[p_all + n - 1]
     starts = p_all[valid]
     if starts.shape[0] == 0:
         return f, chi
-    code = _ngram_codes(x, starts, n)
+    key = _group_keys(x, runs, starts, n)
 
-    # Stable sort by (document, n-gram): positions stay ascending inside each group,
-    # so a position's rank in its group is its number of earlier occurrences.
-    order = np.lexsort((code, runs[starts]))
-    s_pos, s_code, s_run = starts[order], code[order], runs[starts][order]
+    # Stable sort by (document, n-gram) key: positions stay ascending inside each
+    # group, so a position's rank in its group is its number of earlier occurrences.
+    order = np.argsort(key, kind="stable")
+    s_pos, s_key = starts[order], key[order]
     new_group = np.ones(s_pos.shape[0], dtype=bool)
-    new_group[1:] = (s_code[1:] != s_code[:-1]) | (s_run[1:] != s_run[:-1])
+    new_group[1:] = s_key[1:] != s_key[:-1]
     group_first = np.flatnonzero(new_group)
     group_of = np.cumsum(new_group) - 1
     rank = np.arange(s_pos.shape[0]) - group_first[group_of]

@@ -190,7 +190,7 @@ def test_inspect_and_corruption(tmp_path):
     info = inspect(tmp_path / "out", sample=4, verbose=False)
     assert info["samples"] == stats["samples"] and info["shards"] == stats["shards"] > 2
     assert info["tokens"] == stats["samples"] * 9 and info["seq_len"] == 8
-    assert info["eos"] == sum(int((s["tokens"] == EOS).sum()) for s in read_back(tmp_path / "out"))
+    assert info["eos"] == int((expected_stream(DOCS * 4)[0][:info["tokens"]] == EOS).sum())
     # sample 4 covers bytes 36..44: the end of the first document, its EOS, the next one
     assert DOCS[0][36:] == "." and info["sample_text"] == ".<eos>" + DOCS[1][:7]
     index = json.loads((tmp_path / "out" / "index.json").read_text())
@@ -205,6 +205,20 @@ def test_inspect_and_corruption(tmp_path):
         inspect(tmp_path / "out", verbose=False)
     with pytest.raises(ShardError, match="no index.json"):
         inspect(tmp_path, verbose=False)
+
+
+def test_inspect_checks_decompressed_copies(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", DOCS * 4)
+    build_shards([str(path)], tmp_path / "out", seq_len=8, size_limit=1 << 10, verbose=False)
+    read_back(tmp_path / "out")  # the loader leaves decompressed shard.NNNNN.mds copies
+    raw = tmp_path / "out" / "shard.00002.mds"
+    assert raw.is_file()
+    inspect(tmp_path / "out", verbose=False)
+    data = bytearray(raw.read_bytes())
+    data[-3] ^= 0xFF
+    raw.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=r"shard\.00002\.mds: xxh64 hash mismatch"):
+        inspect(tmp_path / "out", verbose=False)
 
 
 def test_cli(tmp_path):
