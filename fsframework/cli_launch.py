@@ -1,0 +1,52 @@
+"""`fsf launch`: start a training job on many GPUs or nodes (torchrun, DeepSpeed or SLURM)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def launch_command(
+    config: Path = typer.Argument(..., help="YAML job file"),
+    overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides"),
+    nodes: int = typer.Option(1, "--nodes", help="number of nodes"),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="processes (GPUs) per node"),
+    hostfile: Optional[Path] = typer.Option(None, "--hostfile", help="lines 'HOST slots=N', node 0 first"),
+    slurm: bool = typer.Option(False, "--slurm", help="write a SLURM batch script and submit it with sbatch"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="write the snapshot and scripts, print them, start nothing"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="address of node 0 (default: first "
+                                              "host of --hostfile, or 127.0.0.1 on one node)"),
+    master_port: Optional[int] = typer.Option(None, "--master-port", help="default: a free port on one node, "
+                                              "29500 on several"),
+    launcher: str = typer.Option("torchrun", "--launcher", help="torchrun | deepspeed"),
+    node_rank: int = typer.Option(0, "--node-rank", help="which node's command to run here (several nodes, no SLURM)"),
+    rdzv: bool = typer.Option(False, "--rdzv", help="several nodes: c10d rendezvous instead of fixed node ranks"),
+    time: str = typer.Option("24:00:00", "--time", help="SLURM time limit"),
+    partition: Optional[str] = typer.Option(None, "--partition", help="SLURM partition"),
+    account: Optional[str] = typer.Option(None, "--account", help="SLURM account"),
+    cpus_per_task: Optional[int] = typer.Option(None, "--cpus-per-task", help="SLURM CPUs per node (default 8 per GPU)"),
+) -> None:
+    """Launch training of CONFIG on --nodes x --gpus-per-node ranks, from a snapshot of the code and config."""
+    # Imported here: fsframework.cli imports this module, so a top-level import would be circular.
+    from fsframework.cli import _fail, _load
+    from fsframework.launcher.errors import LaunchError
+    from fsframework.launcher.launch import LaunchOptions, launch
+    from fsframework.launcher.scripts import SlurmOptions
+
+    cfg = _load(config, overrides)
+    options = LaunchOptions(nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher, hostfile=hostfile,
+                            master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
+                            slurm=slurm, dry_run=dry_run,
+                            slurm_options=SlurmOptions(time=time, cpus_per_task=cpus_per_task, partition=partition,
+                                                       account=account))
+    try:
+        code = launch(cfg, options, invocation=shlex.join(["fsf", "launch", str(config), *(overrides or []),
+                                                           "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
+                                                           "--launcher", launcher]))
+    except LaunchError as exc:
+        _fail(str(exc))
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,70 @@
+"""Start a launcher process here and report how it ended.
+
+torchrun prints a failure summary (`Root Cause ... rank : N`) on stderr when a rank
+exits non-zero; we pass stderr through line by line and pick the rank out of it, so
+the final message names the rank that ended the job. stdout is inherited untouched,
+so the rank-0 progress bar stays live on a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from fsframework.launcher.errors import LaunchError
+
+_ROOT_CAUSE = re.compile(r"Root Cause")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    failed_rank: int | None = None  # global rank torchrun blamed first, when it said
+
+
+def failed_rank_from(lines: list[str]) -> int | None:
+    """The rank named under torchrun's `Root Cause (first observed failure)` heading."""
+    seen_root = False
+    for line in lines:
+        if _ROOT_CAUSE.search(line):
+            seen_root = True
+        elif seen_root and (m := _RANK.match(line)):
+            return int(m.group(1))
+    return None
+
+
+def run_command(argv: list[str], env: dict[str, str]) -> RunResult:
+    """Run ARGV with ENV added to this environment (PYTHONPATH prepended); wait for it."""
+    full = dict(os.environ)
+    for key, value in env.items():
+        if key == "PYTHONPATH" and full.get(key):
+            value = value + os.pathsep + full[key]
+        full[key] = value
+    try:
+        proc = subprocess.Popen(argv, env=full, stderr=subprocess.PIPE, text=True, bufsize=1)
+    except FileNotFoundError:
+        raise LaunchError(f"{argv[0]} not found; install torch (torchrun) / deepspeed in this environment") from None
+    tail: list[str] = []
+    try:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line)
+            del tail[:-200]  # the failure summary is at the end; keep memory bounded
+        proc.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C in a terminal reached the launcher too (same process group): give it time to
+        # stop its ranks; a signal sent to us alone is passed on as SIGTERM.
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+    # A launcher killed by signal N reports -N; shells report 128 + N, which is a valid exit status.
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    return RunResult(code, failed_rank_from(tail) if code else None)
