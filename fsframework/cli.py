@@ -43,9 +43,13 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
           overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
     """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG."""
     cfg = _load(config, overrides)
+    from fsframework.train.checkpoint import CheckpointError
     from fsframework.train.trainer import train as run_training
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except (CheckpointError, FileNotFoundError) as exc:
+        _fail(str(exc))
 
 
 @app.command("eval")

@@ -1,0 +1,36 @@
+"""FS-L continued pretraining starts from FS weights with a fresh optimizer and schedule."""
+
+from __future__ import annotations
+
+import json
+
+from fsframework.config import load_config
+from fsframework.models.registry import build_model
+from fsframework.train.checkpoint import consolidated_state_dict, resolve_checkpoint
+from tests.utils import REPO, TINY_DATA, run_fsf
+
+FS_TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.attention.cell_size=4",
+           "model.attention.block_size=8", "model.attention.window=8", "model.attention.top_k=2",
+           "model.attention.retained_cells=3", "model.attention.recent_cells=1", "train.progress=false",
+           "train.tensorboard=false", "optim.warmup_steps=2"]
+
+
+def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
+    fs_run, fsl_run = tmp_path / "fs", tmp_path / "fsl"
+    common = [f"data.cache_dir={data_cache}", *TINY_DATA, *FS_TINY]
+    run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={fs_run}", "model.name=fs",
+            "train.max_steps=4", "train.ckpt_every=4", *common)
+    proc = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={fsl_run}", "model.name=fsl",
+                   f"train.init_from={fs_run}", "train.max_steps=2", "train.ckpt_every=2", *common)
+    assert "initialised weights from" in proc.stdout
+    records = [json.loads(line) for line in (fsl_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2], "a fresh run, not a resume of the FS steps"
+    assert records[0]["lr"] == records[1]["lr"] / 2, "the schedule restarts at its warmup"
+    # the FS weights load into the FS-L model exactly (same parameters, pruning is routing only)
+    cfg = load_config(fsl_run / "config.yaml")
+    model = build_model(cfg.model)
+    model.load_state_dict(consolidated_state_dict(resolve_checkpoint(fs_run)), strict=True)
+
+    missing = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'x'}", "model.name=fsl",
+                      f"train.init_from={tmp_path / 'nowhere'}", *common, check=False)
+    assert missing.returncode == 2 and "checkpoint path not found" in missing.stderr
