@@ -1,0 +1,93 @@
+"""FreeSolo attention layer (SPEC §1.1-§1.6): a local RoPE window branch and a routed long-range
+branch on ONE set of q/k/v projections.
+
+Legend: B batch, T time, D model width, H heads, Dh head width.
+
+    q, k, v = x W_q, x W_k, x W_v                        (unrotated, [B, T, H, Dh])
+    local   = sliding-window attention, RoPE inside       (SPEC §1.2)
+    LR      = long_range_attention(q, k, v), FS or FS-L   (SPEC §1.3-§1.6, NoPE, per-head RMSNorm gain)
+    combine (after the readout RMSNorm, [choice] SPEC §1.1):
+      sum          o = W_o(local + LR)
+      gate         o = W_o(local + sigmoid(x W_g + b_g)_h * LR),  b_g = 0 at init
+      separate_wo  o = W_o(local) + W_o_lr(LR)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fsframework.config import COMBINE_MODES, FREESOLO_MODELS, ModelConfig
+from fsframework.ops.freesolo import long_range_attention
+from fsframework.ops.local_attention import sliding_window_attention
+
+
+class FreeSoloAttention(nn.Module):
+    """FS (`cfg.name == "fs"`, full-prefix routing) or FS-L (`"fsl"`, pruned by key norm).
+
+    Parameters: `wq, wk, wv, wo` (D x D, no bias), `lr_norm_weight` `[H, Dh]` (readout
+    RMSNorm gain, one per layer and head, init 1); `w_gate` (D -> H, with bias) for
+    combine="gate"; `wo_lr` (D x D) for combine="separate_wo". Buffers `sigma`, `lam`
+    `[H]` (erf prior width and weight, persistent, never trained).
+    """
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        a = cfg.attention
+        if cfg.name not in FREESOLO_MODELS:
+            raise ValueError(f"FreeSoloAttention needs model.name in {FREESOLO_MODELS}, got {cfg.name!r}")
+        if a.combine not in COMBINE_MODES:
+            raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
+        self.cfg = cfg
+        self.layer_idx = layer_idx
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
+        # routing-only scalars: buffers, so they are saved with the model but receive no gradient
+        self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
+        self.register_buffer("lam", torch.full((cfg.n_heads,), float(a.lam)))
+        if a.combine == "gate":
+            self.w_gate = nn.Linear(cfg.d_model, cfg.n_heads, bias=True)
+        elif a.combine == "separate_wo":
+            self.wo_lr = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.reset_extra_parameters()
+
+    @torch.no_grad()
+    def reset_extra_parameters(self) -> None:
+        """Re-initialise what the model-wide normal init must not touch or scales differently."""
+        a = self.cfg.attention
+        self.lr_norm_weight.fill_(1.0)
+        self.sigma.fill_(float(a.sigma))
+        self.lam.fill_(float(a.lam))
+        if a.combine == "gate":
+            nn.init.zeros_(self.w_gate.bias)  # sigmoid(0) = 1/2: both branches contribute from step 0
+        elif a.combine == "separate_wo":
+            # a residual-branch output projection, scaled down with depth like `wo`
+            nn.init.normal_(self.wo_lr.weight, std=self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers))
+
+    def branches(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x `[B, T, D]` -> (local, LR), each `[B, T, H, Dh]`, before the combination."""
+        a = self.cfg.attention
+        bsz, seq, _ = x.shape
+        shape = (bsz, seq, self.n_heads, self.head_dim)
+        q, k, v = self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
+        local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
+        long_range = long_range_attention(
+            q, k, v, rms_weight=self.lr_norm_weight, impl=a.impl, variant=self.cfg.name, cell_size=a.cell_size,
+            block_size=a.block_size, top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
+            retained_cells=a.retained_cells)
+        return local, long_range
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local, long_range = self.branches(x)
+        combine = self.cfg.attention.combine
+        if combine == "separate_wo":
+            return self.wo(local.flatten(2)) + self.wo_lr(long_range.flatten(2))
+        if combine == "gate":
+            long_range = torch.sigmoid(self.w_gate(x)).unsqueeze(-1).to(long_range.dtype) * long_range  # B T H 1
+        return self.wo((local + long_range).flatten(2))

@@ -1,0 +1,114 @@
+"""FreeSolo FS / FS-L models: forward/backward, initialisation, causality and the branch combinations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fsframework.config import load_config
+from fsframework.models.freesolo_attention import FreeSoloAttention
+from fsframework.models.registry import build_model
+from fsframework.ops.freesolo import long_range_attention
+from fsframework.ops.local_attention import sliding_window_attention
+
+COMBINES = ["sum", "gate", "separate_wo"]
+
+
+def tiny(name: str, **extra):
+    """d_model 32, 2 layers, 2 heads of 16; s=4, B=8, window 8, K=2, P=3, W=1."""
+    overrides = [f"model.name={name}", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+                 "model.attention.window=8", "model.attention.cell_size=4", "model.attention.block_size=8",
+                 "model.attention.top_k=2", "model.attention.retained_cells=3", "model.attention.recent_cells=1",
+                 *(f"{k}={v}" for k, v in extra.items())]
+    return load_config(None, overrides).model
+
+
+@pytest.mark.parametrize("combine", COMBINES)
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_forward_backward_all_params_get_finite_gradients(name, combine):
+    torch.manual_seed(0)
+    model = build_model(tiny(name, **{"model.attention.combine": combine}))
+    tokens = torch.randint(0, 256, (2, 45))  # T - 1 = 44: not a multiple of s or B
+    loss = model.loss(tokens[:, :-1], tokens[:, 1:])
+    assert math.isfinite(loss.item()) and abs(loss.item() - math.log(260)) < 0.5
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        assert p.grad.abs().sum() > 0, f"{pname} got a zero gradient"
+
+
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_initialisation_and_buffers(name):
+    model = build_model(tiny(name, **{"model.attention.combine": "gate", "model.attention.sigma": 3.0}))
+    for layer in model.layers:
+        attn = layer.attn
+        assert isinstance(attn, FreeSoloAttention)
+        assert torch.equal(attn.lr_norm_weight, torch.ones(2, 16))
+        assert torch.equal(attn.w_gate.bias, torch.zeros(2))
+        assert torch.equal(attn.sigma, torch.full((2,), 3.0)) and torch.equal(attn.lam, torch.ones(2))
+        assert not attn.sigma.requires_grad
+    state = model.state_dict()
+    assert "layers.0.attn.sigma" in state and "layers.0.attn.lam" in state
+    assert all("sigma" not in n and "lam" not in n for n, _ in model.named_parameters())
+    sep = build_model(tiny(name, **{"model.attention.combine": "separate_wo"}))
+    std = sep.layers[0].attn.wo_lr.weight.std().item()
+    assert std == pytest.approx(0.02 / math.sqrt(4), rel=0.2)  # residual-scaled like wo
+
+
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_future_tokens_never_change_earlier_logits(name):
+    torch.manual_seed(0)
+    model = build_model(tiny(name)).double()
+    tokens = torch.randint(0, 256, (2, 50))
+    changed = tokens.clone()
+    changed[:, 30:] = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :30], b[:, :30], rtol=0, atol=1e-12)
+    assert not torch.allclose(a[:, 30:], b[:, 30:])
+
+
+@pytest.mark.parametrize("combine", COMBINES)
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_layer_is_the_spec_composition(name, combine):
+    """Local branch on RoPE'd q/k, long-range branch on the same unrotated q/k/v, combined per mode."""
+    torch.manual_seed(1)
+    cfg = tiny(name, **{"model.attention.combine": combine})
+    attn = FreeSoloAttention(cfg, 0).double()
+    with torch.no_grad():
+        attn.lr_norm_weight.normal_()
+        if combine == "gate":
+            attn.w_gate.bias.normal_()
+    x = torch.randn(2, 29, 32, dtype=torch.float64)
+    a = cfg.attention
+    q, k, v = (w(x).view(2, 29, 2, 16) for w in (attn.wq, attn.wk, attn.wv))
+    local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta)
+    lr = long_range_attention(q, k, v, rms_weight=attn.lr_norm_weight, variant=name, cell_size=4, block_size=8,
+                              top_k=2, recent_cells=1, retained_cells=3, sigma=a.sigma, lam=a.lam)
+    if combine == "sum":
+        want = attn.wo((local + lr).flatten(2))
+    elif combine == "gate":
+        want = attn.wo((local + torch.sigmoid(attn.w_gate(x))[..., None] * lr).flatten(2))
+    else:
+        want = attn.wo(local.flatten(2)) + attn.wo_lr(lr.flatten(2))
+    torch.testing.assert_close(attn(x), want, rtol=1e-12, atol=1e-12)
+    assert lr[:, :8].abs().max() == 0 and lr[:, 8:].abs().min(-1).values.gt(0).all()
+
+
+def test_sigma_and_lam_get_no_gradient_and_steer_routing():
+    torch.manual_seed(0)
+    attn = FreeSoloAttention(tiny("fs"), 0)
+    x = torch.randn(1, 40, 32)
+    base = attn(x)
+    base.sum().backward()
+    assert attn.sigma.grad is None and attn.lam.grad is None
+    with torch.no_grad():
+        attn.lam.fill_(50.0)  # a strong prior moves the selection
+        assert not torch.allclose(attn(x), base)
+
+
+def test_non_freesolo_name_is_rejected():
+    with pytest.raises(ValueError, match="model.name"):
+        FreeSoloAttention(tiny("fs").__class__(name="tfpp"), 0)
