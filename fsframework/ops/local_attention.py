@@ -30,26 +30,31 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, impl:
 def window_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, chunk: int = 256
 ) -> torch.Tensor:
-    """Banded causal softmax attention on already-rotated q/k, chunked over queries."""
+    """Banded causal softmax attention on already-rotated q/k, chunked over queries.
+
+    Inputs are split once into chunks of `max(chunk, window)` tokens; query chunk c
+    reads key chunks c-1 and c, which cover its whole band. (Slicing a full tensor per
+    chunk instead would make each chunk's backward allocate a full-size gradient.)
+    """
     bsz, seq, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math, fp64 kept for tests
-    out = torch.empty_like(q)
-    for start in range(0, seq, chunk):
-        end = min(start + chunk, seq)
-        kstart = max(0, start - window)
-        # B T H D -> B H T D
-        qc = q[:, start:end].transpose(1, 2).to(acc)
-        kc = k[:, kstart:end].transpose(1, 2).to(acc)
-        vc = v[:, kstart:end].transpose(1, 2).to(acc)
+    size = max(chunk, window)
+    # B T H D -> B H T D, split along T
+    qs, ks, vs = (x.transpose(1, 2).to(acc).split(size, dim=2) for x in (q, k, v))
+    outs = []
+    for c, qc in enumerate(qs):
+        start = c * size
+        kstart = max(0, start - size)
+        kc = torch.cat(ks[max(0, c - 1):c + 1], dim=2)
+        vc = torch.cat(vs[max(0, c - 1):c + 1], dim=2)
         logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
-        qi = torch.arange(start, end, device=q.device)[:, None]
-        kj = torch.arange(kstart, end, device=q.device)[None, :]
+        qi = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
+        kj = torch.arange(kstart, kstart + kc.shape[2], device=q.device)[None, :]
         band = (qi - kj >= 0) & (qi - kj <= window)
-        logits = logits.masked_fill(~band, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        out[:, start:end] = torch.matmul(probs, vc).transpose(1, 2).to(q.dtype)
-    return out
+        probs = torch.softmax(logits.masked_fill(~band, float("-inf")), dim=-1)
+        outs.append(torch.matmul(probs, vc))
+    return torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype)
 
 
 def sliding_window_attention(
