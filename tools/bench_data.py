@@ -7,6 +7,7 @@
 2. Loading: StreamingDataset + torch DataLoader over shards built at seq_len 512
    and 4096, batches collated to int64 tensors, with recall masks and loss weights
    (SPEC 1.10) computed per sample in the collate function, or not.
+3. The CPU trainer's consumption (quickstart model), for the loader/trainer ratio.
 
     python tools/bench_data.py [--chars 8000000] [--repeat 4] [--loader-tokens 4000000]
 
@@ -91,6 +92,30 @@ def bench_loader(dataset, seq_len: int, masks: bool, workers: int, max_tokens: i
     return elapsed, tokens
 
 
+def bench_trainer(steps: int = 4) -> float:
+    """Tokens/s the CPU trainer consumes: the quickstart model (FreeSolo FS, seq_len 512,
+    batch 8), forward + backward + AdamW step, best of `steps` after a warm-up step."""
+    import torch
+
+    from fsframework.config import load_config
+    from fsframework.models.registry import build_model
+
+    repo = Path(__file__).resolve().parents[1]
+    cfg = load_config(repo / "yamls" / "quickstart.yaml")
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 256, (cfg.data.micro_batch_size, cfg.data.seq_len + 1))
+    best = float("inf")
+    for _ in range(steps + 1):
+        start = time.perf_counter()
+        model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad()
+        best = min(best, time.perf_counter() - start)
+    return cfg.data.micro_batch_size * cfg.data.seq_len / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--chars", type=int, default=8_000_000, help="characters of prose to tokenize")
@@ -134,6 +159,7 @@ def main() -> None:
         table = Table(title="loading (StreamingDataset + DataLoader, batch 8)")
         for col in ("seq_len", "masks", "loader workers", "tokens", "seconds", "tokens/s"):
             table.add_column(col, justify="right")
+        rates = []
         for seq_len in (512, 4096):
             for workers in args.loader_workers:
                 for masks in (False, True):
@@ -143,11 +169,17 @@ def main() -> None:
                     secs, tokens = bench_loader(dataset, seq_len, masks, workers, args.loader_tokens)
                     del dataset
                     clean_stale_shared_memory()
+                    rates.append(tokens / secs)
                     table.add_row(str(seq_len), "on" if masks else "off", str(workers), f"{tokens:,}",
                                   f"{secs:.2f}", f"{tokens / secs:,.0f}")
                     console.print(f"  loaded seq_len {seq_len} masks {masks} workers {workers}: "
                                   f"{tokens / secs:,.0f} tokens/s")
         console.print(table)
+        trainer_tps = bench_trainer()
+        slowest = min(rates)
+        console.print(f"CPU trainer (quickstart FS model, seq_len 512): {trainer_tps:,.0f} tokens/s; "
+                      f"slowest loader setting above: {slowest:,.0f} tokens/s = {slowest / trainer_tps:.0f}x "
+                      "what the trainer consumes (target >= 10x)")
 
 
 if __name__ == "__main__":
