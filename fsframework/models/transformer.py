@@ -58,10 +58,15 @@ class TransformerLM(nn.Module):
             if hasattr(module, "reset_extra_parameters"):
                 module.reset_extra_parameters()
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """tokens `[B, T]` at absolute positions `start_pos ..` -> final hidden states `[B, T, D]`.
+
+        `start_pos` > 0 is for a slice of a longer sequence (sequence parallelism); the
+        attention layers must then know about the earlier tokens (see fsframework.parallel).
+        """
         x = self.embed(tokens)
         if self.absolute_positions:
-            pos = torch.arange(tokens.shape[1], device=tokens.device)
+            pos = torch.arange(start_pos, start_pos + tokens.shape[1], device=tokens.device)
             x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
         for layer in self.layers:
             x = layer(x)

@@ -22,7 +22,7 @@ import importlib
 import torch
 
 from fsframework.ops.freesolo_readout import selected_cell_attention
-from fsframework.ops.freesolo_routing import check_routing_args, select_cells_reference
+from fsframework.ops.freesolo_routing import check_query_offset, check_routing_args, select_cells_reference
 
 _IMPLS = ("auto", "reference", "triton")
 
@@ -46,7 +46,7 @@ def _kernel(module: str, name: str, impl: str, device_tensor: torch.Tensor):
 def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
                  block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
                  lam: float | torch.Tensor = 1.0, recent_cells: int = 8, retained_cells: int = 64,
-                 impl: str = "auto") -> torch.Tensor:
+                 impl: str = "auto", q_start: int = 0) -> torch.Tensor:
     """Top-K cells per query and head (SPEC §1.3-§1.6). No gradient flows through it.
 
     q, k: unrotated `[Bt, N, H, d]`. Cell `c` holds tokens `cs .. cs+s-1`
@@ -64,21 +64,38 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
 
     Returns a LongTensor `[Bt, N, H, top_k]`: cell indices in descending score,
     -1 where fewer than `top_k` cells are available.
+
+    q_start (a multiple of block_size): q holds only the queries of positions
+    `[q_start, q_start + n)` and k the keys of `[0, q_start + n)` (a slice of a
+    sequence-parallel rank); the result is `[Bt, n, H, top_k]`, equal to rows
+    `[q_start, q_start + n)` of the call on the whole sequence.
     """
     kernel = _kernel("cell_routing", "select_cells", impl, q)
     kwargs = dict(variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
                   recent_cells=recent_cells, retained_cells=retained_cells)
     if kernel is not None:
         check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                           recent_cells=recent_cells, retained_cells=retained_cells)
+                           recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
         with torch.no_grad():
-            return kernel(q.detach(), k.detach(), **kwargs)
-    return select_cells_reference(q.detach(), k.detach(), **kwargs)
+            # the kernel takes whole sequences: zero queries stand in for the earlier slices
+            return kernel(_pad_queries(q.detach(), q_start), k.detach(), **kwargs)[:, q_start:]
+    return select_cells_reference(q.detach(), k.detach(), q_start=q_start, **kwargs)
 
 
-def _check_readout(q, k, v, cells, cell_size, rms_weight, *, values: bool) -> None:
+def _pad_queries(x: torch.Tensor, q_start: int, value: float = 0.0) -> torch.Tensor:
+    """`[Bt, n, ...]` -> `[Bt, q_start + n, ...]`, filled with `value` in front."""
+    if q_start == 0:
+        return x
+    return torch.cat((x.new_full((x.shape[0], q_start, *x.shape[2:]), value), x), dim=1)
+
+
+def _check_readout(q, k, v, cells, cell_size, rms_weight, *, values: bool, q_start: int = 0) -> None:
     """Shape checks; with `values`, also the range of `cells` (a device sync, so reference only)."""
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+    if q_start:
+        check_query_offset(q, k, q_start, 1)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must share a shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    elif q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(f"q, k, v must share a [B, N, H, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     if cell_size < 1:
@@ -88,7 +105,7 @@ def _check_readout(q, k, v, cells, cell_size, rms_weight, *, values: bool) -> No
                          f"got {tuple(cells.shape)}")
     if cells.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"cells must be an integer tensor (int64 or int32), got {cells.dtype}")
-    num_cells = q.shape[1] // cell_size
+    num_cells = k.shape[1] // cell_size
     if values and cells.numel() and (int(cells.min()) < -1 or int(cells.max()) >= num_cells):
         raise ValueError(f"cells must lie in [-1, {num_cells - 1}] (-1 = none; only complete cells of "
                          f"N={q.shape[1]}, s={cell_size} exist), got [{int(cells.min())}, {int(cells.max())}]")
@@ -98,7 +115,8 @@ def _check_readout(q, k, v, cells, cell_size, rms_weight, *, values: bool) -> No
 
 
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int = 32,
-                 rms_weight: torch.Tensor | None = None, eps: float = 1e-8, impl: str = "auto") -> torch.Tensor:
+                 rms_weight: torch.Tensor | None = None, eps: float = 1e-8, impl: str = "auto",
+                 q_start: int = 0) -> torch.Tensor:
     """Long-range readout of the selected cells (SPEC §1.6, Eq. 9) -> `[Bt, N, H, d]` in q's dtype.
 
     q, k, v: unrotated `[Bt, N, H, d]`; cells: `[Bt, N, H, K]` cell indices, -1 =
@@ -109,11 +127,16 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     `[d]` ([choice] one per layer and head; None = 1). Rows with nothing
     selected are exactly 0, with finite gradients. Tokens are not deduplicated
     against the local window. Gradients reach q, k, v and rms_weight.
+
+    q_start: q and cells hold only the queries of positions `[q_start, q_start + n)`,
+    k and v the keys of `[0, q_start + n)`; the result is `[Bt, n, H, d]`.
     """
     kernel = _kernel("cell_readout", "cell_readout", impl, q)
-    _check_readout(q, k, v, cells, cell_size, rms_weight, values=kernel is None)
+    _check_readout(q, k, v, cells, cell_size, rms_weight, values=kernel is None, q_start=q_start)
     if kernel is not None:
-        return kernel(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, eps=eps)
+        # the kernel takes whole sequences: earlier positions get zero queries that select nothing
+        return kernel(_pad_queries(q, q_start), k, v, _pad_queries(cells, q_start, -1), cell_size=cell_size,
+                      rms_weight=rms_weight, eps=eps)[:, q_start:]
     y = selected_cell_attention(q, k, v, cells, cell_size)
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
     if rms_weight is not None:
@@ -125,15 +148,23 @@ def long_range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          rms_weight: torch.Tensor | None = None, eps: float = 1e-8, impl: str = "auto",
                          variant: str = "fs", cell_size: int = 32, block_size: int = 128, top_k: int = 4,
                          sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
-                         retained_cells: int = 64) -> torch.Tensor:
+                         retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
     """FreeSolo long-range branch: `cell_readout(q, k, v, select_cells(q, k, ...))` -> `[Bt, N, H, d]`.
 
     See `select_cells` (routing, FS or FS-L, no gradient) and `cell_readout`
     (NoPE joint softmax over the selected tokens, then per-head RMSNorm).
+    q_start (a multiple of block_size): queries of positions `[q_start, q_start + n)`
+    only, over keys/values of `[0, q_start + n)` -> `[Bt, n, H, d]` (sequence parallelism).
     """
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+    if q_start:
+        check_query_offset(q, k, q_start, block_size)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must share a shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    elif q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(f"q, k, v must share a [B, N, H, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     cells = select_cells(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                         sigma=sigma, lam=lam, recent_cells=recent_cells, retained_cells=retained_cells, impl=impl)
-    return cell_readout(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, eps=eps, impl=impl)
+                         sigma=sigma, lam=lam, recent_cells=recent_cells, retained_cells=retained_cells, impl=impl,
+                         q_start=q_start)
+    return cell_readout(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, eps=eps, impl=impl,
+                        q_start=q_start)

@@ -125,7 +125,7 @@ class SelectedCellAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, cells, cell_size):
         bsz, seq, heads, dim = q.shape
         acc = torch.promote_types(q.dtype, torch.float32)
-        num_cells = seq // cell_size
+        num_cells = k.shape[1] // cell_size  # k may extend before q (queries of a later slice)
         y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
         lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device)
         if num_cells > 0:
@@ -151,7 +151,7 @@ class SelectedCellAttention(torch.autograd.Function):
         cell_size = ctx.cell_size
         bsz, seq, heads, dim = q.shape
         acc, scale = y.dtype, 1.0 / math.sqrt(dim)
-        num_cells = seq // cell_size
+        num_cells = k.shape[1] // cell_size
         dq = torch.zeros_like(y)
         dk_rows = torch.zeros((bsz * heads * num_cells, cell_size * dim), dtype=acc, device=q.device)
         dv_rows = torch.zeros_like(dk_rows)

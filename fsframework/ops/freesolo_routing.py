@@ -25,9 +25,11 @@ VARIANTS = ("fs", "fsl")
 
 
 def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_size: int, block_size: int,
-                       top_k: int, recent_cells: int, retained_cells: int) -> None:
+                       top_k: int, recent_cells: int, retained_cells: int, q_start: int = 0) -> None:
     """Raise ValueError naming the problem when shapes or sizes are invalid."""
-    if q.dim() != 4 or q.shape != k.shape:
+    if q_start:
+        check_query_offset(q, k, q_start, block_size)
+    elif q.dim() != 4 or q.shape != k.shape:
         raise ValueError(f"q and k must share a [B, N, H, d] shape, got {tuple(q.shape)} and {tuple(k.shape)}")
     if q.shape[-1] < 1:
         raise ValueError(f"head width d must be >= 1, got {q.shape[-1]}")
@@ -41,6 +43,17 @@ def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_s
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if recent_cells < 0 or retained_cells < 0:
         raise ValueError(f"recent_cells (W={recent_cells}) and retained_cells (P={retained_cells}) must be >= 0")
+
+
+def check_query_offset(q: torch.Tensor, k: torch.Tensor, q_start: int, block_size: int) -> None:
+    """Queries `[Bt, n, H, d]` at positions `[q_start, q_start + n)` against keys `[Bt, q_start + n, H, d]`."""
+    if q_start < 0 or q_start % block_size:
+        raise ValueError(f"q_start={q_start} must be a non-negative multiple of block_size={block_size} "
+                         "(a query block never straddles a slice boundary)")
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+            or k.shape[1] != q_start + q.shape[1]:
+        raise ValueError(f"with q_start={q_start}, q [B, n, H, d] needs keys [B, q_start + n, H, d], got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
 
 
 def per_head(value: float | torch.Tensor, heads: int, name: str, *, positive: bool, like: torch.Tensor) -> torch.Tensor:
@@ -119,13 +132,15 @@ def _prior(a: torch.Tensor, centers: torch.Tensor, queries: torch.Tensor, lam: t
 def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
                            block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
                            lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
-                           retained_cells: int = 64) -> torch.Tensor:
+                           retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
     """Selected cells `[Bt, N, H, top_k]` (descending score, -1 = none) for unrotated q, k `[Bt, N, H, d]`.
 
+    With `q_start` > 0, q holds only the queries of positions `[q_start, q_start + n)`
+    and k the keys of `[0, q_start + n)`; the result is then `[Bt, n, H, top_k]`.
     See `fsframework.ops.freesolo.select_cells` for the full contract.
     """
     check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                       recent_cells=recent_cells, retained_cells=retained_cells)
+                       recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
@@ -139,26 +154,32 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
         centers = (torch.arange(kbar.shape[1], device=q.device, dtype=acc) + 0.5) * cell_size
         route = _route_fs if variant == "fs" else _route_fsl
         route(q, kbar_h, a_h, centers, out, cell_size=cell_size, block_size=block_size, top_k=top_k,
-              sigma=sigma_h, lam=lam_h, recent=recent_cells, retained=retained_cells)
+              sigma=sigma_h, lam=lam_h, recent=recent_cells, retained=retained_cells, q_start=q_start)
     return out
 
 
-def _route_fs(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, **_):
+def _route_fs(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, q_start=0, **_):
     """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
-    seq, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
-    for start in range(block_size, seq, block_size):  # the first block has no eligible cell
+    seq, scale = q_start + q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+    for start in range(max(block_size, q_start), seq, block_size):  # the first block has no eligible cell
         end = min(start + block_size, seq)
         num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
-        qb = q[:, start:end].to(kbar_h.dtype)
+        qb = q[:, start - q_start:end - q_start].to(kbar_h.dtype)
         content = torch.einsum("bqhd,bhcd->bqhc", qb, kbar_h[:, :, :num]) * scale
         pos = torch.arange(start, end, device=q.device)
         scores = content + _prior(a_h[:, :, :num], centers[None, None, :num], pos, lam, sigma)
-        out[:, start:end] = top_k_earliest(scores, None, top_k)  # position == cell index
+        out[:, start - q_start:end - q_start] = top_k_earliest(scores, None, top_k)  # position == cell index
 
 
-def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, recent, retained):
-    """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, top-P kept incrementally."""
-    bsz, seq, heads, dim = q.shape
+def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, recent, retained,
+               q_start=0):
+    """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, top-P kept incrementally.
+
+    The retained set is built from the first block on even when queries start at
+    `q_start` (it depends on the whole history); only blocks from `q_start` are scored.
+    """
+    bsz, num_q, heads, dim = q.shape
+    seq = q_start + num_q
     scale = 1.0 / math.sqrt(dim)
     device = q.device
     # retained cells per batch and head, ascending cell index (so merges stay in cell order)
@@ -177,16 +198,18 @@ def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, si
                 cand = cand.gather(-1, best).sort(dim=-1).values
             kept = cand
         num_seen = num
+        if start < q_start:
+            continue
         low = max(0, num - recent)
         recent_cells = torch.arange(low, num, device=device).expand(bsz, heads, -1)
         # kept cells inside the recent window are duplicates; the rest precede every recent cell
         cells = torch.cat((kept, recent_cells), dim=-1)  # Bt H M
         valid = torch.cat((kept < low, torch.ones_like(recent_cells, dtype=torch.bool)), dim=-1)
         kb = kbar_h.gather(2, cells[..., None].expand(-1, -1, -1, dim))  # Bt H M d
-        qb = q[:, start:end].to(kb.dtype)
+        qb = q[:, start - q_start:end - q_start].to(kb.dtype)
         content = torch.einsum("bqhd,bhmd->bqhm", qb, kb) * scale
         pos = torch.arange(start, end, device=device)
         scores = content + _prior(a_h.gather(-1, cells), centers[cells], pos, lam, sigma)
         choice = top_k_earliest(scores, valid[:, None], top_k)  # Bt Bq H K, positions into M
         chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
-        out[:, start:end] = torch.where(choice >= 0, chosen, -1)
+        out[:, start - q_start:end - q_start] = torch.where(choice >= 0, chosen, -1)

@@ -239,3 +239,19 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: 
         raise CheckpointError(f"checkpoint {ckpt} does not match model {cfg.model.name}: "
                               f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.to(device).eval(), cfg
+
+
+def write_fp32_model(path: str | Path) -> Path:
+    """Consolidate a checkpoint (any ZeRO stage, any number of ranks) into `<ckpt>/model_fp32.pt`.
+
+    `path`: a run directory or checkpoint. The file holds the plain model's fp32
+    state dict (keys as in `build_model`), which `load_model` and `fsf eval` then read
+    directly instead of merging ZeRO shards each time. Written atomically.
+    """
+    ckpt = resolve_checkpoint(path)
+    state = consolidated_state_dict(ckpt)
+    out = ckpt / "model_fp32.pt"
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, out)
+    return out

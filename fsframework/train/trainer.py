@@ -15,6 +15,10 @@ import torch
 from torch import nn
 
 from fsframework.config import Config, to_yaml
+from fsframework.parallel.groups import check_layout, init_groups
+from fsframework.parallel.health import FaultInjector, init_health_group, reraise_naming_rank
+from fsframework.parallel.loss import sequence_parallel_losses
+from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.train.distributed import DistInfo, init_distributed
 from fsframework.train.monitor import Monitor, console
@@ -38,7 +42,11 @@ class LanguageModelingLoss(nn.Module):
         self.last_plain_loss: torch.Tensor | None = None
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None):
-        loss, plain = lm_losses(self.model(inputs), targets, weights)
+        sp = sp_context(self.model)
+        if sp is None:
+            loss, plain = lm_losses(self.model(inputs), targets, weights)
+        else:  # this rank's share of the full-sequence loss, scaled for DeepSpeed's world-wide average
+            loss, plain = sequence_parallel_losses(self.model(inputs), targets, weights, sp)
         self.last_plain_loss = plain.detach()
         return loss
 
@@ -64,9 +72,10 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.dist: DistInfo = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
-        if self.dist.world_size % cfg.parallel.sp:
-            raise ValueError(f"world size {self.dist.world_size} is not a multiple of parallel.sp={cfg.parallel.sp}")
-        self.dp_size = self.dist.world_size // cfg.parallel.sp
+        self.dp_size = check_layout(self.dist.world_size, cfg.parallel.sp)
+        self.groups = init_groups(cfg.parallel.sp, cfg.parallel.timeout_s)
+        init_health_group(cfg.parallel.timeout_s)
+        self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
@@ -91,6 +100,7 @@ class Trainer:
             weights = ckpt_io.consolidated_state_dict(ckpt_io.resolve_checkpoint(cfg.train.init_from))
             model.load_state_dict(weights)
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
+        model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
         self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters, "
                  f"{cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads")
         optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
@@ -175,7 +185,9 @@ class Trainer:
             last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
             while self.state.step < last:
                 start = time.perf_counter()
-                metrics = self.train_step()
+                self.faults.maybe_fail(self.state.step + 1)
+                with reraise_naming_rank(self.dist.rank, self.dist.world_size, cfg.parallel.timeout_s):
+                    metrics = self.train_step()
                 elapsed = time.perf_counter() - start
                 self.state.step += 1
                 self.state.tokens += tokens_per_step

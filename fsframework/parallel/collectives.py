@@ -1,0 +1,169 @@
+"""Autograd-aware sequence collectives for sequence parallelism, with a byte counter.
+
+Legend: B batch, n own slice length, L longest slice, N sequence, W halo width;
+`...` are trailing feature axes (heads, head width).
+
+- `gather_sequence(x [B, n, ...]) -> [B, upto, ...]`: the sequence `[0, upto)` from
+  every rank's slice. Forward: all-gather of the slices (padded to `L`).
+  Backward: reduce-scatter (sum), so each rank receives the sum of the gradients
+  that every rank's queries put on its own keys/values.
+- `halo_exchange(x [B, n, ...], width) -> [B, W, ...]`: the `W = min(width, start)`
+  tokens just before this rank's slice, by point-to-point messages from the
+  earlier ranks that own them (a slice may be shorter than the halo, so a halo can
+  span several ranks). Backward sends the halo's gradient back to its owners.
+
+`CommCounter` tallies the bytes each rank RECEIVES per collective (all-gather
+and ring reduce-scatter of a padded slice of `c` bytes over `p` ranks: `(p-1) c`;
+point-to-point: the message), which is the traffic a real network carries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from fsframework.parallel.context import SPContext
+
+
+class CommCounter:
+    """Bytes received by this rank, per collective kind; enabled inside `counting()`."""
+
+    enabled = False
+    totals: dict[str, int] = defaultdict(int)
+
+    @classmethod
+    def add(cls, kind: str, num_bytes: int) -> None:
+        if cls.enabled:
+            cls.totals[kind] += int(num_bytes)
+
+    @classmethod
+    @contextmanager
+    def counting(cls):
+        cls.totals = defaultdict(int)
+        cls.enabled = True
+        try:
+            yield cls.totals
+        finally:
+            cls.enabled = False
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
+    """Zero-pad `[B, n, ...]` along the sequence axis to `length`."""
+    if x.shape[1] == length:
+        return x.contiguous()
+    pad = x.new_zeros((x.shape[0], length - x.shape[1], *x.shape[2:]))
+    return torch.cat((x, pad), dim=1)
+
+
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sp: SPContext, upto: int):
+        ctx.sp, ctx.upto, ctx.own = sp, upto, x.shape[1]
+        longest = max(e - s for s, e in sp.slices)
+        chunk = _pad_to(x, longest)
+        out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
+        dist.all_gather(out, chunk, group=sp.group)
+        CommCounter.add("all_gather", (sp.size - 1) * _bytes(chunk))
+        parts = [out[r][:, : e - s] for r, (s, e) in enumerate(sp.slices) if s < upto]
+        return torch.cat(parts, dim=1)[:, :upto]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sp = ctx.sp
+        longest = max(e - s for s, e in sp.slices)
+        shape = (grad.shape[0], longest, *grad.shape[2:])
+        chunks = []
+        for s, e in sp.slices:  # every rank's share of this rank's gradient, padded; zeros past `upto`
+            piece = grad[:, s:min(e, ctx.upto)] if s < ctx.upto else grad.new_zeros((grad.shape[0], 0, *shape[2:]))
+            chunks.append(_pad_to(piece, longest))
+        own = grad.new_empty(shape)
+        dist.reduce_scatter(own, chunks, op=dist.ReduceOp.SUM, group=sp.group)
+        CommCounter.add("reduce_scatter", (sp.size - 1) * _bytes(own))
+        return own[:, : ctx.own], None, None
+
+
+def gather_sequence(x: torch.Tensor, sp: SPContext, upto: int | None = None) -> torch.Tensor:
+    """All slices of the sequence `[0, upto)` (default: up to this rank's end) -> `[B, upto, ...]`.
+
+    x: this rank's slice `[B, end - start, ...]`. Differentiable: gradients of the
+    gathered tensor flow back to the rank that owns each position.
+    """
+    if x.shape[1] != sp.end - sp.start:
+        raise ValueError(f"gather_sequence got a slice of {x.shape[1]} tokens, this rank owns {sp.end - sp.start}")
+    if sp.size == 1:
+        return x
+    return _GatherSequence.apply(x, sp, sp.end if upto is None else upto)
+
+
+def _halo_plan(sp: SPContext, width: int) -> tuple[list, list]:
+    """(sends, recvs): `(peer SP rank, lo, hi)` global token ranges this rank sends / receives."""
+    sends, recvs = [], []
+    for dst, (dst_start, _) in enumerate(sp.slices):
+        need_lo = max(0, dst_start - width)
+        for src, (src_start, src_end) in enumerate(sp.slices):
+            lo, hi = max(need_lo, src_start), min(dst_start, src_end)
+            if src == dst or lo >= hi:
+                continue
+            if src == sp.rank:
+                sends.append((dst, lo, hi))
+            if dst == sp.rank:
+                recvs.append((src, lo, hi))
+    return sends, recvs
+
+
+def _exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: list[tuple[int, torch.Tensor]]):
+    ops = [dist.P2POp(dist.isend, t.contiguous(), sp.peers[p], group=sp.group) for p, t in outgoing]
+    ops += [dist.P2POp(dist.irecv, t, sp.peers[p], group=sp.group) for p, t in incoming]
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    for _, t in incoming:
+        CommCounter.add("halo", _bytes(t))
+
+
+class _HaloExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sp: SPContext, width: int):
+        sends, recvs = _halo_plan(sp, width)
+        ctx.sp, ctx.sends, ctx.recvs, ctx.shape = sp, sends, recvs, x.shape
+        start = sp.start
+        halo_lo = max(0, start - width)
+        out = x.new_empty((x.shape[0], start - halo_lo, *x.shape[2:]))
+        outgoing = [(dst, x[:, lo - start:hi - start]) for dst, lo, hi in sends]
+        incoming = [(src, out[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in recvs]
+        buffers = [(p, torch.empty_like(t)) for p, t in incoming]  # views are not contiguous in general
+        _exchange(sp, outgoing, buffers)
+        for (_, view), (_, buf) in zip(incoming, buffers):
+            view.copy_(buf)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sp = ctx.sp
+        start, halo_lo = sp.start, sp.start - grad.shape[1]
+        grad_x = grad.new_zeros(ctx.shape)
+        outgoing = [(src, grad[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in ctx.recvs]
+        incoming = [(dst, grad.new_empty((grad.shape[0], hi - lo, *grad.shape[2:]))) for dst, lo, hi in ctx.sends]
+        _exchange(sp, outgoing, incoming)
+        for (_, lo, hi), (_, buf) in zip(ctx.sends, incoming):
+            grad_x[:, lo - start:hi - start] += buf
+        return grad_x, None, None
+
+
+def halo_exchange(x: torch.Tensor, sp: SPContext, width: int) -> torch.Tensor:
+    """The `min(width, start)` tokens before this rank's slice -> `[B, W, ...]` (differentiable).
+
+    x: this rank's slice `[B, end - start, ...]`.
+    """
+    if x.shape[1] != sp.end - sp.start:
+        raise ValueError(f"halo_exchange got a slice of {x.shape[1]} tokens, this rank owns {sp.end - sp.start}")
+    if sp.size == 1 or width <= 0:
+        return x[:, :0]
+    return _HaloExchange.apply(x, sp, width)

@@ -1,0 +1,105 @@
+"""A failing or hanging rank ends the job with a message naming the rank.
+
+- Every collective runs under the process-group timeout `parallel.timeout_s`, so a
+  hung peer turns into an error on the ranks waiting for it instead of a silent hang.
+- `reraise_naming_rank` catches that error and asks the other ranks to check in
+  through `monitored_barrier` on a separate gloo group: rank 0 learns which ranks
+  never arrive and says so; every error is re-raised prefixed with the rank.
+- `FaultInjector` is the test hook: `FSF_FAULT=raise:RANK:STEP` raises on that rank
+  at the start of that optimizer step, `FSF_FAULT=hang:RANK:STEP` sleeps forever there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+FAULT_ENV = "FSF_FAULT"
+_HEALTH_GROUP = None
+
+
+class RankFailure(RuntimeError):
+    """A rank failed or a peer stopped answering; the message names the rank(s)."""
+
+
+@dataclass
+class FaultInjector:
+    kind: Optional[str] = None  # "raise" | "hang" | None
+    rank: int = -1
+    step: int = -1
+    my_rank: int = 0
+
+    @classmethod
+    def from_env(cls, my_rank: int) -> "FaultInjector":
+        spec = os.environ.get(FAULT_ENV)
+        if not spec:
+            return cls(my_rank=my_rank)
+        try:
+            kind, rank, step = spec.split(":")
+            if kind not in ("raise", "hang"):
+                raise ValueError
+            return cls(kind=kind, rank=int(rank), step=int(step), my_rank=my_rank)
+        except ValueError:
+            raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP or hang:RANK:STEP") from None
+
+    def maybe_fail(self, step: int) -> None:
+        if self.kind is None or self.rank != self.my_rank or self.step != step:
+            return
+        if self.kind == "raise":
+            raise RankFailure(f"rank {self.my_rank}: injected fault at step {step} ({FAULT_ENV})")
+        while True:  # hang: the peers must detect it through the process-group timeout
+            time.sleep(3600)
+
+
+def init_health_group(timeout_s: int) -> None:
+    """A gloo group for `monitored_barrier` (collective; call once on every rank after init)."""
+    import torch.distributed as dist
+
+    global _HEALTH_GROUP
+    if dist.is_initialized() and dist.get_world_size() > 1 and _HEALTH_GROUP is None:
+        _HEALTH_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def _is_communication_error(exc: BaseException) -> bool:
+    import torch.distributed as dist
+
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistError) or any(
+        s in text for s in ("timed out", "timeout", "connection closed", "connection reset", "broken pipe"))
+
+
+def _missing_ranks(timeout_s: int) -> str:
+    """Which ranks fail to reach a monitored barrier (rank 0's view), as a sentence."""
+    import torch.distributed as dist
+
+    if _HEALTH_GROUP is None:
+        return ""
+    try:
+        dist.monitored_barrier(group=_HEALTH_GROUP, timeout=timedelta(seconds=max(5, min(timeout_s, 60))),
+                               wait_all_ranks=True)
+    except RuntimeError as exc:
+        return f"; health check: {str(exc).splitlines()[0]}"
+    return "; every rank still answers the health check"
+
+
+@contextmanager
+def reraise_naming_rank(rank: int, world_size: int, timeout_s: int):
+    """Re-raise any error of the enclosed step as RankFailure naming this rank (and, after a
+    communication error, the ranks that stopped answering)."""
+    try:
+        yield
+    except RankFailure:
+        raise
+    except Exception as exc:
+        detail = ""
+        if world_size > 1 and _is_communication_error(exc):
+            detail = _missing_ranks(timeout_s)
+            head = f"rank {rank} of {world_size}: a collective failed or timed out after parallel.timeout_s={timeout_s}s"
+        else:
+            head = f"rank {rank} of {world_size} failed"
+        raise RankFailure(f"{head}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{detail}") \
+            from exc

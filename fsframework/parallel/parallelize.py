@@ -1,0 +1,100 @@
+"""`parallelize(model, parallel_cfg)`: the one step that makes a plain model sequence parallel.
+
+Models stay plain modules. Under `parallel.sp > 1` every attention module and the
+top-level language model get their class swapped in place for a subclass whose
+forward works on this rank's slice (the pattern of torch's `fully_shard`): the
+parameters, their names and the state dict are untouched, so checkpoints of SP
+and non-SP runs are interchangeable.
+
+After parallelize, `model(tokens [B, N])` takes the WHOLE sequence (every rank of
+an SP group holds the same sample) and returns the logits of this rank's slice
+`[B, n, V]`; `sp_context(model)` tells which slice that is.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from fsframework.parallel import attention as spa
+from fsframework.parallel.context import SPContext
+from fsframework.parallel.groups import ParallelGroups, init_groups
+from fsframework.parallel.sharding import shard
+
+
+class SPLanguageModel:
+    """TransformerLM on the own slice: embeddings, layers, head and positions of `[start, end)` only."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens `[B, N]` (whole sequence) -> logits of this rank's slice `[B, end - start, V]`."""
+        sp: SPContext = self._sp
+        sp.begin(tokens.shape[1])
+        return self.lm_head(self.hidden_states(shard(tokens, sp.span), start_pos=sp.start))
+
+    def loss(self, tokens, targets, weights=None):
+        from fsframework.parallel.loss import sequence_parallel_losses
+
+        return sequence_parallel_losses(self(tokens), targets, weights, self._sp)[0]
+
+
+def _sp_mixins() -> dict[type, type]:
+    from fsframework.models import attention as att
+    from fsframework.models.freesolo_attention import FreeSoloAttention
+    from fsframework.models.transformer import TransformerLM
+
+    return {
+        TransformerLM: SPLanguageModel,
+        att.RopeAttention: spa.SPRopeAttention,
+        att.SlidingWindowAttention: spa.SPSlidingWindowAttention,
+        att.AlibiAttention: spa.SPAlibiAttention,
+        att.NoPositionAttention: spa.SPNoPositionAttention,
+        FreeSoloAttention: spa.SPFreeSoloAttention,
+    }
+
+
+_SWAPPED: dict[type, type] = {}
+
+
+def _swap(module: nn.Module, mixin: type, sp: SPContext) -> None:
+    base = type(module)
+    if base not in _SWAPPED:
+        _SWAPPED[base] = type(f"SequenceParallel{base.__name__}", (mixin, base), {})
+    module.__class__ = _SWAPPED[base]
+    module._sp = sp
+
+
+def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups] = None,
+                block_size: Optional[int] = None) -> nn.Module:
+    """Make `model` (a TransformerLM from the registry) sequence parallel over `parallel_cfg.sp` ranks.
+
+    groups: the process groups (default: created here; collective over the world).
+    block_size: sharding granularity in tokens (default `model.cfg.attention.block_size`,
+    which FreeSolo needs so that no query block straddles two ranks).
+    Returns the same module object; a no-op when `sp == 1`.
+    """
+    sp_size = parallel_cfg.sp
+    if sp_size == 1:
+        return model
+    if getattr(model, "_sp", None) is not None:
+        raise ValueError("model is already parallelized")
+    mixins = _sp_mixins()
+    if type(model) not in mixins or not hasattr(model, "layers"):
+        raise TypeError(f"sequence parallelism supports the registry's language models, got {type(model).__name__}")
+    groups = groups or init_groups(sp_size)
+    if groups.sp != sp_size:
+        raise ValueError(f"process groups were made for sp={groups.sp}, parallel.sp={sp_size}")
+    sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size)
+    for layer in model.layers:
+        if type(layer.attn) not in mixins:
+            raise TypeError(f"no sequence-parallel form of attention {type(layer.attn).__name__}")
+    for layer in model.layers:
+        _swap(layer.attn, mixins[type(layer.attn)], sp)
+    _swap(model, mixins[type(model)], sp)
+    return model
+
+
+def sp_context(model: nn.Module) -> Optional[SPContext]:
+    """The SPContext of a parallelized model (None for a plain one)."""
+    return getattr(model, "_sp", None)
