@@ -90,6 +90,21 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
 
 
 @app.command()
+def convert(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory")) -> None:
+    """Consolidate a (ZeRO-sharded) checkpoint into one fp32 file, with a logit-equality proof."""
+    from fsframework.train.checkpoint import CheckpointError
+    from fsframework.train.convert import convert_to_fp32
+
+    try:
+        out, diff = convert_to_fp32(checkpoint)
+    except CheckpointError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {out} (max |logit difference| vs the engine checkpoint: {diff:.3g})")
+    if diff != 0.0:
+        _fail("converted weights do not reproduce the checkpoint's logits", code=1)
+
+
+@app.command()
 def info() -> None:
     """Versions of the engines, devices, and whether Triton kernels can run."""
     from fsframework.info import collect_info, print_info
