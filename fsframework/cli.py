@@ -25,7 +25,7 @@ _mount_subcommands()
 def _fail(message: str, code: int = 2) -> None:
     from rich.console import Console
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -46,10 +46,13 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
     from fsframework.train.checkpoint import CheckpointError
     from fsframework.train.trainer import train as run_training
 
+    from fsframework.data.inspect_shards import ShardError
+    from fsframework.parallel.health import RankFailure
+
     try:
         run_training(cfg)
-    except (CheckpointError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    except (CheckpointError, FileNotFoundError, ShardError, RankFailure) as exc:
+        _fail(str(exc), code=1)
 
 
 @app.command("eval")

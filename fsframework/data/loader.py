@@ -110,6 +110,58 @@ def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, bat
                             replication=replication if replication and replication > 1 else None)
 
 
+def _local_index(location: str) -> tuple[Path, list[dict]] | None:
+    if "://" in location:
+        return None
+    root = Path(location)
+    index = root / "index.json"
+    if not index.is_file():
+        from fsframework.data.inspect_shards import ShardError
+
+        raise ShardError(f"{root}: no index.json (not an MDS dataset; build one with `fsf data build`)")
+    import json
+
+    return root, json.loads(index.read_text())["shards"]
+
+
+def check_shard_files(locations: list[str]) -> None:
+    """Cheap start-up check of local streams: every shard file present with its indexed size.
+    Raises ShardError naming the shard (hashes are checked only when a read fails)."""
+    from fsframework.data.inspect_shards import ShardError
+
+    for location in locations:
+        found = _local_index(location)
+        if found is None:
+            continue
+        root, shards = found
+        for shard in shards:
+            candidates = [info for info in (shard.get("zip_data"), shard["raw_data"]) if info]
+            present = [info for info in candidates if (root / info["basename"]).is_file()]
+            if not present:
+                raise ShardError(f"shard {candidates[0]['basename']}: file missing from {root}")
+            for info in present:
+                size = (root / info["basename"]).stat().st_size
+                if size != info["bytes"]:
+                    raise ShardError(f"shard {info['basename']} in {root}: {size} bytes, index says {info['bytes']}")
+
+
+def find_bad_shard(locations: list[str]) -> str | None:
+    """Read and verify every shard of the local streams; the first problem found, or None."""
+    from fsframework.data.inspect_shards import ShardError, read_shard
+
+    for location in locations:
+        found = _local_index(location)
+        if found is None:
+            continue
+        root, shards = found
+        for shard in shards:
+            try:
+                read_shard(root, shard)
+            except ShardError as exc:
+                return f"{exc} (in {root})"
+    return None
+
+
 class TokenLoader:
     """Endless iterator of batches over a StreamingDataset with exact resume.
 
@@ -117,10 +169,12 @@ class TokenLoader:
     captured after the last batch handed out.
     """
 
-    def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None):
+    def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None,
+                 locations: list[str] | None = None):
         from streaming import StreamingDataLoader
 
         self.dataset = dataset
+        self.locations = locations or []
         self.loader = StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                           collate_fn=Collate(recall), drop_last=True)
         self._iter: Iterator | None = None
@@ -136,6 +190,14 @@ class TokenLoader:
                 return next(self._iter)
             except StopIteration:
                 self._iter = None  # next epoch
+            except Exception as exc:
+                # streaming reports a damaged shard from a background thread without its name
+                problem = find_bad_shard(self.locations)
+                if problem is None:
+                    raise
+                from fsframework.data.inspect_shards import ShardError
+
+                raise ShardError(f"cannot read training data: {problem}") from exc
         raise RuntimeError("the dataset yields no full batch: fewer samples than data.micro_batch_size per rank")
 
     def state_dict(self) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class Trainer:
     def build(self) -> None:
         import deepspeed
 
-        from fsframework.data.loader import TokenLoader, data_streams, make_streaming_dataset
+        from fsframework.data.loader import TokenLoader, check_shard_files, data_streams, make_streaming_dataset
         from fsframework.models.registry import build_model, count_parameters
         from fsframework.parallel.deepspeed_config import deepspeed_config
 
@@ -93,6 +93,7 @@ class Trainer:
             data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
         ckpt_io.barrier()
         streams = data_streams(cfg, "train", build=False)
+        check_shard_files([location for location, _ in streams])
 
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
@@ -115,7 +116,8 @@ class Trainer:
                                          seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
                                          local_cache=str(self.run_dir / "data_cache"))
         self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
-                                  recall=cfg.loss if cfg.loss.recall_weighting else None)
+                                  recall=cfg.loss if cfg.loss.recall_weighting else None,
+                                  locations=[location for location, _ in streams])
 
     def maybe_resume(self) -> None:
         found = ckpt_io.find_latest(self.ckpt_root, log=self.log)

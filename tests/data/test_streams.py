@@ -102,3 +102,31 @@ def test_sequence_parallel_groups_share_samples(tmp_path):
     second = {tuple(row) for batch in seen[2] for row in batch}
     assert not first & second, "different data-parallel groups read different samples"
     assert np.asarray(seen[0]).shape == (2, 2, 16)
+
+
+def _train_on(source: Path, run_dir: Path):
+    from tests.utils import run_fsf
+
+    return run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}", f"data.source={source}",
+                   "data.seq_len=32", "data.micro_batch_size=2", "model.name=tfpp", "model.d_model=32",
+                   "model.n_layers=1", "model.n_heads=2", "train.max_steps=40", "train.progress=false",
+                   "train.tensorboard=false", check=False)
+
+
+def test_damaged_or_missing_shard_is_named(tmp_path):
+    root = tmp_path / "ds"
+    write_mds(pack_documents([[i % 200] * 50 for i in range(400)], 32, eos_id=256), root / "train", size_limit=4096)
+    shards = sorted((root / "train").glob("shard.*"))
+    assert len(shards) > 3
+    data = bytearray(shards[0].read_bytes())
+    data[100:120] = b"x" * 20  # same size, wrong content: found when the loader reads it
+    shards[0].write_bytes(bytes(data))
+    proc = _train_on(root, tmp_path / "run_corrupt")
+    assert proc.returncode != 0
+    assert f"shard {shards[0].name}" in proc.stderr and "hash mismatch" in proc.stderr
+
+    shards[2].unlink()  # found at start-up, before any step
+    proc = _train_on(root, tmp_path / "run_missing")
+    assert proc.returncode != 0
+    assert f"shard {shards[2].name}: file missing" in proc.stderr
+    assert not (tmp_path / "run_missing" / "metrics.jsonl").exists()
