@@ -17,7 +17,7 @@ from fsframework.ops.local_attention import sliding_window_attention
 from fsframework.ops.rope import rotate
 
 
-class _QKVAttention(nn.Module):
+class QKVAttention(nn.Module):
     """Shared projections; subclasses define `attend(q, k, v)` on `[B, T, H, Dh]`."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
@@ -50,7 +50,7 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return y.transpose(1, 2)
 
 
-class RopeAttention(_QKVAttention):
+class RopeAttention(QKVAttention):
     """Transformer++: full causal attention on RoPE-rotated q/k."""
 
     def attend(self, q, k, v):
@@ -58,7 +58,7 @@ class RopeAttention(_QKVAttention):
         return causal_sdpa(rotate(q, theta), rotate(k, theta), v)
 
 
-class SlidingWindowAttention(_QKVAttention):
+class SlidingWindowAttention(QKVAttention):
     """SWA baseline: RoPE attention restricted to `0 <= i - j <= window` (SPEC §1.2 rule)."""
 
     def attend(self, q, k, v):
@@ -66,14 +66,14 @@ class SlidingWindowAttention(_QKVAttention):
         return sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
 
 
-class NoPositionAttention(_QKVAttention):
+class NoPositionAttention(QKVAttention):
     """Plain causal attention; used by the sinusoidal model, whose positions live in the embedding."""
 
     def attend(self, q, k, v):
         return causal_sdpa(q, k, v)
 
 
-class AlibiAttention(_QKVAttention):
+class AlibiAttention(QKVAttention):
     """Causal attention with the ALiBi bias `-slope_h * (i - j)`, chunked over queries so the
     bias never exceeds `chunk x T` per head."""
 

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 from fsframework.config import COMBINE_MODES, FREESOLO_MODELS, ModelConfig
+from fsframework.models.attention import QKVAttention
 from fsframework.ops.freesolo import long_range_attention
 from fsframework.ops.local_attention import sliding_window_attention
 
 
-class FreeSoloAttention(nn.Module):
+class FreeSoloAttention(QKVAttention):
     """FS (`cfg.name == "fs"`, full-prefix routing) or FS-L (`"fsl"`, pruned by key norm).
 
     Parameters: `wq, wk, wv, wo` (D x D, no bias), `lr_norm_weight` `[H, Dh]` (readout
@@ -34,19 +35,12 @@ class FreeSoloAttention(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
         a = cfg.attention
         if cfg.name not in FREESOLO_MODELS:
             raise ValueError(f"FreeSoloAttention needs model.name in {FREESOLO_MODELS}, got {cfg.name!r}")
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
-        self.cfg = cfg
-        self.layer_idx = layer_idx
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        super().__init__(cfg, layer_idx)  # wq, wk, wv, wo
         self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
         # routing-only scalars: buffers, so they are saved with the model but receive no gradient
         self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
@@ -73,9 +67,7 @@ class FreeSoloAttention(nn.Module):
     def branches(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, T, D]` -> (local, LR), each `[B, T, H, Dh]`, before the combination."""
         a = self.cfg.attention
-        bsz, seq, _ = x.shape
-        shape = (bsz, seq, self.n_heads, self.head_dim)
-        q, k, v = self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
+        q, k, v = self.project(x)
         local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
         long_range = long_range_attention(
             q, k, v, rms_weight=self.lr_norm_weight, impl=a.impl, variant=self.cfg.name, cell_size=a.cell_size,

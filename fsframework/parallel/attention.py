@@ -138,9 +138,7 @@ class SPFreeSoloAttention:
     def branches(self, x):
         sp: SPContext = self._sp
         a = self.cfg.attention
-        bsz, seq, _ = x.shape
-        shape = (bsz, seq, self.n_heads, self.head_dim)
-        q, k, v = self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
+        q, k, v = self.project(x)
         k_all, v_all = gather_kv(k, v, sp)  # B b H d
         lo = max(0, sp.start - a.window)
         local = window_attention_at(q, k_all[:, lo:], v_all[:, lo:], sp.start, window=a.window,
