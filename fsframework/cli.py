@@ -51,7 +51,9 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
 
     try:
         run_training(cfg)
-    except (CheckpointError, FileNotFoundError, ShardError, RankFailure) as exc:
+    except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input
+        _fail(str(exc))
+    except RankFailure as exc:  # a rank failed while training
         _fail(str(exc), code=1)
 
 
