@@ -110,18 +110,21 @@ def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, bat
                             replication=replication if replication and replication > 1 else None)
 
 
-def _local_index(location: str) -> tuple[Path, list[dict]] | None:
-    if "://" in location:
-        return None
-    root = Path(location)
-    index = root / "index.json"
-    if not index.is_file():
-        from fsframework.data.inspect_shards import ShardError
-
-        raise ShardError(f"{root}: no index.json (not an MDS dataset; build one with `fsf data build`)")
+def _local_shards(locations: list[str]) -> Iterator[tuple[Path, dict]]:
+    """(dataset root, index entry) of every shard of the local streams (remote ones are skipped)."""
     import json
 
-    return root, json.loads(index.read_text())["shards"]
+    from fsframework.data.inspect_shards import ShardError
+
+    for location in locations:
+        if "://" in location:
+            continue
+        root = Path(location)
+        index = root / "index.json"
+        if not index.is_file():
+            raise ShardError(f"{root}: no index.json (not an MDS dataset; build one with `fsf data build`)")
+        for shard in json.loads(index.read_text())["shards"]:
+            yield root, shard
 
 
 def check_shard_files(locations: list[str]) -> None:
@@ -129,36 +132,26 @@ def check_shard_files(locations: list[str]) -> None:
     Raises ShardError naming the shard (hashes are checked only when a read fails)."""
     from fsframework.data.inspect_shards import ShardError
 
-    for location in locations:
-        found = _local_index(location)
-        if found is None:
-            continue
-        root, shards = found
-        for shard in shards:
-            candidates = [info for info in (shard.get("zip_data"), shard["raw_data"]) if info]
-            present = [info for info in candidates if (root / info["basename"]).is_file()]
-            if not present:
-                raise ShardError(f"shard {candidates[0]['basename']}: file missing from {root}")
-            for info in present:
-                size = (root / info["basename"]).stat().st_size
-                if size != info["bytes"]:
-                    raise ShardError(f"shard {info['basename']} in {root}: {size} bytes, index says {info['bytes']}")
+    for root, shard in _local_shards(locations):
+        candidates = [info for info in (shard.get("zip_data"), shard["raw_data"]) if info]
+        present = [info for info in candidates if (root / info["basename"]).is_file()]
+        if not present:
+            raise ShardError(f"shard {candidates[0]['basename']}: file missing from {root}")
+        for info in present:
+            size = (root / info["basename"]).stat().st_size
+            if size != info["bytes"]:
+                raise ShardError(f"shard {info['basename']} in {root}: {size} bytes, index says {info['bytes']}")
 
 
 def find_bad_shard(locations: list[str]) -> str | None:
     """Read and verify every shard of the local streams; the first problem found, or None."""
     from fsframework.data.inspect_shards import ShardError, read_shard
 
-    for location in locations:
-        found = _local_index(location)
-        if found is None:
-            continue
-        root, shards = found
-        for shard in shards:
-            try:
-                read_shard(root, shard)
-            except ShardError as exc:
-                return f"{exc} (in {root})"
+    for root, shard in _local_shards(locations):
+        try:
+            read_shard(root, shard)
+        except ShardError as exc:
+            return f"{exc} (in {root})"
     return None
 
 
