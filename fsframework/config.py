@@ -88,6 +88,9 @@ class DataConfig:
     shuffle_seed: int = 1234
     embedded_python_chars: int = 3_000_000  # natural text taken from the stdlib sources
     embedded_retrieval_docs: int = 2000  # generated long-range retrieval documents
+    # longest retrieval document in characters, as a fraction of seq_len (shortest: half of it);
+    # below 1 most documents fit whole in one training window, needle and question together
+    embedded_retrieval_max_fraction: float = 1.5
     eval_fraction: float = 0.02  # held out for perplexity
 
 
@@ -201,6 +204,7 @@ def validate(cfg: Config) -> Config:
                        ("loss.min_distance", cfg.loss.min_distance), ("loss.switch_window", cfg.loss.switch_window)):
         _positive(key, value, zero_ok=True)
     _positive("loss.ngram", cfg.loss.ngram)
+    _positive("data.embedded_retrieval_max_fraction", cfg.data.embedded_retrieval_max_fraction)
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must lie in [0, 1]")
     if m.d_model % m.n_heads:

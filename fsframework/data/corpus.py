@@ -151,13 +151,16 @@ def _split_heldout(docs: list[str], fraction: float, min_chars: int) -> tuple[li
 
 
 def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, python_chars: int,
-                          retrieval_docs: int, eval_fraction: float, seed: int = 0) -> dict:
+                          retrieval_docs: int, eval_fraction: float, seed: int = 0,
+                          retrieval_max_fraction: float = 1.5) -> dict:
     """Write `out_dir/train` and `out_dir/eval` MDS datasets (skipped when the same build exists)."""
     from fsframework.data.shards import pack_documents, write_mds
 
     out_dir = Path(out_dir)
     recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
               "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 2}
+    if retrieval_max_fraction != 1.5:  # recorded only when set, so existing caches stay valid
+        recipe["retrieval_max_fraction"] = retrieval_max_fraction
     stamp = out_dir / "recipe.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
         return json.loads(stamp.read_text())["stats"]
@@ -165,7 +168,8 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
 
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=seq_len * 3 // 2, seed=seed)
+    # retrieval documents are `retrieval_max_fraction / 2 .. retrieval_max_fraction` x seq_len characters
+    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=int(seq_len * retrieval_max_fraction), seed=seed)
     eval_docs, train_docs = _split_heldout(docs, eval_fraction, min_chars=64 * seq_len)
     stats = {}
     for split, split_docs in (("train", train_docs), ("eval", eval_docs)):

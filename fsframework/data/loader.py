@@ -44,6 +44,7 @@ def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -
             build_embedded_corpus(root, load_tokenizer(data.tokenizer), data.seq_len,
                                   python_chars=data.embedded_python_chars,
                                   retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
+                                  retrieval_max_fraction=data.embedded_retrieval_max_fraction,
                                   seed=0)
         return str(root / split)
     return _split_location(data.source, split)
