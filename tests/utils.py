@@ -15,6 +15,24 @@ TINY_DATA = ["data.seq_len=64", "data.micro_batch_size=2", "data.embedded_python
 TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2"]
 
 
+def assert_future_tokens_do_not_change_past(model, *, atol: float = 0.0) -> None:
+    """Changing tokens 30.. of a 50-token input leaves the logits of positions < 30 unchanged
+    (within `atol`; 0 means bit-identical) and changes later ones."""
+    import torch
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 256, (2, 50))
+    changed = tokens.clone()
+    changed[:, 30:] = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    if atol == 0.0:
+        assert torch.equal(a[:, :30], b[:, :30])
+    else:
+        torch.testing.assert_close(a[:, :30], b[:, :30], rtol=0, atol=atol)
+    assert not torch.allclose(a[:, 30:], b[:, 30:])
+
+
 def run_fsf(*args: str, env: dict | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m fsframework ARGS` in a fresh process, as a user would."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
