@@ -1,4 +1,5 @@
-"""Greedy decoding with full forward passes (no KV cache yet).
+"""Greedy decoding: a cached prefill plus one token per step for the registry's
+language models (`fsframework.models.decode_cache`), full forward passes otherwise.
 
 The models take no padding mask, so a padded batch would let real tokens attend to
 pad tokens and shift their positions. Prompts are therefore batched only with
@@ -9,10 +10,12 @@ and length the same length, so in practice batches are full.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+
+from fsframework.models.decode_cache import decode_cache, supports_decode_cache
 
 
 def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -27,17 +30,34 @@ def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens)[:, -1].float()
 
 
-def _greedy_batch(model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, eos_id: int | None) -> list[list[int]]:
+def _next_token_steps(model: nn.Module, tokens: torch.Tensor, use_cache: bool) -> Iterator[torch.Tensor]:
+    """Greedy next tokens `[B]`, one per `next()`; each is fed back as the next input."""
+    if use_cache:
+        with decode_cache(model) as cache:
+            step = tokens
+            while True:
+                nxt = model.lm_head(cache.forward(step)[:, -1]).float().argmax(dim=-1)
+                yield nxt
+                step = nxt[:, None]
+    while True:
+        nxt = last_logits(model, tokens).argmax(dim=-1)
+        yield nxt
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+
+
+def _greedy_batch(model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, eos_id: int | None,
+                  use_cache: bool) -> list[list[int]]:
     new = []
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    steps = _next_token_steps(model, tokens, use_cache)
     for _ in range(max_new_tokens):
-        nxt = last_logits(model, tokens).argmax(dim=-1)
+        nxt = next(steps)
         new.append(nxt)
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         if eos_id is not None:
             done |= nxt == eos_id
             if bool(done.all()):
                 break
+    steps.close()  # leaves the cache context: the model gets its plain attention back
     if not new:
         return [[] for _ in range(tokens.shape[0])]
     rows = torch.stack(new, dim=1).tolist()
@@ -48,15 +68,20 @@ def _greedy_batch(model: nn.Module, tokens: torch.Tensor, max_new_tokens: int, e
 
 def greedy_generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                     eos_id: int | None = None, batch_size: int = 8, device: torch.device | str | None = None,
-                    on_batch: Callable[[int], None] | None = None) -> list[list[int]]:
+                    on_batch: Callable[[int], None] | None = None, use_cache: bool | None = None
+                    ) -> list[list[int]]:
     """Greedy continuations of `prompts` (each without the prompt, cut before the first EOS).
 
     Prompts of equal length are decoded together, `batch_size` at a time, in the input
     order within each length. `on_batch(n)` is called after each batch of n prompts
     (progress bars). The model is used as is (device, dtype, eval mode are the caller's).
+    use_cache: decode with the key/value cache (default: whenever the model supports it);
+    False runs a full forward pass per token (the reference the cache is tested against).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if use_cache is None:
+        use_cache = supports_decode_cache(model)
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
@@ -72,7 +97,7 @@ def greedy_generate(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_
             for start in range(0, len(idxs), batch_size):
                 chunk = idxs[start:start + batch_size]
                 tokens = torch.tensor([list(prompts[i]) for i in chunk], dtype=torch.long, device=device)
-                for i, row in zip(chunk, _greedy_batch(model, tokens, max_new_tokens, eos_id)):
+                for i, row in zip(chunk, _greedy_batch(model, tokens, max_new_tokens, eos_id, use_cache)):
                     out[i] = row
                 if on_batch is not None:
                     on_batch(len(chunk))
