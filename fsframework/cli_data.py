@@ -51,3 +51,30 @@ def inspect(
         run_inspect(directory, tokenizer, sample, max_chars=chars or 0)
     except (ShardError, FileNotFoundError, ValueError, IndexError) as exc:
         _fail(str(exc))
+
+
+@data_app.command()
+def tokenizer(
+    out: Path = typer.Argument(..., help="Where to write tokenizer.json"),
+    vocab_size: int = typer.Option(2048, "--vocab-size", help="Vocabulary size, EOS included"),
+    inputs: List[Path] = typer.Option([], "--input", help="Text files to train on (default: the embedded corpus)"),
+    python_chars: int = typer.Option(1_000_000, "--python-chars", help="Embedded corpus: characters of stdlib text"),
+    retrieval_docs: int = typer.Option(2000, "--retrieval-docs", help="Embedded corpus: retrieval documents"),
+) -> None:
+    """Train a byte-level BPE tokenizer.json, on text files or on the embedded corpus."""
+    from fsframework.data.tokenizers import train_bpe_tokenizer
+
+    if inputs:
+        missing = [str(p) for p in inputs if not p.is_file()]
+        if missing:
+            _fail(f"input files not found: {', '.join(missing)}")
+        texts = (p.read_text(encoding="utf-8", errors="replace") for p in inputs)
+    else:
+        from fsframework.data.corpus import embedded_documents
+
+        texts = embedded_documents(python_chars, retrieval_docs, doc_chars=1000)
+    try:
+        tok = train_bpe_tokenizer(texts, vocab_size, out)
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {out}: vocab {tok.vocab_size}, EOS id {tok.eos_id}")

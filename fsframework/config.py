@@ -140,6 +140,10 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # end this invocation early (after a checkpoint); the schedule still spans max_steps
     progress: bool = True
     tensorboard: bool = True
+    # sequence-length warmup: for the first `short_seq_steps` steps every sample is cut into
+    # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
+    short_seq_len: int = 0
+    short_seq_steps: int = 0
 
 
 @dataclass
@@ -173,6 +177,23 @@ def _positive(key: str, value: float, *, zero_ok: bool = False) -> None:
     if value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         raise ConfigError(f"{key}={value!r} is invalid; it must be {bound}")
+
+
+def _check_short_sequences(cfg: Config) -> None:
+    t = cfg.train
+    _positive("train.short_seq_len", t.short_seq_len, zero_ok=True)
+    _positive("train.short_seq_steps", t.short_seq_steps, zero_ok=True)
+    if not (t.short_seq_len and t.short_seq_steps):
+        return
+    if cfg.data.seq_len % t.short_seq_len or t.short_seq_len >= cfg.data.seq_len:
+        raise ConfigError(f"train.short_seq_len={t.short_seq_len} must divide data.seq_len={cfg.data.seq_len} "
+                          "and be shorter than it")
+    if cfg.parallel.sp > 1:
+        raise ConfigError("train.short_seq_len needs parallel.sp=1 (the sequence-parallel slices are cut "
+                          "from whole samples)")
+    if cfg.model.name in FREESOLO_MODELS and t.short_seq_len % cfg.model.attention.block_size:
+        raise ConfigError(f"train.short_seq_len={t.short_seq_len} must be a multiple of "
+                          f"model.attention.block_size={cfg.model.attention.block_size}")
 
 
 def validate(cfg: Config) -> Config:
@@ -226,6 +247,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"data.streams[{i}].proportion={stream.proportion} must be > 0")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
+    _check_short_sequences(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg

@@ -24,9 +24,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "yamls" / "replicate-extrapolation.yaml"
 TASKS = ["passkey", "niah_single_1"]
-# Generation budgets in bytes: a space and the 5-digit passkey or the 7-digit value (greedy
-# decoding runs a full forward pass per token, so every extra token costs a whole pass).
+# Generation budgets in tokens: room for a space and the 5-digit passkey or the 7-digit value
+# even with a byte tokenizer (the BPE of the replication config needs 3-5 tokens).
 GEN_TOKENS = {"passkey": 6, "niah_single_1": 9}
+
+
+def ensure_tokenizer(spec: str, vocab_size: int) -> None:
+    """Train the config's BPE tokenizer on the embedded corpus when the file is missing."""
+    if spec == "byte" or (REPO / spec).is_file():
+        return
+    subprocess.run([sys.executable, "-m", "fsframework", "data", "tokenizer", spec, "--vocab-size", str(vocab_size)],
+                   cwd=REPO, check=True)
 
 
 def train(model: str, run_dir: Path, extra: list[str]) -> float:
@@ -35,6 +43,32 @@ def train(model: str, run_dir: Path, extra: list[str]) -> float:
            *extra]
     subprocess.run(cmd, cwd=REPO, check=True)
     return time.time() - start
+
+
+def copy_probe(model, tokenizer, num_docs: int = 20, chars: int = 1200) -> tuple[float, float]:
+    """Mean next-token loss on the first and on the second copy of a repeated passage of random
+    words or numbers (held-out draws of the corpus's repeat documents). A model that copies from
+    context scores far lower on the second copy; equal losses mean no in-context copying at all,
+    which no retrieval score can then overcome."""
+    import random
+
+    import torch
+
+    from fsframework.data.corpus import stdlib_prose
+    from fsframework.data.retrieval_docs import key_words, random_passage
+
+    prose = stdlib_prose(300_000)
+    words, rng = key_words(prose), random.Random(12345)
+    first, second = [], []
+    for i in range(num_docs):
+        passage = random_passage(prose, words, rng, chars // 3, kind=("words", "numbers")[i % 2])
+        prefix = tokenizer.encode(f"Read this carefully.\n{passage}\nNow the same text again.\n")
+        ids = torch.tensor([prefix + tokenizer.encode(passage)])
+        logp = torch.log_softmax(model(ids)[0, :-1].float(), dim=-1)
+        nll = -logp.gather(1, ids[0, 1:, None])[:, 0]
+        first.append(nll[8:len(prefix) - 12].mean().item())
+        second.append(nll[len(prefix) + 2:].mean().item())
+    return sum(first) / num_docs, sum(second) / num_docs
 
 
 def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> dict:
@@ -46,19 +80,25 @@ def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> 
 
     model, cfg = load_model(run_dir)
     torch.set_grad_enabled(False)
-    return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=TASKS, lengths=lengths,
+    first, second = copy_probe(model, load_tokenizer(cfg.data.tokenizer))
+    print(f"{run_dir.name}: copy probe, loss on the first copy {first:.2f}, on the second copy {second:.2f}")
+    return {"copy_probe": {"first": first, "second": second}, **run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=TASKS, lengths=lengths,
                     num_samples=num_samples, seed=0, batch_size=num_samples, out_path=str(out),
-                    plots_dir=str(out.parent), data_dir=None, device=torch.device("cpu"), gen_tokens=GEN_TOKENS)
+                    plots_dir=str(out.parent), data_dir=None, device=torch.device("cpu"),
+                                                      gen_tokens=GEN_TOKENS)}
 
 
-def markdown(table: dict, lengths: list[int], train_len: int) -> str:
-    head = "| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |"
-    rule = "|" + "---|" * (len(lengths) + 2)
+def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> str:
+    head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths)
+            + " | copy probe: loss 1st / 2nd copy |")
+    rule = "|" + "---|" * (len(lengths) + 3)
     rows = [head, rule]
     for model, scores in table.items():
+        probe = f"{copies[model]['first']:.2f} / {copies[model]['second']:.2f}"
         for task in TASKS:
             cells = [scores[task].get(str(n)) for n in lengths]
-            rows.append(f"| {model} | {task} | " + " | ".join("-" if c is None else f"{c:.0f}" for c in cells) + " |")
+            rows.append(f"| {model} | {task} | " + " | ".join("-" if c is None else f"{c:.0f}" for c in cells)
+                        + f" | {probe} |")
     return "\n".join(rows)
 
 
@@ -70,25 +110,28 @@ def main() -> None:
     parser.add_argument("--multiples", default="1,2,4,8,16")
     parser.add_argument("--out", default="runs/replicate")
     parser.add_argument("--skip-train", action="store_true", help="evaluate existing runs only")
+    parser.add_argument("overrides", nargs="*", help="training config overrides, e.g. optim.lr=1e-3")
     args = parser.parse_args()
 
     from fsframework.config import load_config
 
-    base = load_config(CONFIG)
+    base = load_config(CONFIG, args.overrides)
     train_len = base.data.seq_len
     lengths = [train_len * int(m) for m in args.multiples.split(",")]
     out_root = REPO / args.out
-    extra = [f"train.max_steps={args.steps}"] if args.steps else []
-    table, timing = {}, {}
+    ensure_tokenizer(base.data.tokenizer, base.model.vocab_size)
+    extra = [*args.overrides, *([f"train.max_steps={args.steps}"] if args.steps else [])]
+    table, copies, timing = {}, {}, {}
     for model in args.models.split(","):
         run_dir = out_root / model
         if not args.skip_train:
             timing[model] = train(model, run_dir, extra)
         result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
-        table[model] = result["scores"]
-    summary = {"train_len": train_len, "lengths": lengths, "scores": table, "train_seconds": timing}
+        table[model], copies[model] = result["scores"], result["copy_probe"]
+    summary = {"train_len": train_len, "lengths": lengths, "scores": table, "copy_probe": copies,
+               "train_seconds": timing, "overrides": extra}
     (out_root / "table.json").write_text(json.dumps(summary, indent=1))
-    text = markdown(table, lengths, train_len)
+    text = markdown(table, copies, lengths, train_len)
     (out_root / "table.md").write_text(text + "\n")
     print(text)
     for model, seconds in timing.items():

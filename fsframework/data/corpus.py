@@ -4,8 +4,9 @@ long-range retrieval documents, written as MDS shards.
 - Natural text: docstrings and the reference-manual topics shipped inside the
   standard library (`pydoc_data/topics.py`), and the library's source files,
   found through `sysconfig`, read in sorted order (deterministic).
-- Retrieval documents: facts and passkeys planted far from the question that
-  asks for them, in natural-text filler, so small models can learn to retrieve.
+- Retrieval documents (`fsframework.data.retrieval_docs`): facts and passkeys
+  planted in filler before the question that asks for them, in the evaluation's
+  prompt formats, so small models can learn to retrieve.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-_FACT_KEYS = ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "granite", "harbor", "indigo", "juniper",
-              "kestrel", "lantern", "meadow", "nickel", "orchid", "pepper", "quartz", "raven", "saffron", "tundra",
-              "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
-
+from fsframework.data.retrieval_docs import key_words, retrieval_document
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
@@ -82,56 +80,16 @@ def stdlib_code(max_chars: int) -> list[str]:
     return docs
 
 
-def filler_text(prose: list[str], rng: random.Random, num_chars: int) -> str:
-    """Natural-text filler of about `num_chars` characters from random prose paragraphs."""
-    parts, total = [], 0
-    while total < num_chars:
-        doc = prose[rng.randrange(len(prose))]
-        start = rng.randrange(max(1, len(doc) - 400))
-        piece = doc[start:start + rng.randint(200, 1200)]
-        parts.append(piece)
-        total += len(piece) + 1
-    return " ".join(parts)[:num_chars]
-
-
-def retrieval_document(prose: list[str], rng: random.Random, length_chars: int) -> str:
-    """A document whose end asks for something stated far earlier.
-
-    Three shapes, chosen at random: a passkey ("The passkey is NNNNN."), a
-    magic-number fact for a word key, or several facts with one asked.
-    """
-    kind = rng.choice(("passkey", "fact", "facts"))
-    body = length_chars - 120
-    if kind == "passkey":
-        key = f"{rng.randrange(10000, 100000)}"
-        needle = f" The passkey is {key}. Remember it. {key} is the passkey. "
-        question, answer = " What is the passkey? The passkey is", f" {key}."
-        needles = [needle]
-    else:
-        count = 1 if kind == "fact" else rng.randint(2, 4)
-        keys = rng.sample(_FACT_KEYS, count)
-        values = [f"{rng.randrange(1_000_000, 10_000_000)}" for _ in keys]
-        needles = [f" One of the special magic numbers for {k} is: {v}. " for k, v in zip(keys, values)]
-        asked = rng.randrange(count)
-        question = f" What is the special magic number for {keys[asked]}? The special magic number for {keys[asked]} is:"
-        answer = f" {values[asked]}."
-    filler = filler_text(prose, rng, max(body, 0))
-    # needles in the first 60% so the question is always far from them
-    pieces, prev = [], 0
-    cuts = sorted(rng.randrange(0, max(1, int(len(filler) * 0.6))) for _ in needles)
-    for cut, needle in zip(cuts, needles):
-        pieces += [filler[prev:cut], needle]
-        prev = cut
-    pieces.append(filler[prev:])
-    return "".join(pieces) + question + answer
-
-
-def embedded_documents(python_chars: int, retrieval_docs: int, doc_chars: int, seed: int = 0) -> list[str]:
-    """All documents of the embedded corpus in a deterministic shuffled order."""
+def embedded_documents(python_chars: int, retrieval_docs: int, doc_chars: int, seed: int = 0,
+                       tokenizer=None) -> list[str]:
+    """All documents of the embedded corpus in a deterministic shuffled order (`tokenizer`:
+    see `key_words`)."""
     rng = random.Random(seed)
     prose = stdlib_prose(python_chars // 2)
     code = stdlib_code(python_chars // 2)
-    retrieval = [retrieval_document(prose, rng, rng.randint(doc_chars // 2, doc_chars)) for _ in range(retrieval_docs)]
+    words = key_words(prose, tokenizer=tokenizer)
+    retrieval = [retrieval_document(prose, words, rng, rng.randint(doc_chars // 2, doc_chars))
+                 for _ in range(retrieval_docs)]
     docs = prose + code + retrieval
     rng.shuffle(docs)
     return docs
@@ -158,7 +116,7 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
 
     out_dir = Path(out_dir)
     recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
-              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 2}
+              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 7}
     if retrieval_max_fraction != 1.5:  # recorded only when set, so existing caches stay valid
         recipe["retrieval_max_fraction"] = retrieval_max_fraction
     stamp = out_dir / "recipe.json"
@@ -169,7 +127,8 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
     if out_dir.exists():
         shutil.rmtree(out_dir)
     # retrieval documents are `retrieval_max_fraction / 2 .. retrieval_max_fraction` x seq_len characters
-    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=int(seq_len * retrieval_max_fraction), seed=seed)
+    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=int(seq_len * retrieval_max_fraction), seed=seed,
+                              tokenizer=tokenizer)
     eval_docs, train_docs = _split_heldout(docs, eval_fraction, min_chars=64 * seq_len)
     stats = {}
     for split, split_docs in (("train", train_docs), ("eval", eval_docs)):

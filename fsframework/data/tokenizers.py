@@ -86,3 +86,30 @@ def load_tokenizer(spec: str) -> Tokenizer:
     if path.suffix == ".model":
         return SentencePieceTokenizer(str(path))
     raise ValueError(f"unknown tokenizer file type {path.suffix!r} for {spec}: expected .json or .model")
+
+
+def train_bpe_tokenizer(texts, vocab_size: int, out_path: str | Path) -> HFTokenizer:
+    """Train a byte-level BPE `tokenizer.json` (EOS `</s>`) on an iterable of texts.
+
+    Byte-level, so any text encodes; numbers get multi-digit pieces from the data
+    (random numbers in the training text teach all two-digit merges), which lets a
+    small model copy a number in a few pieces instead of digit by digit.
+    Written atomically (temporary file, then rename).
+    """
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 300:
+        raise ValueError(f"vocab_size must be >= 300 (256 bytes, EOS and merges), got {vocab_size}")
+    tok = _Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tok.save(str(tmp))
+    tmp.replace(out_path)
+    return HFTokenizer(str(out_path))

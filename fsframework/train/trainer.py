@@ -51,6 +51,12 @@ class LanguageModelingLoss(nn.Module):
         return loss
 
 
+def cut_sequences(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+    """Every `[B, T]` tensor of the batch as `[B * T / length, length]` (sequence-length warmup:
+    the same tokens per step, in shorter sequences; recall weights keep their full-sample values)."""
+    return {key: value.reshape(-1, length) if value.dim() == 2 else value for key, value in batch.items()}
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices only; norms, gains and biases are left alone."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -154,8 +160,11 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, plain_losses = [], []
         pre_step_norm = None
+        t = self.cfg.train
+        short = t.short_seq_len if self.state.step < t.short_seq_steps else 0
         for _ in range(self.cfg.parallel.grad_accum):
-            loss, plain = self.forward_backward(next(self.loader))
+            batch = next(self.loader)
+            loss, plain = self.forward_backward(cut_sequences(batch, short) if short else batch)
             losses.append(loss)
             plain_losses.append(plain)
             if self.engine.is_gradient_accumulation_boundary():
@@ -170,7 +179,8 @@ class Trainer:
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:
             grad_norm = pre_step_norm
-        metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None}
+        metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                   "seq_len": short or self.cfg.data.seq_len}
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
         return metrics

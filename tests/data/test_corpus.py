@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -42,14 +44,43 @@ def test_embedded_corpus_builds_and_loads(tmp_path):
     assert "def " in all_text
 
 
-def test_retrieval_document_plants_the_answer_far_from_the_question():
+def test_retrieval_documents_answer_what_they_planted():
     import random
 
+    from fsframework.data.retrieval_docs import key_words, retrieval_document
+
     prose = stdlib_prose(200_000)
-    doc = retrieval_document(prose, random.Random(3), 3000)
-    answer = doc.rsplit(" ", 1)[-1].rstrip(".")
-    assert answer.isdigit()
-    assert doc.index(answer) < len(doc) * 0.7
+    words = key_words(prose)
+    assert len(words) > 500 and all(w.isalpha() and w.islower() for w in words)
+    rng = random.Random(3)
+    kinds = set()
+    for _ in range(60):
+        doc = retrieval_document(prose, words, rng, 1500)
+        assert 900 <= len(doc) <= 2100
+        if doc.startswith("Read this carefully.\n"):
+            kinds.add("repeat")
+            for part in doc.split("Read this carefully.\n")[1:]:
+                first, second = part.split("\nNow the same text again.\n")
+                assert second in (first, first + "\n") and len(first) >= 20  # parts are joined by newlines
+            continue
+        if doc.endswith("."):
+            doc = doc[:-1]
+        if "passkey" in doc:
+            kinds.add("passkey")
+            key = doc.rsplit(" ", 1)[-1]
+            assert len(key) == 5 and key.isdigit()
+            # planted once before the question, asked once at the end
+            assert doc.count(f"The passkey is {key}.") == 1
+            assert doc.index(f"The passkey is {key}.") < doc.index("What is the passkey?")
+            continue
+        questions = re.findall(r"What are all the special magic numbers for (\S+) mentioned in the provided text\? "
+                               r"The special magic numbers for \1 mentioned in the provided text are (\d{7})", doc)
+        kinds.add("fact" if len(questions) == 1 else "facts")
+        assert 1 <= len(questions) <= 4 and len({k for k, _ in questions}) == len(questions)
+        for key, value in questions:
+            needle = f"One of the special magic numbers for {key} is: {value}."
+            assert doc.count(needle) == 1 and doc.index(needle) < doc.index("What are all")
+    assert kinds == {"passkey", "fact", "facts", "repeat"}
 
 
 def test_tokenizers_round_trip(tmp_path):
