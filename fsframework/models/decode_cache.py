@@ -85,20 +85,12 @@ class CachedNoPositionAttention:
 
 class CachedAlibiAttention:
     def attend(self, q, k, v):
-        from fsframework.parallel.attention import causal_attention_at
+        from fsframework.parallel.attention import alibi_attention_at
 
         cache: DecodeCache = self._cache
         start = cache.length
         k_all, v_all = cache.extend(self.layer_idx, k, v)
-        out = []
-        for lo in range(0, q.shape[1], self.chunk):
-            hi = min(lo + self.chunk, q.shape[1])
-            i = torch.arange(start + lo, start + hi, device=q.device)[:, None]
-            j = torch.arange(0, start + hi, device=q.device)[None, :]
-            bias = -self.slopes.to(q.dtype)[:, None, None] * (i - j).to(q.dtype)  # H, n, keys
-            out.append(causal_attention_at(q[:, lo:hi], k_all[:, : start + hi], v_all[:, : start + hi], start + lo,
-                                           bias=bias))
-        return torch.cat(out, dim=1)
+        return alibi_attention_at(q, k_all, v_all, start, self.slopes, self.chunk)
 
 
 class CachedSlidingWindowAttention:

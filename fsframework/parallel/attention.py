@@ -79,21 +79,27 @@ class SPNoPositionAttention:
         return causal_attention_at(q, k, v, sp.start)
 
 
+def alibi_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, slopes: torch.Tensor,
+                       chunk: int) -> torch.Tensor:
+    """ALiBi attention of queries at `[start, start + n)` over keys `[0, start + n)`, `chunk`
+    queries at a time so the bias never exceeds `H x chunk x keys`."""
+    out = []
+    for lo in range(0, q.shape[1], chunk):
+        hi = min(lo + chunk, q.shape[1])
+        i = torch.arange(start + lo, start + hi, device=q.device)[:, None]
+        j = torch.arange(0, start + hi, device=q.device)[None, :]
+        bias = -slopes.to(q.dtype)[:, None, None] * (i - j).to(q.dtype)  # H, n, keys
+        out.append(causal_attention_at(q[:, lo:hi], k[:, : start + hi], v[:, : start + hi], start + lo, bias=bias))
+    return torch.cat(out, dim=1)
+
+
 class SPAlibiAttention:
     """ALiBi attention for the own query slice, chunked over queries like the single-process module."""
 
     def attend(self, q, k, v):
         sp: SPContext = self._sp
         k, v = gather_kv(k, v, sp)
-        out = []
-        for lo in range(0, q.shape[1], self.chunk):
-            hi = min(lo + self.chunk, q.shape[1])
-            i = torch.arange(sp.start + lo, sp.start + hi, device=q.device)[:, None]
-            j = torch.arange(0, sp.start + hi, device=q.device)[None, :]
-            bias = -self.slopes.to(q.dtype)[:, None, None] * (i - j).to(q.dtype)  # H, n, keys
-            out.append(causal_attention_at(q[:, lo:hi], k[:, : sp.start + hi], v[:, : sp.start + hi], sp.start + lo,
-                                           bias=bias))
-        return torch.cat(out, dim=1)
+        return alibi_attention_at(q, k, v, sp.start, self.slopes, self.chunk)
 
 
 def window_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, *, window: int,
