@@ -55,14 +55,14 @@ def copy_probe(model, tokenizer, num_docs: int = 20, chars: int = 1200) -> tuple
     import torch
 
     from fsframework.data.corpus import stdlib_prose
-    from fsframework.data.retrieval_docs import key_words, random_passage
+    from fsframework.data.retrieval_docs import REPEAT_AGAIN, REPEAT_INTRO, key_words, random_passage
 
     prose = stdlib_prose(300_000)
     words, rng = key_words(prose), random.Random(12345)
     first, second = [], []
     for i in range(num_docs):
         passage = random_passage(prose, words, rng, chars // 3, kind=("words", "numbers")[i % 2])
-        prefix = tokenizer.encode(f"Read this carefully.\n{passage}\nNow the same text again.\n")
+        prefix = tokenizer.encode(REPEAT_INTRO + passage + REPEAT_AGAIN)
         ids = torch.tensor([prefix + tokenizer.encode(passage)])
         logp = torch.log_softmax(model(ids)[0, :-1].float(), dim=-1)
         nll = -logp.gather(1, ids[0, 1:, None])[:, 0]

@@ -116,9 +116,8 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
 
     out_dir = Path(out_dir)
     recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
-              "retrieval_docs": retrieval_docs, "eval_fraction": eval_fraction, "seed": seed, "version": 7}
-    if retrieval_max_fraction != 1.5:  # recorded only when set, so existing caches stay valid
-        recipe["retrieval_max_fraction"] = retrieval_max_fraction
+              "retrieval_docs": retrieval_docs, "retrieval_max_fraction": retrieval_max_fraction,
+              "eval_fraction": eval_fraction, "seed": seed, "version": 7}
     stamp = out_dir / "recipe.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
         return json.loads(stamp.read_text())["stats"]

@@ -105,6 +105,11 @@ def random_passage(prose: list[str], words: list[str], rng: random.Random, size:
     return (" " if kind == 1 else ", ").join(items) + "."
 
 
+# the lines around a repeated passage; the replication's copy probe builds its prompts from them too
+REPEAT_INTRO = "Read this carefully.\n"
+REPEAT_AGAIN = "\nNow the same text again.\n"
+
+
 def repeat_document(prose: list[str], words: list[str], rng: random.Random, length_chars: int) -> str:
     """Passages, each followed by itself again, until about `length_chars` characters.
 
@@ -114,8 +119,8 @@ def repeat_document(prose: list[str], words: list[str], rng: random.Random, leng
     parts, total = [], 0
     while total < length_chars * 2 // 3:
         passage = random_passage(prose, words, rng, rng.randint(20, max(20, length_chars // 3)))
-        parts.append(f"Read this carefully.\n{passage}\nNow the same text again.\n{passage}")
-        total += 2 * len(passage) + 45
+        parts.append(REPEAT_INTRO + passage + REPEAT_AGAIN + passage)
+        total += 2 * len(passage) + 45  # about the two marker lines (kept: it fixes the corpus)
     return "\n".join(parts)
 
 
