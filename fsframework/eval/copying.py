@@ -1,0 +1,62 @@
+"""Does a model copy from its context? Repeated random passages and the loss on their copies.
+
+A passage of uniformly random tokens followed by itself again is the purest signal for
+induction (copying) heads: the first copy is unpredictable, every token of the second
+copy but its first is predictable ONLY by finding the earlier occurrence of the current
+token and reading what followed it. Retrieval (passkey, NIAH) is this skill at a longer
+distance, so a model whose second-copy loss equals its first-copy loss cannot retrieve
+at any length. Used by `tools/copy_drill.py` (how many steps until a model copies).
+
+Legend: B batch, T time, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def repeat_batch(gen: torch.Generator, batch: int, seq_len: int, draw: int, max_passage: int,
+                 min_passage: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`batch` rows of `seq_len + 1` tokens: passages of `min_passage..max_passage` (default a
+    quarter of the maximum) random tokens from `0..draw-1`, each followed by itself, packed
+    and cut at the row end.
+
+    Returns `tokens [B, T+1]` and two boolean masks over the targets `tokens[:, 1:]` `[B, T]`:
+    `first` marks tokens of first copies (unpredictable), `second` the tokens of second copies
+    that copying predicts (all but a copy's first token, whose predecessor is the end of the
+    first copy)."""
+    low = max(2, min_passage or max_passage // 4)
+    if not 2 <= low <= max_passage:
+        raise ValueError(f"passage lengths {low}..{max_passage} must be at least 2")
+    rows, firsts, seconds = [], [], []
+    for _ in range(batch):
+        tokens: list[int] = []
+        first: list[bool] = []
+        second: list[bool] = []
+        while len(tokens) < seq_len + 1:
+            n = int(torch.randint(low, max_passage + 1, (), generator=gen))
+            passage = torch.randint(0, draw, (n,), generator=gen).tolist()
+            tokens += passage + passage
+            first += [True] * n + [False] * n
+            second += [False] * (n + 1) + [True] * (n - 1)
+        rows.append(tokens[:seq_len + 1])
+        # masks are indexed by target position: target i is token i + 1
+        firsts.append(first[1:seq_len + 1])
+        seconds.append(second[1:seq_len + 1])
+    return torch.tensor(rows), torch.tensor(firsts), torch.tensor(seconds)
+
+
+def copy_losses(logits: torch.Tensor, targets: torch.Tensor, first: torch.Tensor,
+                second: torch.Tensor) -> tuple[float, float]:
+    """Mean next-token loss over the first-copy and the predictable second-copy targets."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    return float(nll[first].mean()), float(nll[second].mean())
+
+
+def copying_onset(records: list[dict], ratio: float = 0.5) -> int | None:
+    """First step whose second-copy loss is below `ratio` x its first-copy loss, else None."""
+    for record in records:
+        if record["second"] < ratio * record["first"]:
+            return record["step"]
+    return None

@@ -1,0 +1,84 @@
+"""Repeated-passage batches, copy losses and the copy drill tool."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch
+from tests.utils import REPO
+
+
+def induction_oracle(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits of a perfect copier: predict what followed the latest earlier occurrence of the
+    current token; uniform when the token has not been seen."""
+    logits = torch.zeros(*tokens.shape, vocab)
+    for b, row in enumerate(tokens.tolist()):
+        last_seen: dict[int, int] = {}
+        for t, token in enumerate(row):
+            if token in last_seen:
+                logits[b, t, row[last_seen[token] + 1]] = 50.0
+            last_seen[token] = t
+    return logits
+
+
+def test_batches_pack_passages_twice_and_mask_the_predictable_targets():
+    gen = torch.Generator().manual_seed(0)
+    tokens, first, second = repeat_batch(gen, 4, 96, draw=100_000, max_passage=20)
+    assert tokens.shape == (4, 97) and first.shape == second.shape == (4, 96)
+    assert not (first & second).any()
+    # copy positions are exactly those a perfect copier gets right, so its loss is ~0 there,
+    # and no copying helps on the first copies (the copier is even confidently wrong where a
+    # passage starts after a token it has seen)
+    oracle = induction_oracle(tokens[:, :-1], 100_000)
+    first_loss, second_loss = copy_losses(oracle, tokens[:, 1:], first, second)
+    assert second_loss < 1e-3
+    assert first_loss >= math.log(100_000) - 1e-3
+    # the unmarked targets start second copies: they follow a first copy's last token, seen
+    # once, so copying cannot predict them (the oracle is uniform there)
+    start_loss, _ = copy_losses(oracle, tokens[:, 1:], ~first & ~second, second)
+    assert start_loss == pytest.approx(math.log(100_000), abs=1e-4)
+    assert int(first.sum()) > int(second.sum()) > 0.6 * int(first.sum())
+
+
+def test_same_seed_same_batch_and_passage_bounds_checked():
+    a = repeat_batch(torch.Generator().manual_seed(3), 2, 40, draw=50, max_passage=8)
+    b = repeat_batch(torch.Generator().manual_seed(3), 2, 40, draw=50, max_passage=8)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert int(a[0].max()) < 50
+    with pytest.raises(ValueError, match="passage lengths"):
+        repeat_batch(torch.Generator(), 1, 40, draw=50, max_passage=1)
+
+
+def test_onset_is_the_first_step_copying_halves_the_loss():
+    records = [{"step": 0, "first": 5.5, "second": 5.6}, {"step": 100, "first": 5.5, "second": 3.0},
+               {"step": 200, "first": 5.5, "second": 2.0}, {"step": 300, "first": 5.5, "second": 0.5}]
+    assert copying_onset(records) == 200
+    assert copying_onset(records[:2]) is None
+
+
+@pytest.mark.parametrize("model", ["tfpp", "fs", "torch"])
+def test_copy_drill_tool_trains_and_writes_records(tmp_path, model):
+    import runpy
+    import sys
+
+    out = tmp_path / "drill.json"
+    argv = ["copy_drill.py", "--model", model, "--steps", "4", "--every", "2", "--d-model", "32", "--layers", "2",
+            "--heads", "2", "--vocab", "256", "--draw", "64", "--seq-len", "64", "--max-passage", "12",
+            "--batch-tokens", "256", "--window", "16", "--cell-size", "8", "--block-size", "16",
+            "--retained-cells", "2", "--recent-cells", "1", "--out", str(out)]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        runpy.run_path(str(REPO / "tools" / "copy_drill.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    result = json.loads(out.read_text())
+    steps = [r["step"] for r in result["records"]]
+    assert steps == [0, 2, 4]
+    # untrained, both copies cost about chance over the 256-token vocab
+    assert result["records"][0]["first"] == pytest.approx(math.log(256), abs=0.5)
+    assert result["onset"] is None
