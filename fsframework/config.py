@@ -144,6 +144,16 @@ class TrainConfig:
     # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
     short_seq_len: int = 0
     short_seq_steps: int = 0
+    # copy warmup: the first `copy_warmup_steps` steps train on generated passages of random
+    # token ids (0 .. copy_warmup_draw-1, copy_warmup_max_passage/4 .. copy_warmup_max_passage
+    # long), each followed by itself, in copy_warmup_seq_len-token sequences with the same
+    # tokens per step, before the data stream starts (fsframework.eval.copying): short
+    # sequences of short passages carry small models past the plateau before induction
+    # (copying) heads form, which a long-context corpus alone does not in a CPU budget
+    copy_warmup_steps: int = 0
+    copy_warmup_seq_len: int = 64
+    copy_warmup_max_passage: int = 16
+    copy_warmup_draw: int = 256
 
 
 @dataclass
@@ -193,6 +203,29 @@ def _check_short_sequences(cfg: Config) -> None:
                           "from whole samples)")
     if cfg.model.name in FREESOLO_MODELS and t.short_seq_len % cfg.model.attention.block_size:
         raise ConfigError(f"train.short_seq_len={t.short_seq_len} must be a multiple of "
+                          f"model.attention.block_size={cfg.model.attention.block_size}")
+
+
+def _check_copy_warmup(cfg: Config) -> None:
+    t = cfg.train
+    _positive("train.copy_warmup_steps", t.copy_warmup_steps, zero_ok=True)
+    if not t.copy_warmup_steps:
+        return
+    _positive("train.copy_warmup_seq_len", t.copy_warmup_seq_len)
+    _positive("train.copy_warmup_draw", t.copy_warmup_draw)
+    if (cfg.data.micro_batch_size * cfg.data.seq_len) % t.copy_warmup_seq_len:
+        raise ConfigError(f"train.copy_warmup_seq_len={t.copy_warmup_seq_len} must divide the tokens of a "
+                          f"micro-batch ({cfg.data.micro_batch_size} x {cfg.data.seq_len})")
+    if not 2 <= t.copy_warmup_max_passage <= t.copy_warmup_seq_len // 2:
+        raise ConfigError(f"train.copy_warmup_max_passage={t.copy_warmup_max_passage} must be 2 .. half of "
+                          f"train.copy_warmup_seq_len={t.copy_warmup_seq_len}, so a passage and its copy fit")
+    if t.copy_warmup_draw > cfg.model.vocab_size:
+        raise ConfigError(f"train.copy_warmup_draw={t.copy_warmup_draw} exceeds model.vocab_size="
+                          f"{cfg.model.vocab_size}")
+    if cfg.parallel.sp > 1:
+        raise ConfigError("train.copy_warmup_steps needs parallel.sp=1")
+    if cfg.model.name in FREESOLO_MODELS and t.copy_warmup_seq_len % cfg.model.attention.block_size:
+        raise ConfigError(f"train.copy_warmup_seq_len={t.copy_warmup_seq_len} must be a multiple of "
                           f"model.attention.block_size={cfg.model.attention.block_size}")
 
 
@@ -248,6 +281,7 @@ def validate(cfg: Config) -> Config:
     if not 0.0 <= cfg.data.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
     _check_short_sequences(cfg)
+    _check_copy_warmup(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg

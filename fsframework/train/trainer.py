@@ -57,6 +57,19 @@ def cut_sequences(batch: dict[str, torch.Tensor], length: int) -> dict[str, torc
     return {key: value.reshape(-1, length) if value.dim() == 2 else value for key, value in batch.items()}
 
 
+def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str, torch.Tensor]:
+    """One micro-batch of the copy warmup (`train.copy_warmup_*`): repeated random passages with
+    as many tokens as a data micro-batch. Drawn from a generator seeded by (seed, step, micro
+    batch, rank), so a resumed run sees the same batches and ranks see different ones."""
+    from fsframework.eval.copying import repeat_batch
+
+    t = cfg.train
+    gen = torch.Generator().manual_seed(((t.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)
+    rows = cfg.data.micro_batch_size * cfg.data.seq_len // t.copy_warmup_seq_len
+    tokens, _, _ = repeat_batch(gen, rows, t.copy_warmup_seq_len, t.copy_warmup_draw, t.copy_warmup_max_passage)
+    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Decay matrices only; norms, gains and biases are left alone."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -162,9 +175,14 @@ class Trainer:
         pre_step_norm = None
         t = self.cfg.train
         short = t.short_seq_len if self.state.step < t.short_seq_steps else 0
-        for _ in range(self.cfg.parallel.grad_accum):
-            batch = next(self.loader)
-            loss, plain = self.forward_backward(cut_sequences(batch, short) if short else batch)
+        warmup = self.state.step < t.copy_warmup_steps  # the data stream is not read during the copy warmup
+        for micro in range(self.cfg.parallel.grad_accum):
+            if warmup:
+                batch = copy_warmup_batch(self.cfg, self.state.step, micro, self.dist.rank)
+            else:
+                batch = next(self.loader)
+                batch = cut_sequences(batch, short) if short else batch
+            loss, plain = self.forward_backward(batch)
             losses.append(loss)
             plain_losses.append(plain)
             if self.engine.is_gradient_accumulation_boundary():
@@ -180,7 +198,8 @@ class Trainer:
         if grad_norm is None:
             grad_norm = pre_step_norm
         metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                   "seq_len": short or self.cfg.data.seq_len}
+                   "seq_len": t.copy_warmup_seq_len if warmup else short or self.cfg.data.seq_len,
+                   "copy_warmup": int(warmup)}
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
         return metrics
