@@ -62,7 +62,8 @@ def build(args) -> nn.Module:
     attention = AttentionConfig(window=args.window, cell_size=args.cell_size, block_size=args.block_size,
                                 top_k=args.top_k, retained_cells=args.retained_cells, recent_cells=args.recent_cells)
     return build_model(ModelConfig(name=args.model, vocab_size=args.vocab, d_model=args.d_model,
-                                   n_layers=args.layers, n_heads=args.heads, attention=attention))
+                                   n_layers=args.layers, n_heads=args.heads, init_std=args.init_std,
+                                   attention=attention))
 
 
 def drill(args) -> list[dict]:
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-passage", type=int, default=50, help="passages are max/4..max tokens")
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--init-std", type=float, default=0.02, help="model.init_std (registry models)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
