@@ -198,11 +198,16 @@ def _check_short_sequences(cfg: Config) -> None:
     if cfg.data.seq_len % t.short_seq_len or t.short_seq_len >= cfg.data.seq_len:
         raise ConfigError(f"train.short_seq_len={t.short_seq_len} must divide data.seq_len={cfg.data.seq_len} "
                           "and be shorter than it")
+    _check_shorter_sequences(cfg, "train.short_seq_len", t.short_seq_len)
+
+
+def _check_shorter_sequences(cfg: Config, key: str, length: int) -> None:
+    """Steps that train on sequences of `length` instead of data samples: only without sequence
+    parallelism (its slices are cut from whole samples), and whole blocks for FreeSolo models."""
     if cfg.parallel.sp > 1:
-        raise ConfigError("train.short_seq_len needs parallel.sp=1 (the sequence-parallel slices are cut "
-                          "from whole samples)")
-    if cfg.model.name in FREESOLO_MODELS and t.short_seq_len % cfg.model.attention.block_size:
-        raise ConfigError(f"train.short_seq_len={t.short_seq_len} must be a multiple of "
+        raise ConfigError(f"{key} needs parallel.sp=1 (the sequence-parallel slices are cut from whole samples)")
+    if cfg.model.name in FREESOLO_MODELS and length % cfg.model.attention.block_size:
+        raise ConfigError(f"{key}={length} must be a multiple of "
                           f"model.attention.block_size={cfg.model.attention.block_size}")
 
 
@@ -222,11 +227,7 @@ def _check_copy_warmup(cfg: Config) -> None:
     if t.copy_warmup_draw > cfg.model.vocab_size:
         raise ConfigError(f"train.copy_warmup_draw={t.copy_warmup_draw} exceeds model.vocab_size="
                           f"{cfg.model.vocab_size}")
-    if cfg.parallel.sp > 1:
-        raise ConfigError("train.copy_warmup_steps needs parallel.sp=1")
-    if cfg.model.name in FREESOLO_MODELS and t.copy_warmup_seq_len % cfg.model.attention.block_size:
-        raise ConfigError(f"train.copy_warmup_seq_len={t.copy_warmup_seq_len} must be a multiple of "
-                          f"model.attention.block_size={cfg.model.attention.block_size}")
+    _check_shorter_sequences(cfg, "train.copy_warmup_seq_len", t.copy_warmup_seq_len)
 
 
 def validate(cfg: Config) -> Config:

@@ -63,19 +63,13 @@ def test_onset_is_the_first_step_copying_halves_the_loss():
 @pytest.mark.parametrize("model", ["tfpp", "fs", "torch"])
 def test_copy_drill_tool_trains_and_writes_records(tmp_path, model):
     import runpy
-    import sys
 
     out = tmp_path / "drill.json"
-    argv = ["copy_drill.py", "--model", model, "--steps", "4", "--every", "2", "--d-model", "32", "--layers", "2",
+    argv = ["--model", model, "--steps", "4", "--every", "2", "--d-model", "32", "--layers", "2",
             "--heads", "2", "--vocab", "256", "--draw", "64", "--seq-len", "64", "--max-passage", "12",
             "--batch-tokens", "256", "--window", "16", "--cell-size", "8", "--block-size", "16",
             "--retained-cells", "2", "--recent-cells", "1", "--out", str(out)]
-    old = sys.argv
-    sys.argv = argv
-    try:
-        runpy.run_path(str(REPO / "tools" / "copy_drill.py"), run_name="__main__")
-    finally:
-        sys.argv = old
+    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
     result = json.loads(out.read_text())
     steps = [r["step"] for r in result["records"]]
     assert steps == [0, 2, 4]
