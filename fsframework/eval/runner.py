@@ -24,7 +24,9 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     out.parent.mkdir(parents=True, exist_ok=True)
     return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
                     num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
-                    out_path=str(out), plots_dir=str(out.parent), data_dir=data_streams(cfg, "eval")[0][0],
+                    out_path=str(out), plots_dir=str(out.parent),
+                    # held-out text is needed (and, for the embedded corpus, built) only for perplexity
+                    data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
                     device=device)
 
 

@@ -30,6 +30,8 @@ import torch
 from fsframework.train.distributed import barrier  # noqa: F401  (re-exported for the trainer)
 
 MANIFEST = "MANIFEST.json"
+# A file tokenizer is saved in every checkpoint under this stem (suffix kept: .json or .model).
+TOKENIZER_STEM = "tokenizer"
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
 
@@ -127,8 +129,9 @@ def find_latest(ckpt_root: Path, log=print) -> Optional[Path]:
 
 
 def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], config_yaml: str, *, rank: int,
-         keep: int) -> Path:
-    """Write checkpoint `step` atomically (collective: every rank calls it)."""
+         keep: int, tokenizer: str = "byte") -> Path:
+    """Write checkpoint `step` atomically (collective: every rank calls it). A file `tokenizer`
+    is copied in (`save_tokenizer`)."""
     name = step_name(step)
     tmp = ckpt_root / f".tmp-{name}"
     final = ckpt_root / name
@@ -145,6 +148,7 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
     barrier()
     if rank == 0:
         (tmp / "config.yaml").write_text(config_yaml)
+        save_tokenizer(tokenizer, tmp)
         _write_manifest(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
@@ -155,6 +159,27 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return final
+
+
+def save_tokenizer(spec: str, ckpt: Path) -> None:
+    """Copy a file tokenizer into checkpoint dir `ckpt`, so that evaluating or converting the
+    checkpoint does not depend on the training run's paths or working directory (a config names
+    the tokenizer by a path, often a relative one)."""
+    if spec == "byte":
+        return
+    source = Path(spec)
+    if not source.is_file():
+        raise CheckpointError(f"tokenizer file {spec} (data.tokenizer) is gone; it is saved with every checkpoint")
+    shutil.copyfile(source, ckpt / f"{TOKENIZER_STEM}{source.suffix}")
+
+
+def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:
+    """The tokenizer of checkpoint `ckpt` whose config names `spec`: the copy saved in the
+    checkpoint, else (checkpoints written before tokenizers were saved) `spec` itself."""
+    if spec == "byte":
+        return spec
+    saved = ckpt / f"{TOKENIZER_STEM}{Path(spec).suffix}"
+    return str(saved) if saved.is_file() else spec
 
 
 def load_client_state(ckpt: Path, rank: int) -> dict[str, Any]:
@@ -226,12 +251,14 @@ def _has_full_module(ds_dir: Path) -> bool:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", overrides: Optional[list[str]] = None):
-    """(model, config) from a run directory or checkpoint, weights in fp32, eval mode."""
+    """(model, config) from a run directory or checkpoint, weights in fp32, eval mode. The
+    config's `data.tokenizer` names the checkpoint's saved copy of its tokenizer when it has one."""
     from fsframework.config import load_config
     from fsframework.models.registry import build_model
 
     ckpt = resolve_checkpoint(path)
     cfg = load_config(ckpt / "config.yaml", overrides)
+    cfg.data.tokenizer = checkpoint_tokenizer(ckpt, cfg.data.tokenizer)
     model = build_model(cfg.model)
     missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight") or not cfg.model.tie_embeddings]

@@ -152,7 +152,7 @@ class Trainer:
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
         ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
-                     keep=self.cfg.train.keep_checkpoints)
+                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.cfg.data.tokenizer)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""

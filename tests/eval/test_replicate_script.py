@@ -28,3 +28,13 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
         assert probe["first"] > 0 and probe["second"] > 0
     table = (tmp_path / "rep" / "table.md").read_text()
     assert "| fsl | passkey |" in table and "256 (2x)" in table
+
+    # the checkpoint carries its tokenizer: it still loads once the configured file is gone
+    from fsframework.data.tokenizers import load_tokenizer
+    from fsframework.train.checkpoint import load_model
+
+    text = "The passkey is 12345."
+    expected = load_tokenizer(str(tok)).encode(text)
+    tok.unlink()
+    _, cfg = load_model(tmp_path / "rep" / "tfpp")
+    assert load_tokenizer(cfg.data.tokenizer).encode(text) == expected
