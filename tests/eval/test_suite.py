@@ -124,3 +124,34 @@ def test_short_lengths_are_skipped_with_a_reason(tmp_path, monkeypatch):
     assert results["meta"]["gen_tokens"] == {"niah_multivalue": NIAH_GEN_TOKENS}
     assert results["scores"]["niah_multivalue"] == {"256": None, "1024": 100.0}
     assert "without any haystack" in results["skipped"]["niah_multivalue"]["256"]
+
+
+class SuffixCopier(torch.nn.Module):
+    """A language model that only copies: after the latest earlier occurrence of the longest
+    suffix of its input, it predicts the token that followed. Pure induction, no learning."""
+
+    def __init__(self, vocab: int, max_match: int = 64):
+        super().__init__()
+        self.vocab, self.max_match = vocab, max_match
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*tokens.shape, self.vocab)
+        for b, row in enumerate(tokens.tolist()):
+            best, best_len = None, 0
+            for j in range(len(row) - 2, -1, -1):
+                n = 0
+                while n < self.max_match and n <= j and row[j - n] == row[len(row) - 1 - n]:
+                    n += 1
+                if n > best_len:
+                    best, best_len = row[j + 1], n
+            if best is not None:
+                logits[b, -1, best] = 1.0
+        return logits
+
+
+def test_a_model_that_copies_finds_the_passkey_at_every_length_through_real_decoding(tmp_path):
+    # the whole passkey path (prompt, greedy decoding, scoring) rewards copying: the zeros
+    # of models that do not copy (README, length extrapolation) come from the models
+    result = _run(SuffixCopier(TOK.vocab_size), tmp_path, tasks=["passkey"], lengths=[512, 2048], num_samples=3,
+                  gen_tokens={"passkey": 8})
+    assert result["scores"]["passkey"] == {"512": 100.0, "2048": 100.0}
