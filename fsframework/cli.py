@@ -24,8 +24,11 @@ _mount_subcommands()
 
 def _fail(message: str, code: int = 2) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    # escaped: messages quote paths and library errors, e.g. gloo's "[/path/file.cc:129]",
+    # which rich would otherwise read as markup and fail on, hiding the real error
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 

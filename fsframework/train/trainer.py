@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.markup import escape
 from torch import nn
 
 from fsframework.config import Config, to_yaml
@@ -139,7 +140,7 @@ class Trainer:
                                   locations=[location for location, _ in streams])
 
     def maybe_resume(self) -> None:
-        found = ckpt_io.find_latest(self.ckpt_root, log=self.log)
+        found = ckpt_io.find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if found is None:
             return
         ckpt_io.load_engine(self.engine, found)
