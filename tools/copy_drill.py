@@ -11,6 +11,11 @@ check to run before a long-context replication (tools/replicate_extrapolation.py
     .venv/bin/python tools/copy_drill.py --model tfpp --steps 2000
     .venv/bin/python tools/copy_drill.py --model torch   # the control: no fsframework model code
 
+`--schedule 64:500,128:250,256:250,512:300` trains in stages of growing sequence length
+(LENGTH:STEPS each; passages of `--min-passage`..LENGTH/4 tokens) and probes at the first
+and the last length (or `--probe-lengths`): does copying learned in short sequences carry
+over as they grow? The onset is read at the longest probe length.
+
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
 """
@@ -53,9 +58,29 @@ class TorchEncoderLM(nn.Module):
         return self.head(self.norm(self.encoder(x, mask=mask, is_causal=True)))
 
 
-def build(args) -> nn.Module:
+def stages(args) -> list[tuple[int, int, int]]:
+    """(sequence length, steps, longest passage) of each training stage."""
+    if not args.schedule:
+        return [(args.seq_len, args.steps, args.max_passage)]
+    out = []
+    for item in args.schedule.split(","):
+        try:
+            length, steps = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise SystemExit(f"--schedule: {item!r} is not LENGTH:STEPS") from None
+        out.append((length, steps, max(length // 4, args.min_passage or 2)))
+    return out
+
+
+def probe_lengths(args, plan: list[tuple[int, int, int]]) -> list[int]:
+    if args.probe_lengths:
+        return sorted({int(x) for x in args.probe_lengths.split(",")})
+    return sorted({plan[0][0], plan[-1][0]})
+
+
+def build(args, max_len: int) -> nn.Module:
     if args.model == "torch":
-        return TorchEncoderLM(args.vocab, args.d_model, args.layers, args.heads, args.seq_len)
+        return TorchEncoderLM(args.vocab, args.d_model, args.layers, args.heads, max_len)
     from fsframework.config import AttentionConfig, ModelConfig
     from fsframework.models.registry import build_model
 
@@ -67,33 +92,56 @@ def build(args) -> nn.Module:
 
 
 def drill(args) -> list[dict]:
+    """Train through the stages; every `--every` steps a record with the training length and,
+    per probe length, the losses on 1st and 2nd copies (`first`/`second`: the longest)."""
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    model = build(args).to(device)
+    plan = stages(args)
+    lengths = probe_lengths(args, plan)
+    model = build(args, max(lengths + [length for length, _, _ in plan])).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     data, held_out = torch.Generator().manual_seed(args.seed), torch.Generator().manual_seed(10_000 + args.seed)
-    probe = [t.to(device) for t in repeat_batch(held_out, 16, args.seq_len, args.draw, args.max_passage)]
-    batch = max(1, args.batch_tokens // args.seq_len)
-    records, start = [], time.time()
-    for step in range(args.steps + 1):
-        if step % args.every == 0:
-            model.eval()
-            with torch.no_grad():
-                first, second = copy_losses(model(probe[0][:, :-1]), probe[0][:, 1:], probe[1], probe[2])
-            model.train()
-            records.append({"step": step, "first": first, "second": second, "seconds": time.time() - start})
-            print(f"step {step:6d}  loss on 1st copy {first:6.3f}  on 2nd copy {second:6.3f}  "
-                  f"{time.time() - start:7.0f}s", flush=True)
-        if step == args.steps:
-            break
-        tokens, _, _ = repeat_batch(data, batch, args.seq_len, args.draw, args.max_passage)
-        tokens = tokens.to(device)
-        logits = model(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+    longest_passage = {length: passage for length, _, passage in plan}
+    probes = {}
+    for length in lengths:  # probe passages as in training at that length (or the nearest stage)
+        passage = longest_passage.get(length, max(length // 4, args.min_passage or 2) if args.schedule
+                                      else args.max_passage)
+        probes[length] = [t.to(device) for t in repeat_batch(held_out, max(1, min(16, 2048 // length)), length, args.draw,
+                                                             passage, args.min_passage)]
+    records, start, step = [], time.time(), 0
+    total = sum(steps for _, steps, _ in plan)
+
+    def probe(seq_len: int) -> None:
+        model.eval()
+        by_length = {}
+        with torch.no_grad():
+            for length, (tokens, first, second) in probes.items():
+                by_length[length] = copy_losses(model(tokens[:, :-1]), tokens[:, 1:], first, second)
+        model.train()
+        first, second = by_length[lengths[-1]]
+        records.append({"step": step, "seq_len": seq_len, "first": first, "second": second,
+                        "by_length": {str(n): {"first": a, "second": b} for n, (a, b) in by_length.items()},
+                        "seconds": time.time() - start})
+        losses = "  ".join(f"@{n}: {a:6.3f} / {b:6.3f}" for n, (a, b) in by_length.items())
+        print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
+              f"{time.time() - start:7.0f}s", flush=True)
+
+    for seq_len, steps, passage in plan:
+        batch = max(1, args.batch_tokens // seq_len)
+        for _ in range(steps):
+            if step % args.every == 0:
+                probe(seq_len)
+            tokens, _, _ = repeat_batch(data, batch, seq_len, args.draw, passage, args.min_passage)
+            tokens = tokens.to(device)
+            logits = model(tokens[:, :-1])
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+    probe(plan[-1][0])
+    assert step == total
     return records
 
 
@@ -107,6 +155,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draw", type=int, default=256, help="passages use token ids 0..draw-1")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--max-passage", type=int, default=50, help="passages are max/4..max tokens")
+    parser.add_argument("--min-passage", type=int, default=None, help="shortest passage (default: max/4)")
+    parser.add_argument("--schedule", default=None,
+                        help="LENGTH:STEPS,... stages of growing length (replaces --seq-len/--steps)")
+    parser.add_argument("--probe-lengths", default=None, help="comma-separated probe lengths")
     parser.add_argument("--batch-tokens", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--init-std", type=float, default=0.02, help="model.init_std (registry models)")
@@ -129,8 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     records = drill(args)
     onset = copying_onset(records)
     chance = math.log(args.draw)
-    print(f"{args.model}: " + (f"copies from step {onset} (2nd-copy loss < half the 1st)" if onset is not None
-                               else f"no copying within {args.steps} steps (chance loss {chance:.2f})"))
+    at = f"at {probe_lengths(args, stages(args))[-1]} tokens"
+    print(f"{args.model}: " + (f"copies {at} from step {onset} (2nd-copy loss < half the 1st)" if onset is not None
+                               else f"no copying {at} within {records[-1]['step']} steps (chance loss {chance:.2f})"))
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "records": records, "onset": onset}, indent=1))
 

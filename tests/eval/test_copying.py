@@ -76,3 +76,20 @@ def test_copy_drill_tool_trains_and_writes_records(tmp_path, model):
     # untrained, both copies cost about chance over the 256-token vocab
     assert result["records"][0]["first"] == pytest.approx(math.log(256), abs=0.5)
     assert result["onset"] is None
+
+
+def test_copy_drill_schedule_grows_the_length_and_probes_first_and_last(tmp_path):
+    import runpy
+
+    out = tmp_path / "drill.json"
+    argv = ["--model", "tfpp", "--schedule", "32:2,64:2", "--every", "2", "--d-model", "32", "--layers", "2",
+            "--heads", "2", "--vocab", "256", "--draw", "64", "--min-passage", "4", "--batch-tokens", "256",
+            "--window", "16", "--cell-size", "8", "--block-size", "16", "--out", str(out)]
+    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
+    records = json.loads(out.read_text())["records"]
+    assert [(r["step"], r["seq_len"]) for r in records] == [(0, 32), (2, 64), (4, 64)]
+    assert set(records[0]["by_length"]) == {"32", "64"}
+    # the onset fields follow the longest probe length
+    assert records[-1]["first"] == records[-1]["by_length"]["64"]["first"]
+    with pytest.raises(SystemExit, match="LENGTH:STEPS"):
+        runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--schedule", "64-2"])
