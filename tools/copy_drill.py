@@ -102,10 +102,13 @@ def drill(args) -> list[dict]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     data, held_out = torch.Generator().manual_seed(args.seed), torch.Generator().manual_seed(10_000 + args.seed)
     longest_passage = {length: passage for length, _, passage in plan}
+    last_length, _, last_passage = plan[-1]
     probes = {}
-    for length in lengths:  # probe passages as in training at that length (or the nearest stage)
-        passage = longest_passage.get(length, max(length // 4, args.min_passage or 2) if args.schedule
-                                      else args.max_passage)
+    for length in lengths:
+        # passages as in training at that length; at a length never trained on, the last stage's
+        # passages scaled with the length, so copies lie up to that many times further back
+        # (the distance extrapolation that passkey retrieval at k x the training length needs)
+        passage = longest_passage.get(length, max(last_passage * length // last_length, args.min_passage or 2))
         probes[length] = [t.to(device) for t in repeat_batch(held_out, max(1, min(16, 2048 // length)), length, args.draw,
                                                              passage, args.min_passage)]
     records, start, step = [], time.time(), 0
