@@ -14,7 +14,9 @@ check to run before a long-context replication (tools/replicate_extrapolation.py
 `--schedule 64:500,128:250,256:250,512:300` trains in stages of growing sequence length
 (LENGTH:STEPS each; passages of `--min-passage`..LENGTH/4 tokens) and probes at the first
 and the last length (or `--probe-lengths`): does copying learned in short sequences carry
-over as they grow? The onset is read at the longest probe length.
+over as they grow? The onset is read at the longest probe length. `--save` keeps the trained
+model and `--init` continues from it (e.g. more steps past the onset, or other probes with
+`--steps 0`).
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
@@ -99,6 +101,8 @@ def drill(args) -> list[dict]:
     plan = stages(args)
     lengths = probe_lengths(args, plan)
     model = build(args, max(lengths + [length for length, _, _ in plan])).to(device)
+    if args.init:  # continue from a saved drill model (same model flags), with a fresh optimizer
+        model.load_state_dict(torch.load(args.init, map_location=device, weights_only=True)["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     data, held_out = torch.Generator().manual_seed(args.seed), torch.Generator().manual_seed(10_000 + args.seed)
     longest_passage = {length: passage for length, _, passage in plan}
@@ -145,6 +149,10 @@ def drill(args) -> list[dict]:
             step += 1
     probe(plan[-1][0])
     assert step == total
+    if args.save:  # written whole, then renamed: a killed run never leaves half a file
+        tmp = Path(args.save).with_name(Path(args.save).name + ".tmp")
+        torch.save({"args": vars(args), "model": model.state_dict()}, tmp)
+        tmp.replace(args.save)
     return records
 
 
@@ -171,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--out", default=None, help="also write the records as JSON here")
+    parser.add_argument("--save", default=None, help="write the trained model here (torch.save) at the end")
+    parser.add_argument("--init", default=None, help="start from a model written by --save (same model flags)")
     # FreeSolo sizes, scaled like yamls/replicate-extrapolation.yaml
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--cell-size", type=int, default=16)

@@ -93,3 +93,21 @@ def test_copy_drill_schedule_grows_the_length_and_probes_first_and_last(tmp_path
     assert records[-1]["first"] == records[-1]["by_length"]["64"]["first"]
     with pytest.raises(SystemExit, match="LENGTH:STEPS"):
         runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--schedule", "64-2"])
+
+
+def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
+    import runpy
+
+    main = runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"]
+    small = ["--model", "tfpp", "--d-model", "32", "--layers", "2", "--heads", "2", "--vocab", "256",
+             "--draw", "64", "--seq-len", "64", "--max-passage", "12", "--batch-tokens", "256", "--every", "2",
+             "--window", "16", "--cell-size", "8", "--block-size", "16"]
+    main([*small, "--steps", "4", "--save", str(tmp_path / "drill.pt"), "--out", str(tmp_path / "a.json")])
+    main([*small, "--steps", "0", "--init", str(tmp_path / "drill.pt"), "--out", str(tmp_path / "b.json")])
+    trained = json.loads((tmp_path / "a.json").read_text())["records"][-1]
+    loaded = json.loads((tmp_path / "b.json").read_text())["records"][-1]
+    # the same held-out probe on the saved weights gives the trained model's losses
+    assert loaded["first"] == pytest.approx(trained["first"], abs=1e-5)
+    assert loaded["second"] == pytest.approx(trained["second"], abs=1e-5)
+    fresh = json.loads((tmp_path / "a.json").read_text())["records"][0]
+    assert fresh["first"] != pytest.approx(trained["first"], abs=1e-3)
