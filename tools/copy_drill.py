@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     records = drill(args)
     onset = copying_onset(records)
     chance = math.log(args.draw)
-    at = f"at {probe_lengths(args, stages(args))[-1]} tokens"
+    at = f"at {max(int(n) for n in records[-1]['by_length'])} tokens"  # the onset's probe length
     print(f"{args.model}: " + (f"copies {at} from step {onset} (2nd-copy loss < half the 1st)" if onset is not None
                                else f"no copying {at} within {records[-1]['step']} steps (chance loss {chance:.2f})"))
     if args.out:

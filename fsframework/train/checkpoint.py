@@ -129,9 +129,9 @@ def find_latest(ckpt_root: Path, log=print) -> Optional[Path]:
 
 
 def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], config_yaml: str, *, rank: int,
-         keep: int, tokenizer: str = "byte") -> Path:
-    """Write checkpoint `step` atomically (collective: every rank calls it). A file `tokenizer`
-    is copied in (`save_tokenizer`)."""
+         keep: int, tokenizer: Optional[tuple[str, bytes]] = None) -> Path:
+    """Write checkpoint `step` atomically (collective: every rank calls it). `tokenizer`, from
+    `read_tokenizer`, is written in too."""
     name = step_name(step)
     tmp = ckpt_root / f".tmp-{name}"
     final = ckpt_root / name
@@ -161,16 +161,25 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
     return final
 
 
-def save_tokenizer(spec: str, ckpt: Path) -> None:
-    """Copy a file tokenizer into checkpoint dir `ckpt`, so that evaluating or converting the
-    checkpoint does not depend on the training run's paths or working directory (a config names
-    the tokenizer by a path, often a relative one)."""
+def read_tokenizer(spec: str) -> Optional[tuple[str, bytes]]:
+    """(file name in a checkpoint, contents) of a file tokenizer; None for `byte`. Read once when
+    training starts, so a missing file stops the run before any step instead of at its first
+    checkpoint. Saved with every checkpoint (`save_tokenizer`): evaluating or converting it then
+    does not depend on the training run's paths or working directory (a config names the
+    tokenizer by a path, often a relative one)."""
     if spec == "byte":
-        return
+        return None
     source = Path(spec)
     if not source.is_file():
-        raise CheckpointError(f"tokenizer file {spec} (data.tokenizer) is gone; it is saved with every checkpoint")
-    shutil.copyfile(source, ckpt / f"{TOKENIZER_STEM}{source.suffix}")
+        raise CheckpointError(f"tokenizer file {spec} (data.tokenizer) not found; it is saved with every checkpoint")
+    return f"{TOKENIZER_STEM}{source.suffix}", source.read_bytes()
+
+
+def save_tokenizer(tokenizer: Optional[tuple[str, bytes]], ckpt: Path) -> None:
+    """Write a tokenizer from `read_tokenizer` into checkpoint dir `ckpt` (nothing for `byte`)."""
+    if tokenizer is not None:
+        name, contents = tokenizer
+        (ckpt / name).write_bytes(contents)
 
 
 def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:

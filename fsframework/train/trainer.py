@@ -97,6 +97,7 @@ class Trainer:
         init_health_group(cfg.parallel.timeout_s)
         self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
+        self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
     def build(self) -> None:
@@ -108,6 +109,7 @@ class Trainer:
 
         cfg = self.cfg
         if self.dist.is_main:
+            self.tokenizer = ckpt_io.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
             data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
@@ -153,7 +155,7 @@ class Trainer:
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
         ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
-                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.cfg.data.tokenizer)
+                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.tokenizer)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
