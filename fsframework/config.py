@@ -136,7 +136,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 1
     seed: int = 0
-    init_from: Optional[str] = None  # load weights only (fresh optimizer and schedule)
+    # load weights only (fresh optimizer and schedule): a run dir, a checkpoint, or a .pt state dict
+    init_from: Optional[str] = None
     stop_at_step: Optional[int] = None  # end this invocation early (after a checkpoint); the schedule still spans max_steps
     progress: bool = True
     tensorboard: bool = True

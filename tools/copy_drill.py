@@ -14,9 +14,11 @@ check to run before a long-context replication (tools/replicate_extrapolation.py
 `--schedule 64:500,128:250,256:250,512:300` trains in stages of growing sequence length
 (LENGTH:STEPS each; passages of `--min-passage`..LENGTH/4 tokens) and probes at the first
 and the last length (or `--probe-lengths`): does copying learned in short sequences carry
-over as they grow? The onset is read at the longest probe length. `--save` keeps the trained
-model and `--init` continues from it (e.g. more steps past the onset, or other probes with
-`--steps 0`).
+over as they grow? The onset is read at the longest probe length. At a probe length never
+trained on, the passages are probed twice: scaled with the length (copies further back than
+in training) and as in training (the same distances in a longer sequence). `--save` keeps
+the model at every probe and `--init` continues from it (e.g. more steps past the onset, or
+other probes with `--steps 0`).
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
@@ -101,37 +103,60 @@ def drill(args) -> list[dict]:
     plan = stages(args)
     lengths = probe_lengths(args, plan)
     model = build(args, max(lengths + [length for length, _, _ in plan])).to(device)
+    first_step = 0
     if args.init:  # continue from a saved drill model (same model flags), with a fresh optimizer
-        model.load_state_dict(torch.load(args.init, map_location=device, weights_only=True)["model"])
+        saved = torch.load(args.init, map_location=device, weights_only=True)
+        model.load_state_dict(saved["model"])
+        first_step = saved.get("step", 0)  # steps count on from the saved model's
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
-    data, held_out = torch.Generator().manual_seed(args.seed), torch.Generator().manual_seed(10_000 + args.seed)
+    # training batches continue past those the saved model saw; the held-out probes stay the same
+    data = torch.Generator().manual_seed(args.seed + 1_000_003 * first_step)
+    held_out = torch.Generator().manual_seed(10_000 + args.seed)
     longest_passage = {length: passage for length, _, passage in plan}
     last_length, _, last_passage = plan[-1]
-    probes = {}
+    probes, at_train_distances = {}, {}
     for length in lengths:
         # passages as in training at that length; at a length never trained on, the last stage's
         # passages scaled with the length, so copies lie up to that many times further back
         # (the distance extrapolation that passkey retrieval at k x the training length needs)
+        rows = max(1, min(16, 2048 // length))
         passage = longest_passage.get(length, max(last_passage * length // last_length, args.min_passage or 2))
-        probes[length] = [t.to(device) for t in repeat_batch(held_out, max(1, min(16, 2048 // length)), length, args.draw,
-                                                             passage, args.min_passage)]
-    records, start, step = [], time.time(), 0
-    total = sum(steps for _, steps, _ in plan)
+        probes[length] = [t.to(device) for t in repeat_batch(held_out, rows, length, args.draw, passage,
+                                                             args.min_passage)]
+        if length not in longest_passage:
+            # and with the last stage's passages: the same distances in a longer sequence, which
+            # separates "more tokens around" from "further back"
+            at_train_distances[length] = [t.to(device) for t in repeat_batch(held_out, rows, length, args.draw,
+                                                                             last_passage, args.min_passage)]
+    records, start, step = [], time.time(), first_step
+    total = first_step + sum(steps for _, steps, _ in plan)
+
+    def losses_on(batches: dict) -> dict[int, tuple[float, float]]:
+        return {length: copy_losses(model(tokens[:, :-1]), tokens[:, 1:], first, second)
+                for length, (tokens, first, second) in batches.items()}
 
     def probe(seq_len: int) -> None:
         model.eval()
-        by_length = {}
         with torch.no_grad():
-            for length, (tokens, first, second) in probes.items():
-                by_length[length] = copy_losses(model(tokens[:, :-1]), tokens[:, 1:], first, second)
+            by_length, near = losses_on(probes), losses_on(at_train_distances)
         model.train()
         first, second = by_length[lengths[-1]]
         records.append({"step": step, "seq_len": seq_len, "first": first, "second": second,
                         "by_length": {str(n): {"first": a, "second": b} for n, (a, b) in by_length.items()},
+                        "at_train_distances": {str(n): {"first": a, "second": b} for n, (a, b) in near.items()},
                         "seconds": time.time() - start})
-        losses = "  ".join(f"@{n}: {a:6.3f} / {b:6.3f}" for n, (a, b) in by_length.items())
+        losses = "  ".join(f"@{n}: {a:6.3f} / {b:6.3f}" + (f" (train distances {near[n][0]:6.3f} / {near[n][1]:6.3f})"
+                                                          if n in near else "")
+                           for n, (a, b) in by_length.items())
         print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
               f"{time.time() - start:7.0f}s", flush=True)
+        if args.save:
+            save()
+
+    def save() -> None:  # written whole, then renamed: a killed run never leaves half a file
+        tmp = Path(args.save).with_name(Path(args.save).name + ".tmp")
+        torch.save({"args": vars(args), "step": step, "model": model.state_dict()}, tmp)
+        tmp.replace(args.save)
 
     for seq_len, steps, passage in plan:
         batch = max(1, args.batch_tokens // seq_len)
@@ -147,12 +172,8 @@ def drill(args) -> list[dict]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step += 1
-    probe(plan[-1][0])
+    probe(plan[-1][0])  # and, with --save, the final model
     assert step == total
-    if args.save:  # written whole, then renamed: a killed run never leaves half a file
-        tmp = Path(args.save).with_name(Path(args.save).name + ".tmp")
-        torch.save({"args": vars(args), "model": model.state_dict()}, tmp)
-        tmp.replace(args.save)
     return records
 
 
@@ -179,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--out", default=None, help="also write the records as JSON here")
-    parser.add_argument("--save", default=None, help="write the trained model here (torch.save) at the end")
+    parser.add_argument("--save", default=None,
+                        help="write the model here (torch.save) at every probe and at the end")
     parser.add_argument("--init", default=None, help="start from a model written by --save (same model flags)")
     # FreeSolo sizes, scaled like yamls/replicate-extrapolation.yaml
     parser.add_argument("--window", type=int, default=128)

@@ -251,6 +251,24 @@ def consolidated_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k[len(prefix):] if k.startswith(prefix) else k: v.float() for k, v in state.items()}
 
 
+def initial_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Weights for `train.init_from`: a run directory or checkpoint (as `resolve_checkpoint`), or
+    one `.pt` file holding a plain state dict, bare or under "model" (what
+    `tools/copy_drill.py --save` writes), so a model trained outside the trainer can start a run."""
+    path = Path(path)
+    if not path.is_file():
+        return consolidated_state_dict(resolve_checkpoint(path))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"weights file {path} is not a readable torch file: {exc}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"weights file {path} holds no state dict (name -> tensor)")
+    return {k: v.float() for k, v in state.items()}
+
+
 def _has_full_module(ds_dir: Path) -> bool:
     files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
     if not files:

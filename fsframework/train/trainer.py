@@ -120,8 +120,12 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
         if cfg.train.init_from:
-            weights = ckpt_io.consolidated_state_dict(ckpt_io.resolve_checkpoint(cfg.train.init_from))
-            model.load_state_dict(weights)
+            weights = ckpt_io.initial_weights(cfg.train.init_from)
+            try:
+                model.load_state_dict(weights)
+            except RuntimeError as exc:  # names every missing, unexpected or mis-shaped tensor
+                raise ckpt_io.CheckpointError(f"train.init_from={cfg.train.init_from} does not fit model "
+                                              f"{cfg.model.name}: {exc}") from None
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
         self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters, "

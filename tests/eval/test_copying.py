@@ -111,3 +111,23 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
     assert loaded["second"] == pytest.approx(trained["second"], abs=1e-5)
     fresh = json.loads((tmp_path / "a.json").read_text())["records"][0]
     assert fresh["first"] != pytest.approx(trained["first"], abs=1e-3)
+    # continuing counts steps on from the saved model's, and saves at every probe
+    main([*small, "--steps", "2", "--init", str(tmp_path / "drill.pt"), "--save", str(tmp_path / "more.pt"),
+          "--out", str(tmp_path / "c.json")])
+    assert [r["step"] for r in json.loads((tmp_path / "c.json").read_text())["records"]] == [4, 6]
+    assert torch.load(tmp_path / "more.pt", weights_only=True)["step"] == 6
+
+
+def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances(tmp_path):
+    import runpy
+
+    out = tmp_path / "drill.json"
+    argv = ["--model", "tfpp", "--steps", "2", "--every", "2", "--d-model", "32", "--layers", "2", "--heads", "2",
+            "--vocab", "256", "--draw", "64", "--seq-len", "32", "--max-passage", "8", "--batch-tokens", "128",
+            "--probe-lengths", "32,128", "--out", str(out)]
+    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
+    records = json.loads(out.read_text())["records"]
+    # the trained length is probed once; the untrained one with scaled and with training passages
+    assert set(records[-1]["by_length"]) == {"32", "128"}
+    assert set(records[-1]["at_train_distances"]) == {"128"}
+    assert records[-1]["at_train_distances"]["128"] != records[-1]["by_length"]["128"]

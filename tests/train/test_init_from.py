@@ -34,3 +34,33 @@ def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
     missing = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'x'}", "model.name=fsl",
                       f"train.init_from={tmp_path / 'nowhere'}", *common, check=False)
     assert missing.returncode == 2 and "checkpoint path not found" in missing.stderr
+
+
+def test_init_from_a_plain_weights_file(tmp_path, data_cache):
+    """A state dict saved outside the trainer (as `tools/copy_drill.py --save` writes it: under
+    "model") starts a run with exactly those weights; a file that does not fit is named."""
+    import torch
+
+    common = [f"data.cache_dir={data_cache}", *TINY_DATA, *FS_TINY, "model.name=fs"]
+    cfg = load_config(REPO / "yamls/quickstart.yaml", common)
+    torch.manual_seed(7)
+    weights = build_model(cfg.model).state_dict()
+    torch.save({"args": {}, "step": 3, "model": weights}, tmp_path / "drill.pt")
+    run = tmp_path / "run"
+    proc = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={run}", f"train.init_from={tmp_path / 'drill.pt'}",
+                   "train.max_steps=1", "train.ckpt_every=1", "optim.lr=1e-9", *common)
+    assert "initialised weights from" in proc.stdout
+    trained = consolidated_state_dict(resolve_checkpoint(run))
+    # one step at lr 1e-9 leaves the loaded weights (not the run's own seeded init) in place
+    assert all(torch.allclose(trained[k], v.float(), atol=1e-6) for k, v in weights.items())
+    assert not torch.allclose(trained["embed.weight"], build_model(cfg.model).state_dict()["embed.weight"], atol=1e-3)
+
+    torch.save(build_model(load_config(REPO / "yamls/quickstart.yaml", [*common, "model.d_model=64"]).model)
+               .state_dict(), tmp_path / "wider.pt")
+    wrong = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'y'}",
+                    f"train.init_from={tmp_path / 'wider.pt'}", *common, check=False)
+    assert wrong.returncode == 2 and "does not fit model fs" in wrong.stderr and "size mismatch" in wrong.stderr
+    (tmp_path / "junk.pt").write_bytes(b"not a torch file")
+    junk = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'z'}",
+                   f"train.init_from={tmp_path / 'junk.pt'}", *common, check=False)
+    assert junk.returncode == 2 and "is not a readable torch file" in junk.stderr
