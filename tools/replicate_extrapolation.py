@@ -8,6 +8,11 @@ table (also written as JSON and markdown under the output directory).
 
     .venv/bin/python tools/replicate_extrapolation.py [--models tfpp,swa,fs,fsl] [--steps N]
 
+`--config yamls/replicate-extrapolation-128.yaml` trains at 128 tokens instead of 512, where
+the copy drill's models cross the induction plateau on a CPU; `--init-from
+runs/drill/{model}.pt` starts each model from weights the drill saved (`tools/copy_drill.py
+--save`, same model flags), so the corpus steps begin from a model that already copies.
+
 Expected shape (paper): the FS family keeps retrieving past the training length; TF++
 falls to near 0 beyond it; SWA cannot retrieve beyond its window.
 """
@@ -37,9 +42,9 @@ def ensure_tokenizer(spec: str, vocab_size: int) -> None:
                    cwd=REPO, check=True)
 
 
-def train(model: str, run_dir: Path, extra: list[str]) -> float:
+def train(config: Path, model: str, run_dir: Path, extra: list[str]) -> float:
     start = time.time()
-    cmd = [sys.executable, "-m", "fsframework", "train", str(CONFIG), f"model.name={model}", f"run_dir={run_dir}",
+    cmd = [sys.executable, "-m", "fsframework", "train", str(config), f"model.name={model}", f"run_dir={run_dir}",
            *extra]
     subprocess.run(cmd, cwd=REPO, check=True)
     return time.time() - start
@@ -110,12 +115,16 @@ def main() -> None:
     parser.add_argument("--multiples", default="1,2,4,8,16")
     parser.add_argument("--out", default="runs/replicate")
     parser.add_argument("--skip-train", action="store_true", help="evaluate existing runs only")
+    parser.add_argument("--config", default=str(CONFIG), help="the training config (all models)")
+    parser.add_argument("--init-from", default=None,
+                        help="train.init_from per model, '{model}' replaced by its name (e.g. runs/drill/{model}.pt)")
     parser.add_argument("overrides", nargs="*", help="training config overrides, e.g. optim.lr=1e-3")
     args = parser.parse_args()
 
     from fsframework.config import load_config
 
-    base = load_config(CONFIG, args.overrides)
+    config = Path(args.config).resolve()
+    base = load_config(config, args.overrides)
     train_len = base.data.seq_len
     lengths = [train_len * int(m) for m in args.multiples.split(",")]
     out_root = REPO / args.out
@@ -125,11 +134,12 @@ def main() -> None:
     for model in args.models.split(","):
         run_dir = out_root / model
         if not args.skip_train:
-            timing[model] = train(model, run_dir, extra)
+            init = [f"train.init_from={Path(args.init_from.format(model=model)).resolve()}"] if args.init_from else []
+            timing[model] = train(config, model, run_dir, [*extra, *init])
         result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
         table[model], copies[model] = result["scores"], result["copy_probe"]
-    summary = {"train_len": train_len, "lengths": lengths, "scores": table, "copy_probe": copies,
-               "train_seconds": timing, "overrides": extra}
+    summary = {"config": str(config), "init_from": args.init_from, "train_len": train_len, "lengths": lengths,
+               "scores": table, "copy_probe": copies, "train_seconds": timing, "overrides": extra}
     (out_root / "table.json").write_text(json.dumps(summary, indent=1))
     text = markdown(table, copies, lengths, train_len)
     (out_root / "table.md").write_text(text + "\n")

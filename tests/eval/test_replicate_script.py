@@ -29,6 +29,17 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
     table = (tmp_path / "rep" / "table.md").read_text()
     assert "| fsl | passkey |" in table and "256 (2x)" in table
 
+    # another config, each model starting from the weights of the run above ('{model}' filled in)
+    small = [a for a in cmd[cmd.index("model.d_model=32"):] if not a.startswith("model.attention")]
+    again = [sys.executable, "tools/replicate_extrapolation.py", "--config", "yamls/replicate-extrapolation-128.yaml",
+             "--models", "tfpp", "--steps", "1", "--num-samples", "2", "--multiples", "1",
+             "--init-from", str(tmp_path / "rep" / "{model}"), "--out", str(tmp_path / "again"), *small]
+    proc = subprocess.run(again, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"initialised weights from {tmp_path / 'rep' / 'tfpp'}" in " ".join(proc.stdout.split())  # rich wraps
+    summary = json.loads((tmp_path / "again" / "table.json").read_text())
+    assert summary["config"].endswith("replicate-extrapolation-128.yaml") and summary["lengths"] == [128]
+
     # the checkpoint carries its tokenizer: it still loads once the configured file is gone
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.train.checkpoint import load_model
