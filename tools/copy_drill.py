@@ -18,7 +18,9 @@ over as they grow? The onset is read at the longest probe length. At a probe len
 trained on, the passages are probed twice: scaled with the length (copies further back than
 in training) and as in training (the same distances in a longer sequence). `--save` keeps
 the model at every probe and `--init` continues from it (e.g. more steps past the onset, or
-other probes with `--steps 0`).
+other probes with `--steps 0`). `--routing` (FreeSolo models) also reports, at every probe, how
+often routing selects the cell holding the token a copy needs: the one part of FreeSolo that
+changes with the length.
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
@@ -38,7 +40,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch  # noqa: E402
+from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
+from fsframework.eval.routing import routing_recall  # noqa: E402
 
 
 class TorchEncoderLM(nn.Module):
@@ -121,35 +124,44 @@ def drill(args) -> list[dict]:
         # (the distance extrapolation that passkey retrieval at k x the training length needs)
         rows = max(1, min(16, 2048 // length))
         passage = longest_passage.get(length, max(last_passage * length // last_length, args.min_passage or 2))
-        probes[length] = [t.to(device) for t in repeat_batch(held_out, rows, length, args.draw, passage,
-                                                             args.min_passage)]
+        probes[length] = [t.to(device) for t in repeat_batch_with_sources(held_out, rows, length, args.draw, passage,
+                                                                          args.min_passage)]
         if length not in longest_passage:
             # and with the last stage's passages: the same distances in a longer sequence, which
             # separates "more tokens around" from "further back"
-            at_train_distances[length] = [t.to(device) for t in repeat_batch(held_out, rows, length, args.draw,
-                                                                             last_passage, args.min_passage)]
+            at_train_distances[length] = [t.to(device) for t in repeat_batch_with_sources(
+                held_out, rows, length, args.draw, last_passage, args.min_passage)]
     records, start, step = [], time.time(), first_step
     total = first_step + sum(steps for _, steps, _ in plan)
 
     def losses_on(batches: dict) -> dict[int, tuple[float, float]]:
         return {length: copy_losses(model(tokens[:, :-1]), tokens[:, 1:], first, second)
-                for length, (tokens, first, second) in batches.items()}
+                for length, (tokens, first, second, _) in batches.items()}
+
+    def routing_on(batches: dict, tag: str = "") -> dict[str, list[dict]]:
+        return {f"{length}{tag}": routing_recall(model, tokens[:, :-1], source)
+                for length, (tokens, _, _, source) in batches.items()}
 
     def probe(seq_len: int) -> None:
         model.eval()
         with torch.no_grad():
             by_length, near = losses_on(probes), losses_on(at_train_distances)
+            routing = {**routing_on(probes), **routing_on(at_train_distances, "@train")} if args.routing else {}
         model.train()
         first, second = by_length[lengths[-1]]
         records.append({"step": step, "seq_len": seq_len, "first": first, "second": second,
                         "by_length": {str(n): {"first": a, "second": b} for n, (a, b) in by_length.items()},
                         "at_train_distances": {str(n): {"first": a, "second": b} for n, (a, b) in near.items()},
-                        "seconds": time.time() - start})
+                        "routing": routing, "seconds": time.time() - start})
         losses = "  ".join(f"@{n}: {a:6.3f} / {b:6.3f}" + (f" (train distances {near[n][0]:6.3f} / {near[n][1]:6.3f})"
                                                           if n in near else "")
                            for n, (a, b) in by_length.items())
         print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
               f"{time.time() - start:7.0f}s", flush=True)
+        if routing:  # per probe, the layer whose best head finds the source cell most often
+            print("             routing recall (best head of the best layer / chance): " + "  ".join(
+                f"@{name}: {max(r['best_head'] for r in layers):.2f} / {layers[0]['chance']:.2f}"
+                for name, layers in routing.items()), flush=True)
         if args.save:
             save()
 
@@ -203,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save", default=None,
                         help="write the model here (torch.save) at every probe and at the end")
     parser.add_argument("--init", default=None, help="start from a model written by --save (same model flags)")
+    parser.add_argument("--routing", action="store_true",
+                        help="FreeSolo models: at every probe, how often routing selects the cell a copy reads "
+                             "(fsframework.eval.routing)")
     # FreeSolo sizes, scaled like yamls/replicate-extrapolation.yaml
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--cell-size", type=int, default=16)

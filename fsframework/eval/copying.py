@@ -26,25 +26,39 @@ def repeat_batch(gen: torch.Generator, batch: int, seq_len: int, draw: int, max_
     `first` marks tokens of first copies (unpredictable), `second` the tokens of second copies
     that copying predicts (all but a copy's first token, whose predecessor is the end of the
     first copy)."""
+    tokens, first, second, _ = repeat_batch_with_sources(gen, batch, seq_len, draw, max_passage, min_passage)
+    return tokens, first, second
+
+
+def repeat_batch_with_sources(gen: torch.Generator, batch: int, seq_len: int, draw: int, max_passage: int,
+                              min_passage: int | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`repeat_batch` (the same rows for the same generator state) plus `source [B, T]`: for each
+    target of `second`, the input position (into `tokens[:, :-1]`) of the token it copies, the
+    key an induction head must read; -1 elsewhere. A passage of n tokens puts it n - 1 back."""
     low = max(2, min_passage or max_passage // 4)
     if not 2 <= low <= max_passage:
         raise ValueError(f"passage lengths {low}..{max_passage} must be at least 2")
-    rows, firsts, seconds = [], [], []
+    rows, firsts, seconds, sources = [], [], [], []
     for _ in range(batch):
         tokens: list[int] = []
         first: list[bool] = []
         second: list[bool] = []
+        source: list[int] = []  # by token position p: where the token of p was drawn
         while len(tokens) < seq_len + 1:
             n = int(torch.randint(low, max_passage + 1, (), generator=gen))
             passage = torch.randint(0, draw, (n,), generator=gen).tolist()
+            start = len(tokens)
             tokens += passage + passage
             first += [True] * n + [False] * n
             second += [False] * (n + 1) + [True] * (n - 1)
+            source += [-1] * (n + 1) + list(range(start + 1, start + n))
         rows.append(tokens[:seq_len + 1])
         # masks are indexed by target position: target i is token i + 1
         firsts.append(first[1:seq_len + 1])
         seconds.append(second[1:seq_len + 1])
-    return torch.tensor(rows), torch.tensor(firsts), torch.tensor(seconds)
+        sources.append(source[1:seq_len + 1])
+    return torch.tensor(rows), torch.tensor(firsts), torch.tensor(seconds), torch.tensor(sources)
 
 
 def copy_losses(logits: torch.Tensor, targets: torch.Tensor, first: torch.Tensor,

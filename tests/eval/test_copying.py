@@ -122,12 +122,18 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     import runpy
 
     out = tmp_path / "drill.json"
-    argv = ["--model", "tfpp", "--steps", "2", "--every", "2", "--d-model", "32", "--layers", "2", "--heads", "2",
+    argv = ["--model", "fs", "--steps", "2", "--every", "2", "--d-model", "32", "--layers", "2", "--heads", "2",
             "--vocab", "256", "--draw", "64", "--seq-len", "32", "--max-passage", "8", "--batch-tokens", "128",
-            "--probe-lengths", "32,128", "--out", str(out)]
+            "--probe-lengths", "32,128", "--window", "4", "--cell-size", "4", "--block-size", "8", "--routing",
+            "--out", str(out)]
     runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
     records = json.loads(out.read_text())["records"]
     # the trained length is probed once; the untrained one with scaled and with training passages
     assert set(records[-1]["by_length"]) == {"32", "128"}
     assert set(records[-1]["at_train_distances"]) == {"128"}
     assert records[-1]["at_train_distances"]["128"] != records[-1]["by_length"]["128"]
+    # --routing: routing recall per layer on every probe
+    routing = records[-1]["routing"]
+    assert set(routing) == {"32", "128", "128@train"} and all(len(layers) == 2 for layers in routing.values())
+    assert routing["128"][0]["queries"] > routing["128@train"][0]["queries"] > 0  # scaled copies lie further back
+    assert 0 <= routing["128"][1]["best_head"] <= 1

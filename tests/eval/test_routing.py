@@ -1,0 +1,74 @@
+"""Routing recall: how often FreeSolo's routing selects the cell of the token a copy needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsframework.config import AttentionConfig, ModelConfig
+from fsframework.eval.copying import repeat_batch_with_sources
+from fsframework.eval.routing import routing_recall
+from fsframework.models.registry import build_model
+
+WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2
+
+
+def tiny(name: str):
+    torch.manual_seed(0)
+    attention = AttentionConfig(window=WINDOW, cell_size=CELL, block_size=BLOCK, top_k=TOP_K, retained_cells=3,
+                                recent_cells=1)
+    return build_model(ModelConfig(name=name, vocab_size=64, d_model=32, n_layers=2, n_heads=2,
+                                   attention=attention)).eval()
+
+
+def test_sources_point_at_the_token_each_second_copy_target_repeats():
+    tokens, _, second, source = repeat_batch_with_sources(torch.Generator().manual_seed(1), 3, 96, 64, 24, 6)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    assert torch.equal(source >= 0, second)
+    assert torch.equal(inputs.gather(1, source.clamp(min=0))[second], targets[second])
+    positions = torch.arange(96).expand_as(source)
+    assert bool((positions[second] - source[second] >= 1).all())  # a passage of n tokens: n - 1 back
+
+
+def test_recall_counts_the_queries_that_need_the_long_range_branch_and_checks_their_cells():
+    model = tiny("fs")
+    for layer in model.modules():
+        if hasattr(layer, "lam"):
+            layer.lam.zero_()
+            layer.wq.weight.data.zero_()  # every routing score is 0: ties pick the earliest TOP_K cells
+    tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(2), 4, 96, 64, 40, 12)
+    inputs = tokens[:, :-1]
+    counted = hits = 0
+    chance = []
+    for b in range(source.shape[0]):
+        for i in range(source.shape[1]):
+            j = int(source[b, i])
+            eligible = (i // BLOCK) * BLOCK // CELL
+            if j < 0 or i - j <= WINDOW or j // CELL >= eligible:
+                continue
+            counted += 1
+            hits += j // CELL < TOP_K
+            chance.append(min(1.0, TOP_K / eligible))
+    assert counted > 50 and 0 < hits < counted
+    for layer in routing_recall(model, inputs, source):
+        assert layer["queries"] == counted
+        assert layer["best_head"] == pytest.approx(hits / counted)
+        assert layer["any_head"] == pytest.approx(hits / counted)
+        assert layer["chance"] == pytest.approx(sum(chance) / counted)
+
+
+def test_recall_of_an_untrained_model_is_near_chance_and_fsl_is_measured_too():
+    tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(3), 8, 160, 64, 60, 20)
+    for name in ("fs", "fsl"):
+        layers = routing_recall(tiny(name), tokens[:, :-1], source)
+        assert len(layers) == 2
+        for layer in layers:
+            assert layer["queries"] > 200
+            assert 0 <= layer["best_head"] <= layer["any_head"] <= 1
+            assert abs(layer["best_head"] - layer["chance"]) < 0.2
+
+
+def test_recall_needs_a_freesolo_model():
+    tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(4), 1, 32, 64, 8)
+    with pytest.raises(ValueError, match="needs a FreeSolo model"):
+        routing_recall(tiny("tfpp"), tokens[:, :-1], source)
