@@ -41,7 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
-from fsframework.eval.routing import routing_recall  # noqa: E402
+from fsframework.eval.routing import freesolo_layers, routing_recall  # noqa: E402
 
 
 class TorchEncoderLM(nn.Module):
@@ -111,6 +111,9 @@ def drill(args) -> list[dict]:
         saved = torch.load(args.init, map_location=device, weights_only=True)
         model.load_state_dict(saved["model"])
         first_step = saved.get("step", 0)  # steps count on from the saved model's
+    if args.set_lam is not None:  # after loading: the prior weight is a buffer saved with the model
+        for layer in freesolo_layers(model):
+            layer.lam.fill_(args.set_lam)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     # training batches continue past those the saved model saw; the held-out probes stay the same
     data = torch.Generator().manual_seed(args.seed + 1_000_003 * first_step)
@@ -225,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--retained-cells", type=int, default=8)
     parser.add_argument("--recent-cells", type=int, default=2)
+    parser.add_argument("--set-lam", type=float, default=None,
+                        help="FreeSolo prior weight lambda for every head, also over an --init model "
+                             "(e.g. 0 with --steps 0: routing by content alone)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
