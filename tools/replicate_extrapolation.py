@@ -50,11 +50,13 @@ def train(config: Path, model: str, run_dir: Path, extra: list[str]) -> float:
     return time.time() - start
 
 
-def copy_probe(model, tokenizer, num_docs: int = 20, chars: int = 1200) -> tuple[float, float]:
+def copy_probe(model, tokenizer, train_len: int, num_docs: int = 20) -> tuple[float, float]:
     """Mean next-token loss on the first and on the second copy of a repeated passage of random
     words or numbers (held-out draws of the corpus's repeat documents). A model that copies from
     context scores far lower on the second copy; equal losses mean no in-context copying at all,
-    which no retrieval score can then overcome."""
+    which no retrieval score can then overcome. The documents scale with the training length
+    (1200 characters at 512 tokens: the second copy lies within the training length)."""
+    chars = 1200 * train_len // 512
     import random
 
     import torch
@@ -85,7 +87,7 @@ def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> 
 
     model, cfg = load_model(run_dir)
     torch.set_grad_enabled(False)
-    first, second = copy_probe(model, load_tokenizer(cfg.data.tokenizer))
+    first, second = copy_probe(model, load_tokenizer(cfg.data.tokenizer), cfg.data.seq_len)
     print(f"{run_dir.name}: copy probe, loss on the first copy {first:.2f}, on the second copy {second:.2f}")
     return {"copy_probe": {"first": first, "second": second}, **run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=TASKS, lengths=lengths,
                     num_samples=num_samples, seed=0, batch_size=num_samples, out_path=str(out),
