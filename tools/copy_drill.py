@@ -165,6 +165,7 @@ def drill(args) -> list[dict]:
             print("             routing recall (best head of the best layer / chance): " + "  ".join(
                 f"@{name}: {max(r['best_head'] for r in layers):.2f} / {layers[0]['chance']:.2f}"
                 for name, layers in routing.items()), flush=True)
+        write_records(args, records)  # at every probe: a stopped run keeps what it measured
         if args.save:
             save()
 
@@ -190,6 +191,13 @@ def drill(args) -> list[dict]:
     probe(plan[-1][0])  # and, with --save, the final model
     assert step == total
     return records
+
+
+def write_records(args, records: list[dict]) -> None:
+    if args.out:
+        tmp = Path(args.out).with_name(Path(args.out).name + ".tmp")
+        tmp.write_text(json.dumps({"args": vars(args), "records": records, "onset": copying_onset(records)}, indent=1))
+        tmp.replace(args.out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -240,8 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     at = f"at {max(int(n) for n in records[-1]['by_length'])} tokens"  # the onset's probe length
     print(f"{args.model}: " + (f"copies {at} from step {onset} (2nd-copy loss < half the 1st)" if onset is not None
                                else f"no copying {at} within {records[-1]['step']} steps (chance loss {chance:.2f})"))
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "records": records, "onset": onset}, indent=1))
+    write_records(args, records)
 
 
 if __name__ == "__main__":
