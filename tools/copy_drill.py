@@ -20,7 +20,8 @@ in training) and as in training (the same distances in a longer sequence). `--sa
 the model at every probe and `--init` continues from it (e.g. more steps past the onset, or
 other probes with `--steps 0`). `--routing` (FreeSolo models) also reports, at every probe, how
 often routing selects the cell holding the token a copy needs: the one part of FreeSolo that
-changes with the length.
+changes with the length. `--probe-routing random|off` probes with random cells or none instead:
+if a model copies as well without its routing, its copies do not come through routing.
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
@@ -29,6 +30,7 @@ GPU machine (`--device cuda`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -41,7 +43,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
-from fsframework.eval.routing import freesolo_layers, routing_recall  # noqa: E402
+from fsframework.eval.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_recall  # noqa: E402
 
 
 class TorchEncoderLM(nn.Module):
@@ -137,28 +139,40 @@ def drill(args) -> list[dict]:
     records, start, step = [], time.time(), first_step
     total = first_step + sum(steps for _, steps, _ in plan)
 
-    def losses_on(batches: dict) -> dict[int, tuple[float, float]]:
-        return {length: copy_losses(model(tokens[:, :-1]), tokens[:, 1:], first, second)
-                for length, (tokens, first, second, _) in batches.items()}
+    def losses_on(batches: dict) -> dict[str, dict[str, float]]:
+        """Per probe length: 1st- and 2nd-copy losses, and the 2nd-copy loss of the copies whose
+        source lies beyond `--window` (FreeSolo can read those only through routing)."""
+        out = {}
+        for length, (tokens, first, second, source) in batches.items():
+            logits, targets = model(tokens[:, :-1]), tokens[:, 1:]
+            far = second & (torch.arange(length, device=device) - source > args.window)
+            a, b = copy_losses(logits, targets, first, second)
+            out[str(length)] = {"first": a, "second": b,
+                                "beyond_window": copy_losses(logits, targets, first, far)[1] if far.any() else None}
+        return out
 
     def routing_on(batches: dict, tag: str = "") -> dict[str, list[dict]]:
         return {f"{length}{tag}": routing_recall(model, tokens[:, :-1], source)
                 for length, (tokens, _, _, source) in batches.items()}
 
+    def shown(losses: dict[str, float]) -> str:
+        far = losses["beyond_window"]
+        return f"{losses['first']:6.3f} / {losses['second']:6.3f}" + ("" if far is None else f" [beyond w {far:6.3f}]")
+
     def probe(seq_len: int) -> None:
         model.eval()
-        with torch.no_grad():
+        ablation = (routing_ablation(model, args.probe_routing) if args.probe_routing != "learned"
+                    else contextlib.nullcontext())
+        with torch.no_grad(), ablation:
             by_length, near = losses_on(probes), losses_on(at_train_distances)
             routing = {**routing_on(probes), **routing_on(at_train_distances, "@train")} if args.routing else {}
         model.train()
-        first, second = by_length[lengths[-1]]
-        records.append({"step": step, "seq_len": seq_len, "first": first, "second": second,
-                        "by_length": {str(n): {"first": a, "second": b} for n, (a, b) in by_length.items()},
-                        "at_train_distances": {str(n): {"first": a, "second": b} for n, (a, b) in near.items()},
-                        "routing": routing, "seconds": time.time() - start})
-        losses = "  ".join(f"@{n}: {a:6.3f} / {b:6.3f}" + (f" (train distances {near[n][0]:6.3f} / {near[n][1]:6.3f})"
-                                                          if n in near else "")
-                           for n, (a, b) in by_length.items())
+        longest = by_length[str(lengths[-1])]
+        records.append({"step": step, "seq_len": seq_len, "first": longest["first"], "second": longest["second"],
+                        "by_length": by_length, "at_train_distances": near, "routing": routing,
+                        "seconds": time.time() - start})
+        losses = "  ".join(f"@{n}: {shown(x)}" + (f" (train distances {shown(near[n])})" if n in near else "")
+                           for n, x in by_length.items())
         print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
               f"{time.time() - start:7.0f}s", flush=True)
         if routing:  # per probe, the layer whose best head finds the source cell most often
@@ -177,7 +191,7 @@ def drill(args) -> list[dict]:
     for seq_len, steps, passage in plan:
         batch = max(1, args.batch_tokens // seq_len)
         for _ in range(steps):
-            if step % args.every == 0:
+            if (step - first_step) % args.every == 0:  # a continued run probes its starting model first
                 probe(seq_len)
             tokens, _, _ = repeat_batch(data, batch, seq_len, args.draw, passage, args.min_passage)
             tokens = tokens.to(device)
@@ -236,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--retained-cells", type=int, default=8)
     parser.add_argument("--recent-cells", type=int, default=2)
+    parser.add_argument("--probe-routing", choices=("learned", *ABLATIONS), default="learned",
+                        help="FreeSolo models: probe with the learned routing, K random eligible cells, or none "
+                             "(long-range branch off); training always uses the learned one")
     parser.add_argument("--set-lam", type=float, default=None,
                         help="FreeSolo prior weight lambda for every head, also over an --init model "
                              "(e.g. 0 with --steps 0: routing by content alone)")

@@ -14,14 +14,23 @@ for the best single head and for any head, next to the chance rate `K / |eligibl
 a routing that picks K of the eligible cells at random (for FS-L too: its pruning keeps a
 cell available only by key norm, which knows nothing of the copy). Used by `tools/copy_drill.py --routing`.
 
+`routing_ablation(model, "random" | "off")` replaces the learned routing of every FreeSolo
+layer, in the full-sequence forward (not the decode cache or the sequence-parallel path):
+K random eligible cells, or none (the long-range branch then outputs 0, SPEC §1.6). If a
+model copies as well with random routing as with its own, its copies do not come through
+routing.
+
 Legend: B batch, N tokens, H heads, K top_k.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
-from fsframework.ops.freesolo import select_cells
+ABLATIONS = ("random", "off")
 
 
 def freesolo_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -51,13 +60,11 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
             hook.remove()
     out = []
     for index, layer in enumerate(layers):
-        a, name = layer.cfg.attention, layer.cfg.name
+        a = layer.cfg.attention
         q, k, _ = layer.project(inputs[id(layer)])
-        cells = select_cells(q, k, variant=name, cell_size=a.cell_size, block_size=a.block_size, top_k=a.top_k,
-                             sigma=layer.sigma, lam=layer.lam, recent_cells=a.recent_cells,
-                             retained_cells=a.retained_cells, impl=a.impl)  # B N H K
+        cells = layer.route(q, k)  # B N H K
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        eligible = (positions // a.block_size) * a.block_size // a.cell_size  # cells ending before the block
+        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device)
         src_cell = torch.div(source, a.cell_size, rounding_mode="floor")
         counted = (source >= 0) & (positions - source > a.window) & (src_cell < eligible)
         hit = (cells == src_cell[..., None, None]).any(dim=-1)[counted]  # queries x H
@@ -68,3 +75,55 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
                     "any_head": float(hit.any(dim=-1).float().mean()) if n else float("nan"),
                     "chance": float((a.top_k / eligible_counted).clamp(max=1.0).mean()) if n else float("nan")})
     return out
+
+
+def eligible_cells(seq_len: int, cell_size: int, block_size: int, device=None) -> torch.Tensor:
+    """`[N]`: how many cells each query may route to (the complete cells before its block)."""
+    positions = torch.arange(seq_len, device=device)
+    return (positions // block_size) * block_size // cell_size
+
+
+def random_cells(q: torch.Tensor, cell_size: int, block_size: int, top_k: int, generator: torch.Generator) -> torch.Tensor:
+    """`[B, N, H, K]`: K distinct cells drawn uniformly from each query's eligible cells (all of
+    them, -1 padded, where fewer are eligible), in `select_cells`' format."""
+    bsz, n, heads, _ = q.shape
+    cells = n // cell_size
+    if cells == 0:
+        return torch.full((bsz, n, heads, top_k), -1, dtype=torch.long, device=q.device)
+    scores = torch.rand(bsz, n, heads, cells, generator=generator).to(q.device)
+    allowed = torch.arange(cells, device=q.device) < eligible_cells(n, cell_size, block_size, q.device)[:, None]
+    scores = scores.masked_fill(~allowed[None, :, None, :], -1.0)
+    top = scores.topk(min(top_k, cells), dim=-1)
+    chosen = torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, -1))
+    if chosen.shape[-1] < top_k:
+        chosen = torch.cat((chosen, chosen.new_full((*chosen.shape[:-1], top_k - chosen.shape[-1]), -1)), dim=-1)
+    return chosen
+
+
+@contextmanager
+def routing_ablation(model: torch.nn.Module, mode: str, seed: int = 0) -> Iterator[None]:
+    """Within the block, every FreeSolo layer routes to K random eligible cells ("random") or to
+    none ("off"); the learned routing is restored on exit."""
+    if mode not in ABLATIONS:
+        raise ValueError(f"routing ablation must be one of {ABLATIONS}, got {mode!r}")
+    layers = freesolo_layers(model)
+    if not layers:
+        raise ValueError("a routing ablation needs a FreeSolo model (fs, fsl): this one has no routed attention")
+    generator = torch.Generator().manual_seed(seed)
+
+    def replacement(layer):
+        a = layer.cfg.attention
+
+        def route(q, k):
+            if mode == "off":
+                return torch.full((*q.shape[:3], a.top_k), -1, dtype=torch.long, device=q.device)
+            return random_cells(q, a.cell_size, a.block_size, a.top_k, generator)
+        return route
+
+    for layer in layers:
+        layer.route = replacement(layer)  # an instance attribute shadows the method
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.route

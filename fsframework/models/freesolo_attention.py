@@ -5,7 +5,7 @@ Legend: B batch, T time, D model width, H heads, Dh head width.
 
     q, k, v = x W_q, x W_k, x W_v                        (unrotated, [B, T, H, Dh])
     local   = sliding-window attention, RoPE inside       (SPEC §1.2)
-    LR      = long_range_attention(q, k, v), FS or FS-L   (SPEC §1.3-§1.6, NoPE, per-head RMSNorm gain)
+    LR      = cell_readout(q, k, v, route(q, k)), FS or FS-L  (SPEC §1.3-§1.6, NoPE, per-head RMSNorm gain)
     combine (after the readout RMSNorm, [choice] SPEC §1.1):
       sum          o = W_o(local + LR)
       gate         o = W_o(local + sigmoid(x W_g + b_g)_h * LR),  b_g = 0 at init
@@ -21,7 +21,7 @@ from torch import nn
 
 from fsframework.config import COMBINE_MODES, FREESOLO_MODELS, ModelConfig
 from fsframework.models.attention import QKVAttention
-from fsframework.ops.freesolo import long_range_attention
+from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.local_attention import sliding_window_attention
 
 
@@ -64,15 +64,22 @@ class FreeSoloAttention(QKVAttention):
             # a residual-branch output projection, scaled down with depth like `wo`
             nn.init.normal_(self.wo_lr.weight, std=self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers))
 
+    def route(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Unrotated q, k `[B, T, H, Dh]` -> the selected cells `[B, T, H, K]` (no gradient).
+        One method, so diagnostics (`fsframework.eval.routing`) can measure or replace it."""
+        a = self.cfg.attention
+        return select_cells(q, k, variant=self.cfg.name, cell_size=a.cell_size, block_size=a.block_size,
+                            top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
+                            retained_cells=a.retained_cells, impl=a.impl)
+
     def branches(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, T, D]` -> (local, LR), each `[B, T, H, Dh]`, before the combination."""
         a = self.cfg.attention
         q, k, v = self.project(x)
         local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
-        long_range = long_range_attention(
-            q, k, v, rms_weight=self.lr_norm_weight, impl=a.impl, variant=self.cfg.name, cell_size=a.cell_size,
-            block_size=a.block_size, top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
-            retained_cells=a.retained_cells)
+        # long_range_attention(q, k, v, ...) in two steps
+        long_range = cell_readout(q, k, v, self.route(q, k), cell_size=a.cell_size, rms_weight=self.lr_norm_weight,
+                                  impl=a.impl)
         return local, long_range
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

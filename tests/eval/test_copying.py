@@ -142,3 +142,8 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     main([*argv[:argv.index("--out")], "--steps", "0", "--set-lam", "0", "--out", str(tmp_path / "lam0.json")])
     content_only = json.loads((tmp_path / "lam0.json").read_text())["records"][0]
     assert content_only["by_length"]["128"] != json.loads(out.read_text())["records"][0]["by_length"]["128"]
+    # --probe-routing off: the long-range branch reads nothing, which changes the losses
+    main([*argv[:argv.index("--out")], "--steps", "0", "--probe-routing", "off", "--out", str(tmp_path / "off.json")])
+    off = json.loads((tmp_path / "off.json").read_text())["records"][0]["by_length"]["128"]
+    assert off != json.loads(out.read_text())["records"][0]["by_length"]["128"]
+    assert off["beyond_window"] is not None

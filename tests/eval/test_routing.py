@@ -7,7 +7,7 @@ import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.copying import repeat_batch_with_sources
-from fsframework.eval.routing import routing_recall
+from fsframework.eval.routing import eligible_cells, freesolo_layers, routing_ablation, routing_recall
 from fsframework.models.registry import build_model
 
 WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2
@@ -72,3 +72,34 @@ def test_recall_needs_a_freesolo_model():
     tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(4), 1, 32, 64, 8)
     with pytest.raises(ValueError, match="needs a FreeSolo model"):
         routing_recall(tiny("tfpp"), tokens[:, :-1], source)
+
+
+def test_ablations_replace_the_routing_and_restore_it():
+    model = tiny("fs")
+    tokens = torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        learned = model(tokens)
+        layer = freesolo_layers(model)[0]
+        x = torch.randn(2, 48, 32)
+        with routing_ablation(model, "off"):
+            _, long_range = layer.branches(x)
+            assert torch.equal(long_range, torch.zeros_like(long_range))  # nothing selected: LR = 0
+            off = model(tokens)
+        with routing_ablation(model, "random"):
+            q, k, _ = layer.project(x)
+            cells = layer.route(q, k)
+            eligible = eligible_cells(48, CELL, BLOCK)
+            for i in range(48):
+                chosen = cells[0, i, 0].tolist()
+                picked = [c for c in chosen if c >= 0]
+                assert len(picked) == min(TOP_K, int(eligible[i])) and len(set(picked)) == len(picked)
+                assert all(0 <= c < eligible[i] for c in picked)
+            shuffled = model(tokens)
+        again = model(tokens)
+    assert torch.equal(again, learned)  # the learned routing is back
+    assert not torch.allclose(off, learned) and not torch.allclose(shuffled, learned)
+    # the first block routes nowhere in every mode, so its outputs agree
+    torch.testing.assert_close(off[:, :BLOCK], learned[:, :BLOCK])
+    with pytest.raises(ValueError, match="must be one of"):
+        with routing_ablation(model, "oracle"):
+            pass
