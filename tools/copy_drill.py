@@ -139,16 +139,22 @@ def drill(args) -> list[dict]:
     records, start, step = [], time.time(), first_step
     total = first_step + sum(steps for _, steps, _ in plan)
 
+    # the furthest back any training copy lies: a passage of n tokens is copied from n - 1 back
+    trained_distance = max(passage for _, _, passage in plan) - 1
+
     def losses_on(batches: dict) -> dict[str, dict[str, float]]:
-        """Per probe length: 1st- and 2nd-copy losses, and the 2nd-copy loss of the copies whose
-        source lies beyond `--window` (FreeSolo can read those only through routing)."""
+        """Per probe length: 1st- and 2nd-copy losses, and the 2nd-copy losses of the copies whose
+        source lies beyond `--window` (FreeSolo reads those only through its long-range branch)
+        and beyond every training distance (pure distance extrapolation)."""
         out = {}
         for length, (tokens, first, second, source) in batches.items():
             logits, targets = model(tokens[:, :-1]), tokens[:, 1:]
-            far = second & (torch.arange(length, device=device) - source > args.window)
+            back = torch.arange(length, device=device) - source
             a, b = copy_losses(logits, targets, first, second)
-            out[str(length)] = {"first": a, "second": b,
-                                "beyond_window": copy_losses(logits, targets, first, far)[1] if far.any() else None}
+            out[str(length)] = {"first": a, "second": b}
+            for name, limit in (("beyond_window", args.window), ("beyond_training", trained_distance)):
+                far = second & (back > limit)
+                out[str(length)][name] = copy_losses(logits, targets, first, far)[1] if far.any() else None
         return out
 
     def routing_on(batches: dict, tag: str = "") -> dict[str, list[dict]]:
@@ -156,8 +162,11 @@ def drill(args) -> list[dict]:
                 for length, (tokens, _, _, source) in batches.items()}
 
     def shown(losses: dict[str, float]) -> str:
-        far = losses["beyond_window"]
-        return f"{losses['first']:6.3f} / {losses['second']:6.3f}" + ("" if far is None else f" [beyond w {far:6.3f}]")
+        text = f"{losses['first']:6.3f} / {losses['second']:6.3f}"
+        for name, tag in (("beyond_window", "beyond w"), ("beyond_training", "beyond training")):
+            if losses[name] is not None:
+                text += f" [{tag} {losses[name]:6.3f}]"
+        return text
 
     def probe(seq_len: int) -> None:
         model.eval()

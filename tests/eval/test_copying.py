@@ -132,6 +132,10 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     assert set(records[-1]["by_length"]) == {"32", "128"}
     assert set(records[-1]["at_train_distances"]) == {"128"}
     assert records[-1]["at_train_distances"]["128"] != records[-1]["by_length"]["128"]
+    # scaled passages put copies further back than any training copy (passages of 8: 7 back)
+    assert records[-1]["by_length"]["128"]["beyond_training"] is not None
+    assert records[-1]["at_train_distances"]["128"]["beyond_training"] is None
+    assert records[-1]["by_length"]["32"]["beyond_window"] is not None  # passages of 5..8 lie beyond a window of 4
     # --routing: routing recall per layer on every probe
     routing = records[-1]["routing"]
     assert set(routing) == {"32", "128", "128@train"} and all(len(layers) == 2 for layers in routing.values())
