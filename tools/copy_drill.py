@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="FreeSolo prior weight lambda for every head, also over an --init model "
                              "(e.g. 0 with --steps 0: routing by content alone)")
     args = parser.parse_args(argv)
+    if args.model not in ("fs", "fsl") and (args.routing or args.probe_routing != "learned" or args.set_lam is not None):
+        raise SystemExit(f"--routing, --probe-routing and --set-lam need a FreeSolo model (fs, fsl), not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = drill(args)
@@ -274,7 +276,6 @@ def main(argv: list[str] | None = None) -> None:
     at = f"at {max(int(n) for n in records[-1]['by_length'])} tokens"  # the onset's probe length
     print(f"{args.model}: " + (f"copies {at} from step {onset} (2nd-copy loss < half the 1st)" if onset is not None
                                else f"no copying {at} within {records[-1]['step']} steps (chance loss {chance:.2f})"))
-    write_records(args, records)
 
 
 if __name__ == "__main__":

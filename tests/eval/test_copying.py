@@ -93,6 +93,8 @@ def test_copy_drill_schedule_grows_the_length_and_probes_first_and_last(tmp_path
     assert records[-1]["first"] == records[-1]["by_length"]["64"]["first"]
     with pytest.raises(SystemExit, match="LENGTH:STEPS"):
         runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--schedule", "64-2"])
+    with pytest.raises(SystemExit, match="need a FreeSolo model"):
+        runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--model", "tfpp", "--routing"])
 
 
 def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
