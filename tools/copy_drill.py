@@ -19,8 +19,9 @@ trained on, the passages are probed twice: scaled with the length (copies furthe
 in training) and as in training (the same distances in a longer sequence). `--save` keeps
 the model at every probe and `--init` continues from it (e.g. more steps past the onset, or
 other probes with `--steps 0`). `--routing` (FreeSolo models) also reports, at every probe, how
-often routing selects the cell holding the token a copy needs: the one part of FreeSolo that
-changes with the length. `--probe-routing random|off` probes with random cells or none instead:
+often routing selects the cell holding the token a copy needs (and, looser, a cell of the
+passage's first copy, or one whose positions can already hold the source token through the
+local windows below): the one part of FreeSolo that changes with the length. `--probe-routing random|off` probes with random cells or none instead:
 if a model copies as well without its routing, its copies do not come through routing.
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
@@ -184,13 +185,18 @@ def drill(args) -> list[dict]:
                            for n, x in by_length.items())
         print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
               f"{time.time() - start:7.0f}s", flush=True)
-        if routing:  # per probe, the layer whose best head finds the source cell most often
-            print("             routing recall (best head of the best layer / chance): " + "  ".join(
-                f"@{name}: {max(r['best_head'] for r in layers):.2f} / {layers[0]['chance']:.2f}"
-                for name, layers in routing.items()), flush=True)
+        if routing:  # per probe and target, the layer whose best head finds it most often
+            print("             routing recall (best head of the best layer / chance; source cell, passage, reach):"
+                  + "".join(f"\n               @{name}: " + "  ".join(best_layer(layers, prefix) for prefix in
+                                                               ("", "passage_", "reach_"))
+                            for name, layers in routing.items()), flush=True)
         write_records(args, records)  # at every probe: a stopped run keeps what it measured
         if args.save:
             save()
+
+    def best_layer(layers: list[dict], prefix: str) -> str:
+        layer = max(layers, key=lambda r: r[f"{prefix}best_head"])
+        return f"{layer[f'{prefix}best_head']:.2f} / {layer[f'{prefix}chance']:.2f}"
 
     def save() -> None:  # written whole, then renamed: a killed run never leaves half a file
         tmp = Path(args.save).with_name(Path(args.save).name + ".tmp")

@@ -14,6 +14,14 @@ for the best single head and for any head, next to the chance rate `K / |eligibl
 a routing that picks K of the eligible cells at random (for FS-L too: its pruning keeps a
 cell available only by key norm, which knows nothing of the copy). Used by `tools/copy_drill.py --routing`.
 
+The source's cell is the strictest target. Two looser ones say what a routing that rarely
+hits it does select instead, each with its own chance rate (`1 - C(E - m, K) / C(E, K)` for m
+of the E eligible cells in the span):
+- `passage_*`: a selected cell overlaps the first copy of the passage being copied;
+- `reach_*`: a selected cell overlaps `[source, source + layer * window]`, the positions whose
+  input to this layer can already hold the source token through the local windows of the
+  layers below (layer 0: the source's cell only).
+
 `routing_ablation(model, "random" | "off")` replaces the learned routing of every FreeSolo
 layer, in the full-sequence forward (not the decode cache or the sequence-parallel path):
 K random eligible cells, or none (the long-range branch then outputs 0, SPEC §1.6). If a
@@ -47,7 +55,8 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
     copied from, -1 where none (`repeat_batch_with_sources`). Only queries that must read
     their source through the long-range branch count: further back than the window, in a
     cell eligible for the query's block. Returns one dict per layer with `queries` (how many
-    counted), `best_head` / `any_head` recall and `chance`."""
+    counted), `best_head` / `any_head` recall and `chance`, and the same for the passage and
+    the reach spans (`passage_best_head`, ..., `reach_chance`; module docstring)."""
     layers = freesolo_layers(model)
     if not layers:
         raise ValueError("routing recall needs a FreeSolo model (fs, fsl): this one has no routed attention")
@@ -58,23 +67,56 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
     finally:
         for hook in hooks:
             hook.remove()
+    first_copy = first_copy_start(source)
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
     out = []
     for index, layer in enumerate(layers):
         a = layer.cfg.attention
         q, k, _ = layer.project(inputs[id(layer)])
         cells = layer.route(q, k)  # B N H K
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device)
-        src_cell = torch.div(source, a.cell_size, rounding_mode="floor")
-        counted = (source >= 0) & (positions - source > a.window) & (src_cell < eligible)
-        hit = (cells == src_cell[..., None, None]).any(dim=-1)[counted]  # queries x H
-        eligible_counted = eligible.expand_as(source)[counted].float()
+        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device).expand_as(source)
+        counted = (source >= 0) & (positions - source > a.window) & (source // a.cell_size < eligible)
         n = int(counted.sum())
-        out.append({"layer": index, "queries": n,
-                    "best_head": float(hit.float().mean(dim=0).max()) if n else float("nan"),
-                    "any_head": float(hit.any(dim=-1).float().mean()) if n else float("nan"),
-                    "chance": float((a.top_k / eligible_counted).clamp(max=1.0).mean()) if n else float("nan")})
+        passage_length = positions + 1 - source  # a passage of n tokens is copied from n - 1 back
+        spans = {"": (source, source + 1),
+                 "passage_": (first_copy, first_copy + passage_length),
+                 "reach_": (source, source + index * a.window + 1)}
+        record = {"layer": index, "queries": n}
+        for prefix, (lo, hi) in spans.items():
+            hit, chance = _span_hits(cells[counted], lo[counted], hi[counted], eligible[counted], a.cell_size, a.top_k)
+            record.update({f"{prefix}best_head": float(hit.float().mean(dim=0).max()) if n else float("nan"),
+                           f"{prefix}any_head": float(hit.any(dim=-1).float().mean()) if n else float("nan"),
+                           f"{prefix}chance": float(chance.mean()) if n else float("nan")})
+        out.append(record)
     return out
+
+
+def first_copy_start(source: torch.Tensor) -> torch.Tensor:
+    """`[B, N]`: for each second-copy query (`source >= 0`), the position where the first copy of
+    its passage begins; -1 elsewhere. Within a passage's second copy the sources run on by one,
+    and the first predictable target copies the passage's second token, so the copy begins one
+    before the source of the run's first query."""
+    previous = torch.cat((source.new_full((source.shape[0], 1), -2), source[:, :-1]), dim=1)
+    run_begins = (source >= 0) & (previous != source - 1)
+    index = torch.arange(source.shape[1], device=source.device).expand_as(source)
+    run_first = torch.where(run_begins, index, torch.zeros_like(index)).cummax(dim=1).values
+    return torch.where(source >= 0, source.gather(1, run_first) - 1, torch.full_like(source, -1))
+
+
+def _span_hits(cells: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, eligible: torch.Tensor, cell_size: int,
+               top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cells `[Q, H, K]`, token spans `[lo, hi)` and eligible-cell counts `[Q]` -> whether a head
+    selected a cell overlapping the span `[Q, H]`, and the chance that K random eligible cells
+    do `[Q]`."""
+    first, last = lo // cell_size, torch.minimum((hi - 1) // cell_size, eligible - 1)
+    hit = ((cells >= first[:, None, None]) & (cells <= last[:, None, None])).any(dim=-1)
+    in_span = (last - first + 1).clamp(min=0).double()
+    total = eligible.double()
+    miss = torch.ones_like(total)  # C(E - m, K) / C(E, K) as a product of K ratios
+    for i in range(top_k):  # past E draws every eligible cell is taken, and the span holds one
+        ratio = ((total - in_span - i) / (total - i).clamp(min=1)).clamp(min=0)
+        miss = miss * torch.where(total - i > 0, ratio, torch.zeros_like(ratio))
+    return hit, (1 - miss).float()
 
 
 def eligible_cells(seq_len: int, cell_size: int, block_size: int, device=None) -> torch.Tensor:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.copying import repeat_batch_with_sources
-from fsframework.eval.routing import eligible_cells, freesolo_layers, routing_ablation, routing_recall
+from fsframework.eval.routing import (eligible_cells, first_copy_start, freesolo_layers, routing_ablation,
+                                     routing_recall)
 from fsframework.models.registry import build_model
 
 WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2
@@ -55,6 +58,59 @@ def test_recall_counts_the_queries_that_need_the_long_range_branch_and_checks_th
         assert layer["best_head"] == pytest.approx(hits / counted)
         assert layer["any_head"] == pytest.approx(hits / counted)
         assert layer["chance"] == pytest.approx(sum(chance) / counted)
+
+
+def chance_of_span(first_cell: int, last_cell: int, eligible: int) -> float:
+    """K random distinct cells of `eligible`: the chance one lies in first_cell..last_cell."""
+    inside = min(last_cell, eligible - 1) - first_cell + 1
+    return 1 - math.comb(eligible - inside, TOP_K) / math.comb(eligible, TOP_K)
+
+
+def test_passage_and_reach_recall_count_cells_of_the_first_copy_and_of_the_positions_holding_the_source():
+    model = tiny("fs")
+    for layer in model.modules():
+        if hasattr(layer, "lam"):
+            layer.lam.zero_()
+            layer.wq.weight.data.zero_()  # ties: every query selects cells 0..TOP_K-1
+    tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(6), 4, 96, 64, 40, 12)
+    starts = first_copy_start(source)
+    expected = {"passage": [0, [], 0], "reach0": [0, [], 0], "reach1": [0, [], 0]}
+    for b in range(source.shape[0]):
+        for i in range(source.shape[1]):
+            j = int(source[b, i])
+            eligible = (i // BLOCK) * BLOCK // CELL
+            if j < 0 or i - j <= WINDOW or j // CELL >= eligible:
+                continue
+            start, n = int(starts[b, i]), i + 1 - j
+            spans = {"passage": (start, start + n - 1), "reach0": (j, j), "reach1": (j, j + WINDOW)}
+            for name, (lo, hi) in spans.items():
+                expected[name][0] += lo // CELL < TOP_K  # the span meets one of cells 0..TOP_K-1
+                expected[name][1].append(chance_of_span(lo // CELL, hi // CELL, eligible))
+                expected[name][2] += 1
+    layers = routing_recall(model, tokens[:, :-1], source)
+    for name, layer in (("passage", layers[0]), ("passage", layers[1]), ("reach0", layers[0]), ("reach1", layers[1])):
+        hits, chances, counted = expected[name]
+        prefix = name.rstrip("01") + "_"
+        assert layer[f"{prefix}best_head"] == pytest.approx(hits / counted)
+        assert layer[f"{prefix}any_head"] == pytest.approx(hits / counted)
+        assert layer[f"{prefix}chance"] == pytest.approx(sum(chances) / counted)
+    assert layers[1]["reach_chance"] > layers[1]["chance"]  # layer 1 reaches W more tokens
+    assert layers[0]["passage_chance"] > layers[0]["chance"]
+
+
+def test_first_copy_start_finds_where_each_copied_passage_began():
+    # two passages [5 6 7] and [8 9], each followed by itself; targets are tokens[1:]
+    source = torch.tensor([[-1, -1, -1, 1, 2, -1, -1, -1, 7, -1]])
+    assert first_copy_start(source).tolist() == [[-1, -1, -1, 0, 0, -1, -1, -1, 6, -1]]
+    tokens, _, second, source = repeat_batch_with_sources(torch.Generator().manual_seed(7), 3, 120, 64, 30, 4)
+    starts, positions = first_copy_start(source), torch.arange(120).expand_as(source)
+    n = positions + 1 - source
+    for b, i in second.nonzero().tolist():
+        s, length = int(starts[b, i]), int(n[b, i])
+        assert s < int(source[b, i]) < s + length
+        row = tokens[b].tolist()  # the first copy and the second copy (perhaps cut at the row end) agree
+        shown = min(length, len(row) - s - length)
+        assert shown >= 2 and row[s:s + shown] == row[s + length:s + length + shown]
 
 
 def test_recall_of_an_untrained_model_is_near_chance_and_fsl_is_measured_too():
