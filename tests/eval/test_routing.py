@@ -24,6 +24,25 @@ def tiny(name: str):
                                    attention=attention)).eval()
 
 
+def tied_routing(model):
+    """Every routing score 0: ties pick the earliest TOP_K cells for every query."""
+    for layer in model.modules():
+        if hasattr(layer, "lam"):
+            layer.lam.zero_()
+            layer.wq.weight.data.zero_()
+    return model
+
+
+def counted_queries(source):
+    """(row, query, source, eligible cells) of the queries recall counts, by the definition."""
+    for b in range(source.shape[0]):
+        for i in range(source.shape[1]):
+            j = int(source[b, i])
+            eligible = (i // BLOCK) * BLOCK // CELL
+            if j >= 0 and i - j > WINDOW and j // CELL < eligible:
+                yield b, i, j, eligible
+
+
 def test_sources_point_at_the_token_each_second_copy_target_repeats():
     tokens, _, second, source = repeat_batch_with_sources(torch.Generator().manual_seed(1), 3, 96, 64, 24, 6)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -34,24 +53,15 @@ def test_sources_point_at_the_token_each_second_copy_target_repeats():
 
 
 def test_recall_counts_the_queries_that_need_the_long_range_branch_and_checks_their_cells():
-    model = tiny("fs")
-    for layer in model.modules():
-        if hasattr(layer, "lam"):
-            layer.lam.zero_()
-            layer.wq.weight.data.zero_()  # every routing score is 0: ties pick the earliest TOP_K cells
+    model = tied_routing(tiny("fs"))
     tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(2), 4, 96, 64, 40, 12)
     inputs = tokens[:, :-1]
     counted = hits = 0
     chance = []
-    for b in range(source.shape[0]):
-        for i in range(source.shape[1]):
-            j = int(source[b, i])
-            eligible = (i // BLOCK) * BLOCK // CELL
-            if j < 0 or i - j <= WINDOW or j // CELL >= eligible:
-                continue
-            counted += 1
-            hits += j // CELL < TOP_K
-            chance.append(min(1.0, TOP_K / eligible))
+    for _, _, j, eligible in counted_queries(source):
+        counted += 1
+        hits += j // CELL < TOP_K
+        chance.append(min(1.0, TOP_K / eligible))
     assert counted > 50 and 0 < hits < counted
     for layer in routing_recall(model, inputs, source):
         assert layer["queries"] == counted
@@ -67,26 +77,17 @@ def chance_of_span(first_cell: int, last_cell: int, eligible: int) -> float:
 
 
 def test_passage_and_reach_recall_count_cells_of_the_first_copy_and_of_the_positions_holding_the_source():
-    model = tiny("fs")
-    for layer in model.modules():
-        if hasattr(layer, "lam"):
-            layer.lam.zero_()
-            layer.wq.weight.data.zero_()  # ties: every query selects cells 0..TOP_K-1
+    model = tied_routing(tiny("fs"))
     tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(6), 4, 96, 64, 40, 12)
     starts = first_copy_start(source)
     expected = {"passage": [0, [], 0], "reach0": [0, [], 0], "reach1": [0, [], 0]}
-    for b in range(source.shape[0]):
-        for i in range(source.shape[1]):
-            j = int(source[b, i])
-            eligible = (i // BLOCK) * BLOCK // CELL
-            if j < 0 or i - j <= WINDOW or j // CELL >= eligible:
-                continue
-            start, n = int(starts[b, i]), i + 1 - j
-            spans = {"passage": (start, start + n - 1), "reach0": (j, j), "reach1": (j, j + WINDOW)}
-            for name, (lo, hi) in spans.items():
-                expected[name][0] += lo // CELL < TOP_K  # the span meets one of cells 0..TOP_K-1
-                expected[name][1].append(chance_of_span(lo // CELL, hi // CELL, eligible))
-                expected[name][2] += 1
+    for b, i, j, eligible in counted_queries(source):
+        start, n = int(starts[b, i]), i + 1 - j
+        spans = {"passage": (start, start + n - 1), "reach0": (j, j), "reach1": (j, j + WINDOW)}
+        for name, (lo, hi) in spans.items():  # inclusive token spans
+            expected[name][0] += lo // CELL < TOP_K  # the span meets one of cells 0..TOP_K-1
+            expected[name][1].append(chance_of_span(lo // CELL, hi // CELL, eligible))
+            expected[name][2] += 1
     layers = routing_recall(model, tokens[:, :-1], source)
     for name, layer in (("passage", layers[0]), ("passage", layers[1]), ("reach0", layers[0]), ("reach1", layers[1])):
         hits, chances, counted = expected[name]
