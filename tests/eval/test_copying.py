@@ -143,6 +143,8 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     assert set(routing) == {"32", "128", "128@train"} and all(len(layers) == 2 for layers in routing.values())
     assert routing["128"][0]["queries"] > routing["128@train"][0]["queries"] > 0  # scaled copies lie further back
     assert 0 <= routing["128"][1]["best_head"] <= 1
+    assert routing["128"][1]["chance"] <= routing["128"][1]["reach_chance"]  # the reach holds the source's cell
+    assert routing["128"][1]["chance"] <= routing["128"][1]["passage_chance"]
     # --set-lam 0: the same probes routed by content alone (no norm prior) give other losses
     main = runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"]
     main([*argv[:argv.index("--out")], "--steps", "0", "--set-lam", "0", "--out", str(tmp_path / "lam0.json")])
