@@ -112,7 +112,13 @@ def drill(args) -> list[dict]:
     first_step = 0
     if args.init:  # continue from a saved drill model (same model flags), with a fresh optimizer
         saved = torch.load(args.init, map_location=device, weights_only=True)
-        model.load_state_dict(saved["model"])
+        # --init-shared: a model of another kind (TF++ weights into FS); the tensors only this
+        # model has (FreeSolo's readout gain, sigma, lam) stay as initialised. Shapes must fit.
+        missing, unexpected = model.load_state_dict(saved["model"], strict=not args.init_shared)
+        if unexpected:
+            raise SystemExit(f"--init {args.init}: tensors this model does not have: {', '.join(unexpected)}")
+        if missing:
+            print(f"--init-shared: kept at their initialisation: {', '.join(missing)}", flush=True)
         first_step = saved.get("step", 0)  # steps count on from the saved model's
     if args.set_lam is not None:  # after loading: the prior weight is a buffer saved with the model
         for layer in freesolo_layers(model):
@@ -255,6 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--save", default=None,
                         help="write the model here (torch.save) at every probe and at the end")
     parser.add_argument("--init", default=None, help="start from a model written by --save (same model flags)")
+    parser.add_argument("--init-shared", action="store_true",
+                        help="--init from another kind of model (e.g. TF++ weights into FS): load the tensors "
+                             "both have, keep the rest at their initialisation")
     parser.add_argument("--routing", action="store_true",
                         help="FreeSolo models: at every probe, how often routing selects the cell a copy reads "
                              "(fsframework.eval.routing)")

@@ -118,6 +118,17 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
           "--out", str(tmp_path / "c.json")])
     assert [r["step"] for r in json.loads((tmp_path / "c.json").read_text())["records"]] == [4, 6]
     assert torch.load(tmp_path / "more.pt", weights_only=True)["step"] == 6
+    # --init-shared: the TF++ weights start an FS model; FreeSolo's own tensors keep their init
+    fs = [*small[:1], "fs", *small[2:]]
+    with pytest.raises(RuntimeError, match="Missing key"):
+        main([*fs, "--steps", "0", "--init", str(tmp_path / "drill.pt")])
+    main([*fs, "--steps", "0", "--init", str(tmp_path / "drill.pt"), "--init-shared", "--save", str(tmp_path / "fs.pt")])
+    tfpp, upcycled = (torch.load(tmp_path / name, weights_only=True)["model"] for name in ("drill.pt", "fs.pt"))
+    assert all(torch.equal(tensor, upcycled[name]) for name, tensor in tfpp.items())
+    assert set(upcycled) - set(tfpp) and all(torch.equal(upcycled[name], torch.ones_like(upcycled[name]))
+                                             for name in upcycled if name.endswith("lr_norm_weight"))
+    with pytest.raises(SystemExit, match="does not have"):  # an FS model's extras do not fit TF++
+        main([*small, "--steps", "0", "--init", str(tmp_path / "fs.pt"), "--init-shared"])
 
 
 def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances(tmp_path):
