@@ -21,8 +21,9 @@ the model at every probe and `--init` continues from it (e.g. more steps past th
 other probes with `--steps 0`). `--routing` (FreeSolo models) also reports, at every probe, how
 often routing selects the cell holding the token a copy needs (and, looser, a cell of the
 passage's first copy, or one whose positions can already hold the source token through the
-local windows below): the one part of FreeSolo that changes with the length. `--probe-routing random|off` probes with random cells or none instead:
-if a model copies as well without its routing, its copies do not come through routing.
+local windows below): the one part of FreeSolo that changes with the length.
+`--probe-routing random|off` probes with random cells or none instead: if a model copies as
+well without its routing, its copies do not come through routing.
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
@@ -281,8 +282,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="FreeSolo prior weight lambda for every head, also over an --init model "
                              "(e.g. 0 with --steps 0: routing by content alone)")
     args = parser.parse_args(argv)
-    if args.model not in ("fs", "fsl") and (args.routing or args.probe_routing != "learned" or args.set_lam is not None):
-        raise SystemExit(f"--routing, --probe-routing and --set-lam need a FreeSolo model (fs, fsl), not {args.model!r}")
+    from fsframework.config import FREESOLO_MODELS
+
+    if args.model not in FREESOLO_MODELS and (args.routing or args.probe_routing != "learned"
+                                              or args.set_lam is not None):
+        raise SystemExit(f"--routing, --probe-routing and --set-lam need a FreeSolo model {FREESOLO_MODELS}, "
+                         f"not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = drill(args)

@@ -113,9 +113,8 @@ def _span_hits(cells: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, eligible
     in_span = (last - first + 1).clamp(min=0).double()
     total = eligible.double()
     miss = torch.ones_like(total)  # C(E - m, K) / C(E, K) as a product of K ratios
-    for i in range(top_k):  # past E draws every eligible cell is taken, and the span holds one
-        ratio = ((total - in_span - i) / (total - i).clamp(min=1)).clamp(min=0)
-        miss = miss * torch.where(total - i > 0, ratio, torch.zeros_like(ratio))
+    for i in range(top_k):  # past E draws every eligible cell is taken: the ratio clamps to 0
+        miss = miss * ((total - in_span - i) / (total - i).clamp(min=1)).clamp(min=0)
     return hit, (1 - miss).float()
 
 
