@@ -110,6 +110,10 @@ def drill(args) -> list[dict]:
     plan = stages(args)
     lengths = probe_lengths(args, plan)
     model = build(args, max(lengths + [length for length, _, _ in plan])).to(device)
+    if args.readout_gain is not None:  # before loading: an --init model's own gains replace it
+        with torch.no_grad():
+            for layer in freesolo_layers(model):
+                layer.lr_norm_weight.fill_(args.readout_gain)
     first_step = 0
     if args.init:  # continue from a saved drill model (same model flags), with a fresh optimizer
         saved = torch.load(args.init, map_location=device, weights_only=True)
@@ -281,12 +285,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set-lam", type=float, default=None,
                         help="FreeSolo prior weight lambda for every head, also over an --init model "
                              "(e.g. 0 with --steps 0: routing by content alone)")
+    parser.add_argument("--readout-gain", type=float, default=None,
+                        help="FreeSolo models: initial gain of the long-range readout RMSNorm (default 1). "
+                             "With --init-shared from TF++ weights, 0 starts FS as TF++ inside the window: "
+                             "the long-range branch enters only as its gain grows")
     args = parser.parse_args(argv)
     from fsframework.config import FREESOLO_MODELS
 
     if args.model not in FREESOLO_MODELS and (args.routing or args.probe_routing != "learned"
-                                              or args.set_lam is not None):
-        raise SystemExit(f"--routing, --probe-routing and --set-lam need a FreeSolo model {FREESOLO_MODELS}, "
+                                              or args.set_lam is not None or args.readout_gain is not None):
+        raise SystemExit(f"--routing, --probe-routing, --set-lam and --readout-gain need a FreeSolo model {FREESOLO_MODELS}, "
                          f"not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)

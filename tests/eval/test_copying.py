@@ -129,6 +129,20 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
                                              for name in upcycled if name.endswith("lr_norm_weight"))
     with pytest.raises(SystemExit, match="does not have"):  # an FS model's extras do not fit TF++
         main([*small, "--steps", "0", "--init", str(tmp_path / "fs.pt"), "--init-shared"])
+    # --readout-gain 0 silences the long-range branch: the upcycled FS model is TF++ inside its window
+    main([*fs, "--steps", "0", "--init", str(tmp_path / "drill.pt"), "--init-shared", "--readout-gain", "0",
+          "--save", str(tmp_path / "fs0.pt"), "--out", str(tmp_path / "fs0.json")])
+    main([*small[:1], "swa", *small[2:], "--steps", "0", "--init", str(tmp_path / "drill.pt"),
+          "--out", str(tmp_path / "swa.json")])
+    silenced, windowed = (json.loads((tmp_path / name).read_text())["records"][-1] for name in ("fs0.json", "swa.json"))
+    assert silenced["second"] == pytest.approx(windowed["second"], abs=1e-5)
+    assert silenced["first"] == pytest.approx(windowed["first"], abs=1e-5)
+    assert silenced["second"] != pytest.approx(loaded["second"], abs=1e-4)  # the window does change it
+    gains = [t for name, t in torch.load(tmp_path / "fs0.pt", weights_only=True)["model"].items()
+             if name.endswith("lr_norm_weight")]
+    assert gains and all(torch.equal(t, torch.zeros_like(t)) for t in gains)
+    with pytest.raises(SystemExit, match="need a FreeSolo model"):
+        main([*small, "--steps", "0", "--readout-gain", "0"])
 
 
 def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances(tmp_path):
