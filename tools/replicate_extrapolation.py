@@ -95,6 +95,20 @@ def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> 
                                                       gen_tokens=GEN_TOKENS)}
 
 
+def beyond_window(samples: dict, window: int) -> dict:
+    """Per task and length, the mean score over the samples whose needle starts more than
+    `window` tokens before the prompt's end, with their count: hits there cannot come through a
+    local window of that size (SWA's, FreeSolo's local branch), whatever the model.
+    `samples`: run_eval's per-sample records, task -> length -> list."""
+    out = {}
+    for task, by_length in samples.items():
+        out[task] = {}
+        for length, rows in by_length.items():
+            far = [r["score"] for r in rows if r["needle_tokens_back"] > window]
+            out[task][length] = {"score": sum(far) / len(far) if far else None, "samples": len(far)}
+    return out
+
+
 def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> str:
     head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths)
             + " | copy probe: loss 1st / 2nd copy |")
@@ -106,6 +120,19 @@ def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> s
             cells = [scores[task].get(str(n)) for n in lengths]
             rows.append(f"| {model} | {task} | " + " | ".join("-" if c is None else f"{c:.0f}" for c in cells)
                         + f" | {probe} |")
+    return "\n".join(rows)
+
+
+def markdown_beyond(beyond: dict, lengths: list[int], train_len: int, window: int) -> str:
+    """The same table over the needles further back than the window (count of such samples)."""
+    head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |")
+    rows = [f"Needles more than {window} tokens back (model.attention.window), score (samples):", "", head,
+            "|" + "---|" * (len(lengths) + 2)]
+    for model, by_task in beyond.items():
+        for task in TASKS:
+            cells = [by_task[task].get(str(n)) for n in lengths]
+            rows.append(f"| {model} | {task} | " + " | ".join(
+                "-" if c is None or c["score"] is None else f"{c['score']:.0f} ({c['samples']})" for c in cells) + " |")
     return "\n".join(rows)
 
 
@@ -132,7 +159,8 @@ def main() -> None:
     out_root = REPO / args.out
     ensure_tokenizer(base.data.tokenizer, base.model.vocab_size)
     extra = [*args.overrides, *([f"train.max_steps={args.steps}"] if args.steps else [])]
-    table, copies, timing = {}, {}, {}
+    window = base.model.attention.window
+    table, copies, timing, beyond = {}, {}, {}, {}
     for model in args.models.split(","):
         run_dir = out_root / model
         if not args.skip_train:
@@ -140,10 +168,12 @@ def main() -> None:
             timing[model] = train(config, model, run_dir, [*extra, *init])
         result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
         table[model], copies[model] = result["scores"], result["copy_probe"]
+        beyond[model] = beyond_window(result["samples"], window)
     summary = {"config": str(config), "init_from": args.init_from, "train_len": train_len, "lengths": lengths,
-               "scores": table, "copy_probe": copies, "train_seconds": timing, "overrides": extra}
+               "scores": table, "copy_probe": copies, "window": window, "beyond_window": beyond,
+               "train_seconds": timing, "overrides": extra}
     (out_root / "table.json").write_text(json.dumps(summary, indent=1))
-    text = markdown(table, copies, lengths, train_len)
+    text = markdown(table, copies, lengths, train_len) + "\n\n" + markdown_beyond(beyond, lengths, train_len, window)
     (out_root / "table.md").write_text(text + "\n")
     print(text)
     for model, seconds in timing.items():

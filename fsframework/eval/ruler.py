@@ -341,5 +341,5 @@ def niah_samples(task: str, tokenizer, length: int, num_samples: int, seed: int,
             "task": task, "length": length, "index": i, "depth": depth,
             "depth_actual": placed[primary]["depth_actual"], "query": query, "needles": texts,
             "needle_depths": [placed[n]["depth_actual"] for n in range(len(needles))],
-            "prompt_tokens": len(prompt)}))
+            "prompt_tokens": len(prompt), "needle_tokens_back": len(prompt) - placed[primary]["token_start"]}))
     return out
