@@ -95,16 +95,16 @@ def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> 
                                                       gen_tokens=GEN_TOKENS)}
 
 
-def beyond_window(samples: dict, window: int) -> dict:
-    """Per task and length, the mean score over the samples whose needle starts more than
-    `window` tokens before the prompt's end, with their count: hits there cannot come through a
-    local window of that size (SWA's, FreeSolo's local branch), whatever the model.
-    `samples`: run_eval's per-sample records, task -> length -> list."""
+def beyond_reach(samples: dict, reach: int) -> dict:
+    """Per task and length, the mean score over the samples whose needle ends more than `reach`
+    tokens before the prompt does, with their count. With reach = n_layers x window, hits there
+    cannot come through stacked local windows (SWA's, FreeSolo's local branch): only through
+    FreeSolo's routed cells or full attention. `samples`: run_eval's records, task -> length -> list."""
     out = {}
     for task, by_length in samples.items():
         out[task] = {}
         for length, rows in by_length.items():
-            far = [r["score"] for r in rows if r["needle_tokens_back"] > window]
+            far = [r["score"] for r in rows if r["needle_tokens_back"] > reach]
             out[task][length] = {"score": sum(far) / len(far) if far else None, "samples": len(far)}
     return out
 
@@ -123,10 +123,11 @@ def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> s
     return "\n".join(rows)
 
 
-def markdown_beyond(beyond: dict, lengths: list[int], train_len: int, window: int) -> str:
-    """The same table over the needles further back than the window (count of such samples)."""
+def markdown_beyond(beyond: dict, lengths: list[int], train_len: int, reach: int) -> str:
+    """The same table over the needles further back than `reach` (count of such samples)."""
     head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |")
-    rows = [f"Needles more than {window} tokens back (model.attention.window), score (samples):", "", head,
+    rows = [f"Needles ending more than {reach} tokens back (n_layers x window: beyond the stacked local windows), "
+            "score (samples):", "", head,
             "|" + "---|" * (len(lengths) + 2)]
     for model, by_task in beyond.items():
         for task in TASKS:
@@ -159,7 +160,7 @@ def main() -> None:
     out_root = REPO / args.out
     ensure_tokenizer(base.data.tokenizer, base.model.vocab_size)
     extra = [*args.overrides, *([f"train.max_steps={args.steps}"] if args.steps else [])]
-    window = base.model.attention.window
+    reach = base.model.n_layers * base.model.attention.window
     table, copies, timing, beyond = {}, {}, {}, {}
     for model in args.models.split(","):
         run_dir = out_root / model
@@ -168,12 +169,12 @@ def main() -> None:
             timing[model] = train(config, model, run_dir, [*extra, *init])
         result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
         table[model], copies[model] = result["scores"], result["copy_probe"]
-        beyond[model] = beyond_window(result["samples"], window)
+        beyond[model] = beyond_reach(result["samples"], reach)
     summary = {"config": str(config), "init_from": args.init_from, "train_len": train_len, "lengths": lengths,
-               "scores": table, "copy_probe": copies, "window": window, "beyond_window": beyond,
+               "scores": table, "copy_probe": copies, "window_reach": reach, "beyond_reach": beyond,
                "train_seconds": timing, "overrides": extra}
     (out_root / "table.json").write_text(json.dumps(summary, indent=1))
-    text = markdown(table, copies, lengths, train_len) + "\n\n" + markdown_beyond(beyond, lengths, train_len, window)
+    text = markdown(table, copies, lengths, train_len) + "\n\n" + markdown_beyond(beyond, lengths, train_len, reach)
     (out_root / "table.md").write_text(text + "\n")
     print(text)
     for model, seconds in timing.items():

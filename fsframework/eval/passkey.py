@@ -38,6 +38,6 @@ def passkey_samples(tokenizer, length: int, num_samples: int, seed: int, *, gen_
         out.append(Sample(prompt, [key], {
             "task": "passkey", "length": length, "index": i, "depth": round(depth, 2), "depth_index": depth_index,
             "depth_actual": info[0]["depth_actual"], "prompt_tokens": len(prompt),
-            # how far back the needle starts from where generation begins: beyond a local window?
-            "needle_tokens_back": len(prompt) - info[0]["token_start"]}))
+            # tokens between the needle's end and where generation begins: can a local window reach it?
+            "needle_tokens_back": len(prompt) - info[0]["token_end"]}))
     return out

@@ -278,7 +278,7 @@ def assemble(head: list[int], tail: list[int], needles: list[tuple[list[int], fl
         prompt.extend(hay[prev:place])
         prev = place
         start = len(prompt)
-        info[idx] = {"token_start": start, "depth": needles[idx][1],
+        info[idx] = {"token_start": start, "token_end": start + len(needles[idx][0]), "depth": needles[idx][1],
                      "depth_actual": round(100.0 * (start - len(head)) / max(1, context_len), 2)}
         prompt.extend(needles[idx][0])
     prompt.extend(hay[prev:])
@@ -341,5 +341,5 @@ def niah_samples(task: str, tokenizer, length: int, num_samples: int, seed: int,
             "task": task, "length": length, "index": i, "depth": depth,
             "depth_actual": placed[primary]["depth_actual"], "query": query, "needles": texts,
             "needle_depths": [placed[n]["depth_actual"] for n in range(len(needles))],
-            "prompt_tokens": len(prompt), "needle_tokens_back": len(prompt) - placed[primary]["token_start"]}))
+            "prompt_tokens": len(prompt), "needle_tokens_back": len(prompt) - placed[primary]["token_end"]}))
     return out

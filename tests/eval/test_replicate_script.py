@@ -28,11 +28,12 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
         assert probe["first"] > 0 and probe["second"] > 0
     table = (tmp_path / "rep" / "table.md").read_text()
     assert "| fsl | passkey |" in table and "256 (2x)" in table
-    # the needles further back than the 32-token window: at 128 tokens the 10-depth passkey
-    # spread puts some of the 2 samples' needles there, at 256 more
-    far = summary["beyond_window"]["fsl"]["passkey"]
-    assert summary["window"] == 32 and 0 < far["128"]["samples"] <= far["256"]["samples"] <= 2
-    assert "Needles more than 32 tokens back" in table
+    # the needles beyond the reach of the stacked windows (2 layers x 32 tokens): at 256 tokens the
+    # first of the 2 samples (its needle at depth 0, after the instruction line) is one of them
+    far = summary["beyond_reach"]["fsl"]["passkey"]
+    assert summary["window_reach"] == 64 and far["128"]["samples"] <= far["256"]["samples"]
+    assert 0 < far["256"]["samples"] <= 2
+    assert "Needles ending more than 64 tokens back" in table
 
     # another config, each model starting from the weights of the run above ('{model}' filled in)
     small = [a for a in cmd[cmd.index("model.d_model=32"):] if not a.startswith("model.attention")]
@@ -56,13 +57,13 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
     assert load_tokenizer(cfg.data.tokenizer).encode(text) == expected
 
 
-def test_beyond_window_scores_only_the_needles_the_window_cannot_reach():
+def test_beyond_reach_scores_only_the_needles_the_windows_cannot_reach():
     import runpy
 
     script = runpy.run_path(str(REPO / "tools" / "replicate_extrapolation.py"))
     rows = [{"needle_tokens_back": back, "score": score} for back, score in ((8, 100.0), (40, 0.0), (90, 100.0))]
     samples = {"passkey": {"128": rows}, "niah_single_1": {"128": rows[:1]}}
-    beyond = script["beyond_window"](samples, window=32)
+    beyond = script["beyond_reach"](samples, reach=32)
     assert beyond["passkey"]["128"] == {"score": 50.0, "samples": 2}  # the 8-tokens-back hit is left out
     assert beyond["niah_single_1"]["128"] == {"score": None, "samples": 0}
     text = script["markdown_beyond"]({"fs": beyond}, [128], 128, 32)

@@ -54,9 +54,10 @@ def test_niah_prompts_fit_and_hold_their_needles(task):
             assert text.count(answer) == 1
             assert any(answer in needle for needle in s.meta["needles"])
         assert len(s.answers) == cfg["queries"] * cfg["values"]
-        # the primary needle (the one asked about first) starts needle_tokens_back tokens before the end
+        # the primary needle (the one asked about first) ends needle_tokens_back tokens before the prompt does
         primary = next(needle for needle in s.meta["needles"] if s.answers[0] in needle)
-        assert TOK.decode(s.prompt[-s.meta["needle_tokens_back"]:]).startswith(primary)
+        before = TOK.decode(s.prompt[:-s.meta["needle_tokens_back"]])
+        assert before[-1].isspace() and before.rstrip().endswith(primary)
         assert text.endswith("mentioned in the provided text " + ("is" if len(s.answers) == 1 else "are"))
         keys = NEEDLE_KEYS.findall(context)
         # every key (needle or distractor) is distinct; multivalue repeats its one key per value
@@ -121,9 +122,9 @@ def test_passkey_samples():
         assert re.fullmatch(r"\d{5}", s.answers[0])
         assert text.count(f"The passkey is {s.answers[0]}.") == 1
         assert abs(s.meta["depth_actual"] - s.meta["depth"]) < 20
-        back = s.meta["needle_tokens_back"]  # the needle starts exactly that many tokens before the end
-        assert TOK.decode(s.prompt[-back:]).startswith(f"The passkey is {s.answers[0]}.")
-        assert not TOK.decode(s.prompt[-back + 1:]).startswith("The passkey is")
+        back = s.meta["needle_tokens_back"]  # the needle ends exactly that many tokens before the prompt does
+        before = TOK.decode(s.prompt[:-back])  # ends with the needle and its separator, nothing of what follows
+        assert before[-1].isspace() and before.rstrip().endswith(f"The passkey is {s.answers[0]}.")
 
 
 def test_ffact_guard_queries_and_shared_prefix():
