@@ -45,7 +45,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
-from fsframework.eval.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_recall  # noqa: E402
+from fsframework.eval.routing import (ABLATIONS, freesolo_layers, readout_source_weight,  # noqa: E402
+                                     routing_ablation, routing_recall)
 
 
 class TorchEncoderLM(nn.Module):
@@ -170,8 +171,15 @@ def drill(args) -> list[dict]:
         return out
 
     def routing_on(batches: dict, tag: str = "") -> dict[str, list[dict]]:
-        return {f"{length}{tag}": routing_recall(model, tokens[:, :-1], source)
-                for length, (tokens, _, _, source) in batches.items()}
+        """Per probe, per layer: routing recall and, where the source's cell was selected, the
+        readout's weight on the source token (`readout_*`; chance: the uniform 1 / (K s))."""
+        out = {}
+        for length, (tokens, _, _, source) in batches.items():
+            readout = readout_source_weight(model, tokens[:, :-1], source)
+            out[f"{length}{tag}"] = [{**recall, "readout_best_head": weight["best_head"], "readout_mean": weight["mean"],
+                                      "readout_pairs": weight["pairs"], "readout_chance": weight["uniform"]}
+                                     for recall, weight in zip(routing_recall(model, tokens[:, :-1], source), readout)]
+        return out
 
     def shown(losses: dict[str, float]) -> str:
         text = f"{losses['first']:6.3f} / {losses['second']:6.3f}"
@@ -197,16 +205,17 @@ def drill(args) -> list[dict]:
         print(f"step {step:6d}  training length {seq_len:5d}  loss on 1st / 2nd copy {losses}  "
               f"{time.time() - start:7.0f}s", flush=True)
         if routing:  # per probe and target, the layer whose best head finds it most often
-            print("             routing recall (best head of the best layer / chance; source cell, passage, reach):"
+            print("             routing recall (best head of the best layer / chance; source cell, passage, reach), "
+                  "readout weight on the source when its cell is selected (/ uniform):"
                   + "".join(f"\n               @{name}: " + "  ".join(best_layer(layers, prefix) for prefix in
-                                                               ("", "passage_", "reach_"))
+                                                               ("", "passage_", "reach_", "readout_"))
                             for name, layers in routing.items()), flush=True)
         write_records(args, records)  # at every probe: a stopped run keeps what it measured
         if args.save:
             save()
 
     def best_layer(layers: list[dict], prefix: str) -> str:
-        layer = max(layers, key=lambda r: r[f"{prefix}best_head"])
+        layer = max(layers, key=lambda r: -1.0 if math.isnan(r[f"{prefix}best_head"]) else r[f"{prefix}best_head"])
         return f"{layer[f'{prefix}best_head']:.2f} / {layer[f'{prefix}chance']:.2f}"
 
     def save() -> None:  # written whole, then renamed: a killed run never leaves half a file

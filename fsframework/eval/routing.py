@@ -91,6 +91,52 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
     return out
 
 
+@torch.no_grad()
+def readout_source_weight(model: torch.nn.Module, tokens: torch.Tensor, source: torch.Tensor) -> list[dict]:
+    """Per FreeSolo layer: when routing did select the source's cell, how much of the readout's
+    softmax (NoPE logits `q . k / sqrt(d)` over the K * s selected tokens, SPEC §1.6) lands on
+    the source token itself? Routing can find the right cell and the readout still average it
+    away. Same queries as `routing_recall`. Returns one dict per layer with `pairs` (query-head
+    pairs whose selection holds the source), `best_head` (the highest per-head mean weight),
+    `mean` (over all pairs) and `uniform` (1 / (K * s): a readout that ignores content)."""
+    layers = freesolo_layers(model)
+    if not layers:
+        raise ValueError("readout weights need a FreeSolo model (fs, fsl): this one has no routed attention")
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.__setitem__(id(mod), args[0])) for m in layers]
+    try:
+        model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    out = []
+    for index, layer in enumerate(layers):
+        a = layer.cfg.attention
+        q, k, _ = layer.project(inputs[id(layer)])
+        cells = layer.route(q, k)  # B N H K
+        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device).expand_as(source)
+        counted = (source >= 0) & (positions - source > a.window) & (source // a.cell_size < eligible)
+        batch, query = counted.nonzero(as_tuple=True)
+        chosen = cells[batch, query]  # Q H K
+        offsets = torch.arange(a.cell_size, device=tokens.device)
+        keys_at = (chosen.clamp(min=0)[..., None] * a.cell_size + offsets).flatten(2)  # Q H K*s token positions
+        valid = (chosen >= 0)[..., None].expand(*chosen.shape, a.cell_size).flatten(2)
+        heads = torch.arange(q.shape[2], device=tokens.device)
+        keys = k[batch[:, None, None], keys_at, heads[None, :, None]]  # Q H K*s d
+        logits = torch.einsum("qhd,qhld->qhl", q[batch, query].float(), keys.float()) / q.shape[-1] ** 0.5
+        weights = logits.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+        at_source = keys_at == source[batch, query][:, None, None]
+        on_source = (weights * at_source).sum(dim=-1)  # Q H
+        selected = (at_source & valid).any(dim=-1)  # Q H: this head's cells hold the source
+        per_head = [float(on_source[:, h][selected[:, h]].mean()) for h in range(q.shape[2]) if selected[:, h].any()]
+        out.append({"layer": index, "pairs": int(selected.sum()),
+                    "best_head": max(per_head) if per_head else float("nan"),
+                    "mean": float(on_source[selected].mean()) if selected.any() else float("nan"),
+                    "uniform": 1.0 / (a.top_k * a.cell_size)})
+    return out
+
+
 def first_copy_start(source: torch.Tensor) -> torch.Tensor:
     """`[B, N]`: for each second-copy query (`source >= 0`), the position where the first copy of
     its passage begins; -1 elsewhere. Within a passage's second copy the sources run on by one,

@@ -170,6 +170,10 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     assert 0 <= routing["128"][1]["best_head"] <= 1
     assert routing["128"][1]["chance"] <= routing["128"][1]["reach_chance"]  # the reach holds the source's cell
     assert routing["128"][1]["chance"] <= routing["128"][1]["passage_chance"]
+    # and the readout's weight on the source wherever a head selected its cell (K = 4 cells of 4)
+    readout = routing["128"][1]
+    assert readout["readout_chance"] == 1 / 16 and readout["readout_pairs"] > 0
+    assert 0 < readout["readout_mean"] <= readout["readout_best_head"] <= 1
     # --set-lam 0: the same probes routed by content alone (no norm prior) give other losses
     main = runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"]
     main([*argv[:argv.index("--out")], "--steps", "0", "--set-lam", "0", "--out", str(tmp_path / "lam0.json")])

@@ -9,8 +9,8 @@ import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.copying import repeat_batch_with_sources
-from fsframework.eval.routing import (eligible_cells, first_copy_start, freesolo_layers, routing_ablation,
-                                     routing_recall)
+from fsframework.eval.routing import (eligible_cells, first_copy_start, freesolo_layers, readout_source_weight,
+                                     routing_ablation, routing_recall)
 from fsframework.models.registry import build_model
 
 WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2
@@ -123,6 +123,45 @@ def test_recall_of_an_untrained_model_is_near_chance_and_fsl_is_measured_too():
             assert layer["queries"] > 200
             assert 0 <= layer["best_head"] <= layer["any_head"] <= 1
             assert abs(layer["best_head"] - layer["chance"]) < 0.2
+
+
+def test_readout_weight_on_the_source_is_uniform_without_content_and_matches_the_readout_op():
+    from fsframework.ops.freesolo_readout import selected_cell_attention
+
+    tokens, _, _, source = repeat_batch_with_sources(torch.Generator().manual_seed(2), 4, 96, 64, 40, 12)
+    inputs = tokens[:, :-1]
+    # q = 0: every selected token gets 1 / (K s); the heads select the same earliest cells
+    hits = sum(j // CELL < TOP_K for _, _, j, _ in counted_queries(source))
+    for layer in readout_source_weight(tied_routing(tiny("fs")), inputs, source):
+        assert layer["pairs"] == 2 * hits and layer["uniform"] == 1 / (TOP_K * CELL)
+        assert layer["mean"] == pytest.approx(layer["uniform"]) and layer["best_head"] == pytest.approx(layer["uniform"])
+    # a trained-like model: the weight equals the readout op's output for a value that marks the source
+    model = tiny("fs")
+    for layer in freesolo_layers(model):
+        layer.wq.weight.data.mul_(20)  # sharp logits, so a wrong token or cell would show
+    measured = readout_source_weight(model, inputs, source)
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.__setitem__(id(mod), args[0]))
+             for m in freesolo_layers(model)]
+    with torch.no_grad():
+        model(inputs)
+        for hook in hooks:
+            hook.remove()
+        for record, layer in zip(measured, freesolo_layers(model)):
+            q, k, v = layer.project(seen[id(layer)])
+            cells = layer.route(q, k)
+            weights = []
+            for b, i, j, _ in counted_queries(source):
+                marker = torch.zeros_like(v)
+                marker[b, j, :, 0] = 1.0
+                y = selected_cell_attention(q, k, marker, cells, CELL)[b, i, :, 0]  # H
+                holds = ((cells[b, i] == j // CELL).any(dim=-1))
+                weights += y[holds].tolist()
+            assert record["pairs"] == len(weights) > 20
+            assert record["mean"] == pytest.approx(sum(weights) / len(weights), rel=1e-4)
+            assert record["best_head"] >= record["mean"] - 1e-6
+    with pytest.raises(ValueError, match="need a FreeSolo model"):
+        readout_source_weight(tiny("tfpp"), inputs, source)
 
 
 def test_recall_needs_a_freesolo_model():
