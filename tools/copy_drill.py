@@ -44,6 +44,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fsframework.config import COMBINE_MODES, FREESOLO_MODELS  # noqa: E402
 from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
 from fsframework.eval.routing import (ABLATIONS, freesolo_layers, readout_source_weight,  # noqa: E402
                                      routing_ablation, routing_recall)
@@ -97,7 +98,8 @@ def build(args, max_len: int) -> nn.Module:
     from fsframework.models.registry import build_model
 
     attention = AttentionConfig(window=args.window, cell_size=args.cell_size, block_size=args.block_size,
-                                top_k=args.top_k, retained_cells=args.retained_cells, recent_cells=args.recent_cells)
+                                top_k=args.top_k, retained_cells=args.retained_cells, recent_cells=args.recent_cells,
+                                combine=args.combine)
     return build_model(ModelConfig(name=args.model, vocab_size=args.vocab, d_model=args.d_model,
                                    n_layers=args.layers, n_heads=args.heads, init_std=args.init_std,
                                    attention=attention))
@@ -176,9 +178,10 @@ def drill(args) -> list[dict]:
         out = {}
         for length, (tokens, _, _, source) in batches.items():
             readout = readout_source_weight(model, tokens[:, :-1], source)
-            out[f"{length}{tag}"] = [{**recall, "readout_best_head": weight["best_head"], "readout_mean": weight["mean"],
-                                      "readout_pairs": weight["pairs"], "readout_chance": weight["uniform"]}
-                                     for recall, weight in zip(routing_recall(model, tokens[:, :-1], source), readout)]
+            out[f"{length}{tag}"] = [
+                {**recall, "readout_best_head": weight["best_head"], "readout_mean": weight["mean"],
+                 "readout_pairs": weight["pairs"], "readout_chance": weight["uniform"]}
+                for recall, weight in zip(routing_recall(model, tokens[:, :-1], source), readout)]
         return out
 
     def shown(losses: dict[str, float]) -> str:
@@ -294,17 +297,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set-lam", type=float, default=None,
                         help="FreeSolo prior weight lambda for every head, also over an --init model "
                              "(e.g. 0 with --steps 0: routing by content alone)")
+    parser.add_argument("--combine", choices=COMBINE_MODES, default="sum",
+                        help="FreeSolo models: how the two branches combine (model.attention.combine); 'gate' "
+                             "lets a token scale the long-range readout, which the RMSNorm keeps at unit size")
     parser.add_argument("--readout-gain", type=float, default=None,
                         help="FreeSolo models: initial gain of the long-range readout RMSNorm (default 1). "
                              "With --init-shared from TF++ weights, 0 starts FS as TF++ inside the window: "
                              "the long-range branch enters only as its gain grows")
     args = parser.parse_args(argv)
-    from fsframework.config import FREESOLO_MODELS
 
     if args.model not in FREESOLO_MODELS and (args.routing or args.probe_routing != "learned"
-                                              or args.set_lam is not None or args.readout_gain is not None):
-        raise SystemExit(f"--routing, --probe-routing, --set-lam and --readout-gain need a FreeSolo model {FREESOLO_MODELS}, "
-                         f"not {args.model!r}")
+                                              or args.set_lam is not None or args.readout_gain is not None
+                                              or args.combine != "sum"):
+        raise SystemExit("--routing, --probe-routing, --set-lam, --readout-gain and --combine need a FreeSolo "
+                         f"model {FREESOLO_MODELS}, not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = drill(args)

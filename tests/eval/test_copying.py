@@ -143,6 +143,14 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
     assert gains and all(torch.equal(t, torch.zeros_like(t)) for t in gains)
     with pytest.raises(SystemExit, match="need a FreeSolo model"):
         main([*small, "--steps", "0", "--readout-gain", "0"])
+    # --combine gate: FS with a per-token gate on the readout, its gate kept at init by --init-shared
+    main([*fs, "--steps", "0", "--init", str(tmp_path / "drill.pt"), "--init-shared", "--combine", "gate",
+          "--save", str(tmp_path / "gated.pt")])
+    gated = torch.load(tmp_path / "gated.pt", weights_only=True)["model"]
+    assert any(name.endswith("w_gate.bias") for name in gated)
+    assert not any(name.endswith("w_gate.bias") for name in upcycled)
+    with pytest.raises(SystemExit, match="need a FreeSolo model"):
+        main([*small, "--steps", "0", "--combine", "gate"])
 
 
 def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances(tmp_path):

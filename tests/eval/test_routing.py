@@ -134,7 +134,8 @@ def test_readout_weight_on_the_source_is_uniform_without_content_and_matches_the
     hits = sum(j // CELL < TOP_K for _, _, j, _ in counted_queries(source))
     for layer in readout_source_weight(tied_routing(tiny("fs")), inputs, source):
         assert layer["pairs"] == 2 * hits and layer["uniform"] == 1 / (TOP_K * CELL)
-        assert layer["mean"] == pytest.approx(layer["uniform"]) and layer["best_head"] == pytest.approx(layer["uniform"])
+        assert layer["mean"] == pytest.approx(layer["uniform"])
+        assert layer["best_head"] == pytest.approx(layer["uniform"])
     # a trained-like model: the weight equals the readout op's output for a value that marks the source
     model = tiny("fs")
     for layer in freesolo_layers(model):
