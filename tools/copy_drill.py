@@ -91,6 +91,14 @@ def probe_lengths(args, plan: list[tuple[int, int, int]]) -> list[int]:
     return sorted({plan[0][0], plan[-1][0]})
 
 
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def build(args, max_len: int) -> nn.Module:
     if args.model == "torch":
         return TorchEncoderLM(args.vocab, args.d_model, args.layers, args.heads, max_len)
@@ -128,6 +136,16 @@ def drill(args) -> list[dict]:
         if missing:
             print(f"--init-shared: kept at their initialisation: {', '.join(missing)}", flush=True)
         first_step = saved.get("step", 0)  # steps count on from the saved model's
+    layers = freesolo_layers(model)
+    for spec in args.set_head_gain:  # after loading: one head's readout gain, every other tensor as trained
+        where, _, value = spec.partition("=")
+        layer, _, head = where.partition(".")
+        if not (_is_float(value) and layer.isdigit() and head.isdigit() and int(layer) < len(layers)
+                and int(head) < layers[0].cfg.n_heads):
+            raise SystemExit(f"--set-head-gain {spec!r}: expected LAYER.HEAD=GAIN with a layer < {len(layers)} "
+                             f"and a head < {layers[0].cfg.n_heads}")
+        with torch.no_grad():
+            layers[int(layer)].lr_norm_weight[int(head)].fill_(float(value))
     if args.set_lam is not None:  # after loading: the prior weight is a buffer saved with the model
         for layer in freesolo_layers(model):
             layer.lam.fill_(args.set_lam)
@@ -304,12 +322,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="FreeSolo models: initial gain of the long-range readout RMSNorm (default 1). "
                              "With --init-shared from TF++ weights, 0 starts FS as TF++ inside the window: "
                              "the long-range branch enters only as its gain grows")
+    parser.add_argument("--set-head-gain", action="append", default=[], metavar="LAYER.HEAD=GAIN",
+                        help="FreeSolo models: set one head's readout gain after loading (repeatable), e.g. "
+                             "2.0=10 with --steps 0: what that head's routed reads do to the losses")
     args = parser.parse_args(argv)
 
     if args.model not in FREESOLO_MODELS and (args.routing or args.probe_routing != "learned"
                                               or args.set_lam is not None or args.readout_gain is not None
-                                              or args.combine != "sum"):
-        raise SystemExit("--routing, --probe-routing, --set-lam, --readout-gain and --combine need a FreeSolo "
+                                              or args.combine != "sum" or args.set_head_gain):
+        raise SystemExit("--routing, --probe-routing, --set-lam, --readout-gain, --set-head-gain and --combine "
+                         "need a FreeSolo "
                          f"model {FREESOLO_MODELS}, not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -151,6 +151,16 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
     assert not any(name.endswith("w_gate.bias") for name in upcycled)
     with pytest.raises(SystemExit, match="need a FreeSolo model"):
         main([*small, "--steps", "0", "--combine", "gate"])
+    # --set-head-gain: one head's gain over a loaded model, the rest as saved
+    main([*fs, "--steps", "0", "--init", str(tmp_path / "fs0.pt"), "--set-head-gain", "1.0=10",
+          "--save", str(tmp_path / "head.pt")])
+    head = torch.load(tmp_path / "head.pt", weights_only=True)["model"]
+    gain = head["layers.1.attn.lr_norm_weight"][0]
+    assert torch.equal(gain, torch.full_like(gain, 10))
+    assert not head["layers.1.attn.lr_norm_weight"][1].any() and not head["layers.0.attn.lr_norm_weight"].any()
+    for bad in ("2.0=1", "1.2=1", "1.0", "x.0=1", "1.0=big"):  # 2 layers of 2 heads
+        with pytest.raises(SystemExit, match="LAYER.HEAD=GAIN"):
+            main([*fs, "--steps", "0", "--set-head-gain", bad])
 
 
 def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances(tmp_path):
