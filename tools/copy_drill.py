@@ -23,7 +23,10 @@ often routing selects the cell holding the token a copy needs (and, looser, a ce
 passage's first copy, or one whose positions can already hold the source token through the
 local windows below): the one part of FreeSolo that changes with the length.
 `--probe-routing random|off` probes with random cells or none instead: if a model copies as
-well without its routing, its copies do not come through routing.
+well without its routing, its copies do not come through routing. `--init-shared` starts one
+kind of model from another's weights (TF++ into FS; with `--readout-gain 0` the FS model
+starts as TF++ inside its window), `--combine` picks how FreeSolo's branches combine, and
+`--set-head-gain LAYER.HEAD=GAIN` changes one head's readout gain over a loaded model.
 
 Only torch is needed (no DeepSpeed, omegaconf or streaming), so it also runs on a bare
 GPU machine (`--device cuda`).
