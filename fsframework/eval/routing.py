@@ -57,25 +57,12 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
     cell eligible for the query's block. Returns one dict per layer with `queries` (how many
     counted), `best_head` / `any_head` recall and `chance`, and the same for the passage and
     the reach spans (`passage_best_head`, ..., `reach_chance`; module docstring)."""
-    layers = freesolo_layers(model)
-    if not layers:
-        raise ValueError("routing recall needs a FreeSolo model (fs, fsl): this one has no routed attention")
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.__setitem__(id(mod), args[0])) for m in layers]
-    try:
-        model(tokens)
-    finally:
-        for hook in hooks:
-            hook.remove()
     first_copy = first_copy_start(source)
     positions = torch.arange(tokens.shape[1], device=tokens.device)
     out = []
-    for index, layer in enumerate(layers):
+    routed = _routed_queries(model, tokens, source, "routing recall")
+    for index, (layer, _, _, cells, eligible, counted) in enumerate(routed):
         a = layer.cfg.attention
-        q, k, _ = layer.project(inputs[id(layer)])
-        cells = layer.route(q, k)  # B N H K
-        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device).expand_as(source)
-        counted = (source >= 0) & (positions - source > a.window) & (source // a.cell_size < eligible)
         n = int(counted.sum())
         passage_length = positions + 1 - source  # a passage of n tokens is copied from n - 1 back
         spans = {"": (source, source + 1),
@@ -99,24 +86,10 @@ def readout_source_weight(model: torch.nn.Module, tokens: torch.Tensor, source: 
     away. Same queries as `routing_recall`. Returns one dict per layer with `pairs` (query-head
     pairs whose selection holds the source), `best_head` (the highest per-head mean weight),
     `mean` (over all pairs) and `uniform` (1 / (K * s): a readout that ignores content)."""
-    layers = freesolo_layers(model)
-    if not layers:
-        raise ValueError("readout weights need a FreeSolo model (fs, fsl): this one has no routed attention")
-    inputs: dict[int, torch.Tensor] = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.__setitem__(id(mod), args[0])) for m in layers]
-    try:
-        model(tokens)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    positions = torch.arange(tokens.shape[1], device=tokens.device)
     out = []
-    for index, layer in enumerate(layers):
+    routed = _routed_queries(model, tokens, source, "the readout weight")
+    for index, (layer, q, k, cells, _, counted) in enumerate(routed):
         a = layer.cfg.attention
-        q, k, _ = layer.project(inputs[id(layer)])
-        cells = layer.route(q, k)  # B N H K
-        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device).expand_as(source)
-        counted = (source >= 0) & (positions - source > a.window) & (source // a.cell_size < eligible)
         batch, query = counted.nonzero(as_tuple=True)
         chosen = cells[batch, query]  # Q H K
         offsets = torch.arange(a.cell_size, device=tokens.device)
@@ -135,6 +108,29 @@ def readout_source_weight(model: torch.nn.Module, tokens: torch.Tensor, source: 
                     "mean": float(on_source[selected].mean()) if selected.any() else float("nan"),
                     "uniform": 1.0 / (a.top_k * a.cell_size)})
     return out
+
+
+def _routed_queries(model: torch.nn.Module, tokens: torch.Tensor, source: torch.Tensor, what: str):
+    """One forward pass, then per FreeSolo layer: (layer, q, k `[B, N, H, d]`, its selected cells
+    `[B, N, H, K]`, eligible-cell counts `[B, N]`, the counted queries `[B, N]`: a source
+    further back than the window, in a cell eligible for the query's block)."""
+    layers = freesolo_layers(model)
+    if not layers:
+        raise ValueError(f"{what} needs a FreeSolo model (fs, fsl): this one has no routed attention")
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args: inputs.__setitem__(id(mod), args[0])) for m in layers]
+    try:
+        model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    for layer in layers:
+        a = layer.cfg.attention
+        q, k, _ = layer.project(inputs[id(layer)])
+        eligible = eligible_cells(tokens.shape[1], a.cell_size, a.block_size, tokens.device).expand_as(source)
+        counted = (source >= 0) & (positions - source > a.window) & (source // a.cell_size < eligible)
+        yield layer, q, k, layer.route(q, k), eligible, counted
 
 
 def first_copy_start(source: torch.Tensor) -> torch.Tensor:

@@ -161,7 +161,7 @@ def test_readout_weight_on_the_source_is_uniform_without_content_and_matches_the
             assert record["pairs"] == len(weights) > 20
             assert record["mean"] == pytest.approx(sum(weights) / len(weights), rel=1e-4)
             assert record["best_head"] >= record["mean"] - 1e-6
-    with pytest.raises(ValueError, match="need a FreeSolo model"):
+    with pytest.raises(ValueError, match="needs a FreeSolo model"):
         readout_source_weight(tiny("tfpp"), inputs, source)
 
 
