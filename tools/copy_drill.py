@@ -49,8 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fsframework.config import COMBINE_MODES, FREESOLO_MODELS  # noqa: E402
 from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
-from fsframework.eval.routing import (ABLATIONS, freesolo_layers, readout_source_weight,  # noqa: E402
-                                     routing_ablation, routing_recall)
+from fsframework.eval.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_report  # noqa: E402
 
 
 class TorchEncoderLM(nn.Module):
@@ -150,7 +149,7 @@ def drill(args) -> list[dict]:
         with torch.no_grad():
             layers[int(layer)].lr_norm_weight[int(head)].fill_(float(value))
     if args.set_lam is not None:  # after loading: the prior weight is a buffer saved with the model
-        for layer in freesolo_layers(model):
+        for layer in layers:
             layer.lam.fill_(args.set_lam)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     # training batches continue past those the saved model saw; the held-out probes stay the same
@@ -196,14 +195,8 @@ def drill(args) -> list[dict]:
     def routing_on(batches: dict, tag: str = "") -> dict[str, list[dict]]:
         """Per probe, per layer: routing recall and, where the source's cell was selected, the
         readout's weight on the source token (`readout_*`; chance: the uniform 1 / (K s))."""
-        out = {}
-        for length, (tokens, _, _, source) in batches.items():
-            readout = readout_source_weight(model, tokens[:, :-1], source)
-            out[f"{length}{tag}"] = [
-                {**recall, "readout_best_head": weight["best_head"], "readout_mean": weight["mean"],
-                 "readout_pairs": weight["pairs"], "readout_chance": weight["uniform"]}
-                for recall, weight in zip(routing_recall(model, tokens[:, :-1], source), readout)]
-        return out
+        return {f"{length}{tag}": routing_report(model, tokens[:, :-1], source)
+                for length, (tokens, _, _, source) in batches.items()}
 
     def shown(losses: dict[str, float]) -> str:
         text = f"{losses['first']:6.3f} / {losses['second']:6.3f}"
@@ -334,8 +327,7 @@ def main(argv: list[str] | None = None) -> None:
                                               or args.set_lam is not None or args.readout_gain is not None
                                               or args.combine != "sum" or args.set_head_gain):
         raise SystemExit("--routing, --probe-routing, --set-lam, --readout-gain, --set-head-gain and --combine "
-                         "need a FreeSolo "
-                         f"model {FREESOLO_MODELS}, not {args.model!r}")
+                         f"need a FreeSolo model {FREESOLO_MODELS}, not {args.model!r}")
     if args.threads:
         torch.set_num_threads(args.threads)
     records = drill(args)

@@ -58,24 +58,9 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
     counted), `best_head` / `any_head` recall and `chance`, and the same for the passage and
     the reach spans (`passage_best_head`, ..., `reach_chance`; module docstring)."""
     first_copy = first_copy_start(source)
-    positions = torch.arange(tokens.shape[1], device=tokens.device)
-    out = []
-    routed = _routed_queries(model, tokens, source, "routing recall")
-    for index, (layer, _, _, cells, eligible, counted) in enumerate(routed):
-        a = layer.cfg.attention
-        n = int(counted.sum())
-        passage_length = positions + 1 - source  # a passage of n tokens is copied from n - 1 back
-        spans = {"": (source, source + 1),
-                 "passage_": (first_copy, first_copy + passage_length),
-                 "reach_": (source, source + index * a.window + 1)}
-        record = {"layer": index, "queries": n}
-        for prefix, (lo, hi) in spans.items():
-            hit, chance = _span_hits(cells[counted], lo[counted], hi[counted], eligible[counted], a.cell_size, a.top_k)
-            record.update({f"{prefix}best_head": float(hit.float().mean(dim=0).max()) if n else float("nan"),
-                           f"{prefix}any_head": float(hit.any(dim=-1).float().mean()) if n else float("nan"),
-                           f"{prefix}chance": float(chance.mean()) if n else float("nan")})
-        out.append(record)
-    return out
+    return [_recall_record(index, layer, cells, eligible, counted, source, first_copy)
+            for index, (layer, _, _, cells, eligible, counted)
+            in enumerate(_routed_queries(model, tokens, source, "routing recall"))]
 
 
 @torch.no_grad()
@@ -86,28 +71,67 @@ def readout_source_weight(model: torch.nn.Module, tokens: torch.Tensor, source: 
     away. Same queries as `routing_recall`. Returns one dict per layer with `pairs` (query-head
     pairs whose selection holds the source), `best_head` (the highest per-head mean weight),
     `mean` (over all pairs) and `uniform` (1 / (K * s): a readout that ignores content)."""
+    return [_readout_record(index, layer, q, k, cells, counted, source)
+            for index, (layer, q, k, cells, _, counted)
+            in enumerate(_routed_queries(model, tokens, source, "the readout weight"))]
+
+
+@torch.no_grad()
+def routing_report(model: torch.nn.Module, tokens: torch.Tensor, source: torch.Tensor) -> list[dict]:
+    """Both measurements from one forward pass: per layer, `routing_recall`'s record plus
+    `readout_best_head`, `readout_mean`, `readout_pairs` and `readout_chance` (the uniform
+    weight) from `readout_source_weight`."""
+    first_copy = first_copy_start(source)
     out = []
-    routed = _routed_queries(model, tokens, source, "the readout weight")
-    for index, (layer, q, k, cells, _, counted) in enumerate(routed):
-        a = layer.cfg.attention
-        batch, query = counted.nonzero(as_tuple=True)
-        chosen = cells[batch, query]  # Q H K
-        offsets = torch.arange(a.cell_size, device=tokens.device)
-        keys_at = (chosen.clamp(min=0)[..., None] * a.cell_size + offsets).flatten(2)  # Q H K*s token positions
-        valid = (chosen >= 0)[..., None].expand(*chosen.shape, a.cell_size).flatten(2)
-        heads = torch.arange(q.shape[2], device=tokens.device)
-        keys = k[batch[:, None, None], keys_at, heads[None, :, None]]  # Q H K*s d
-        logits = torch.einsum("qhd,qhld->qhl", q[batch, query].float(), keys.float()) / q.shape[-1] ** 0.5
-        weights = logits.masked_fill(~valid, float("-inf")).softmax(dim=-1)
-        at_source = keys_at == source[batch, query][:, None, None]
-        on_source = (weights * at_source).sum(dim=-1)  # Q H
-        selected = (at_source & valid).any(dim=-1)  # Q H: this head's cells hold the source
-        per_head = [float(on_source[:, h][selected[:, h]].mean()) for h in range(q.shape[2]) if selected[:, h].any()]
-        out.append({"layer": index, "pairs": int(selected.sum()),
-                    "best_head": max(per_head) if per_head else float("nan"),
-                    "mean": float(on_source[selected].mean()) if selected.any() else float("nan"),
-                    "uniform": 1.0 / (a.top_k * a.cell_size)})
+    for index, (layer, q, k, cells, eligible, counted) in enumerate(_routed_queries(model, tokens, source,
+                                                                                    "the routing report")):
+        readout = _readout_record(index, layer, q, k, cells, counted, source)
+        out.append({**_recall_record(index, layer, cells, eligible, counted, source, first_copy),
+                    "readout_best_head": readout["best_head"], "readout_mean": readout["mean"],
+                    "readout_pairs": readout["pairs"], "readout_chance": readout["uniform"]})
     return out
+
+
+def _recall_record(index: int, layer, cells: torch.Tensor, eligible: torch.Tensor, counted: torch.Tensor,
+                   source: torch.Tensor, first_copy: torch.Tensor) -> dict:
+    """`routing_recall`'s record for one layer (the `index`-th FreeSolo layer)."""
+    a = layer.cfg.attention
+    n = int(counted.sum())
+    positions = torch.arange(source.shape[1], device=source.device)
+    passage_length = positions + 1 - source  # a passage of n tokens is copied from n - 1 back
+    spans = {"": (source, source + 1),
+             "passage_": (first_copy, first_copy + passage_length),
+             "reach_": (source, source + index * a.window + 1)}
+    record = {"layer": index, "queries": n}
+    for prefix, (lo, hi) in spans.items():
+        hit, chance = _span_hits(cells[counted], lo[counted], hi[counted], eligible[counted], a.cell_size, a.top_k)
+        record.update({f"{prefix}best_head": float(hit.float().mean(dim=0).max()) if n else float("nan"),
+                       f"{prefix}any_head": float(hit.any(dim=-1).float().mean()) if n else float("nan"),
+                       f"{prefix}chance": float(chance.mean()) if n else float("nan")})
+    return record
+
+
+def _readout_record(index: int, layer, q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, counted: torch.Tensor,
+                    source: torch.Tensor) -> dict:
+    """`readout_source_weight`'s record for one layer."""
+    a = layer.cfg.attention
+    batch, query = counted.nonzero(as_tuple=True)
+    chosen = cells[batch, query]  # Q H K
+    offsets = torch.arange(a.cell_size, device=source.device)
+    keys_at = (chosen.clamp(min=0)[..., None] * a.cell_size + offsets).flatten(2)  # Q H K*s token positions
+    valid = (chosen >= 0)[..., None].expand(*chosen.shape, a.cell_size).flatten(2)
+    heads = torch.arange(q.shape[2], device=source.device)
+    keys = k[batch[:, None, None], keys_at, heads[None, :, None]]  # Q H K*s d
+    logits = torch.einsum("qhd,qhld->qhl", q[batch, query].float(), keys.float()) / q.shape[-1] ** 0.5
+    weights = logits.masked_fill(~valid, float("-inf")).softmax(dim=-1)
+    at_source = keys_at == source[batch, query][:, None, None]
+    on_source = (weights * at_source).sum(dim=-1)  # Q H
+    selected = (at_source & valid).any(dim=-1)  # Q H: this head's cells hold the source
+    per_head = [float(on_source[:, h][selected[:, h]].mean()) for h in range(q.shape[2]) if selected[:, h].any()]
+    return {"layer": index, "pairs": int(selected.sum()),
+            "best_head": max(per_head) if per_head else float("nan"),
+            "mean": float(on_source[selected].mean()) if selected.any() else float("nan"),
+            "uniform": 1.0 / (a.top_k * a.cell_size)}
 
 
 def _routed_queries(model: torch.nn.Module, tokens: torch.Tensor, source: torch.Tensor, what: str):

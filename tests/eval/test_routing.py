@@ -10,7 +10,7 @@ import torch
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.copying import repeat_batch_with_sources
 from fsframework.eval.routing import (eligible_cells, first_copy_start, freesolo_layers, readout_source_weight,
-                                     routing_ablation, routing_recall)
+                                     routing_ablation, routing_recall, routing_report)
 from fsframework.models.registry import build_model
 
 WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2
@@ -163,6 +163,11 @@ def test_readout_weight_on_the_source_is_uniform_without_content_and_matches_the
             assert record["best_head"] >= record["mean"] - 1e-6
     with pytest.raises(ValueError, match="needs a FreeSolo model"):
         readout_source_weight(tiny("tfpp"), inputs, source)
+    # the drill's one-pass report holds both measurements, the same numbers
+    recall = routing_recall(model, inputs, source)
+    for record, alone, weight in zip(routing_report(model, inputs, source), recall, measured, strict=True):
+        assert record == {**alone, "readout_best_head": weight["best_head"], "readout_mean": weight["mean"],
+                          "readout_pairs": weight["pairs"], "readout_chance": weight["uniform"]}
 
 
 def test_recall_needs_a_freesolo_model():
