@@ -109,11 +109,14 @@ def beyond_reach(samples: dict, reach: int) -> dict:
     return out
 
 
+def _header(lengths: list[int], train_len: int, extra: list[str]) -> list[str]:
+    """A table's heading row and rule: model, task, one column per length, then `extra`."""
+    columns = ["model", "task", *(f"{n} ({n // train_len}x)" for n in lengths), *extra]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> str:
-    head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths)
-            + " | copy probe: loss 1st / 2nd copy |")
-    rule = "|" + "---|" * (len(lengths) + 3)
-    rows = [head, rule]
+    rows = _header(lengths, train_len, ["copy probe: loss 1st / 2nd copy"])
     for model, scores in table.items():
         probe = f"{copies[model]['first']:.2f} / {copies[model]['second']:.2f}"
         for task in TASKS:
@@ -125,10 +128,8 @@ def markdown(table: dict, copies: dict, lengths: list[int], train_len: int) -> s
 
 def markdown_beyond(beyond: dict, lengths: list[int], train_len: int, reach: int) -> str:
     """The same table over the needles further back than `reach` (count of such samples)."""
-    head = ("| model | task | " + " | ".join(f"{n} ({n // train_len}x)" for n in lengths) + " |")
     rows = [f"Needles ending more than {reach} tokens back (n_layers x window: beyond the stacked local windows), "
-            "score (samples):", "", head,
-            "|" + "---|" * (len(lengths) + 2)]
+            "score (samples):", "", *_header(lengths, train_len, [])]
     for model, by_task in beyond.items():
         for task in TASKS:
             cells = [by_task[task].get(str(n)) for n in lengths]
