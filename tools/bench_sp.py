@@ -63,7 +63,7 @@ def worker(spec: dict) -> None:
     from fsframework.parallel.collectives import CommCounter
     from fsframework.parallel.parallelize import parallelize, sp_context
     from fsframework.parallel.loss import sequence_parallel_losses
-    from fsframework.train.losses import lm_losses
+    from fsframework.models.losses import lm_losses
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

@@ -221,7 +221,9 @@ def routing_ablation(model: torch.nn.Module, mode: str, seed: int = 0) -> Iterat
     def replacement(layer):
         a = layer.cfg.attention
 
-        def route(q, k):
+        def route(q, k, q_start=0):
+            if q_start:
+                raise ValueError("routing ablations replace the routing of whole-sequence forward passes only")
             if mode == "off":
                 return torch.full((*q.shape[:3], a.top_k), -1, dtype=torch.long, device=q.device)
             return random_cells(q, a.cell_size, a.block_size, a.top_k, generator)

@@ -1,76 +1,90 @@
-"""Attention modules of the baseline models (SPEC §1.10, §2 baselines).
+"""Attention modules of the baseline models (docs/baselines.md), in the offset form.
 
-Every attention module has the same interface: `Module(cfg: ModelConfig,
-layer_idx)` and `forward(x_BTD) -> y_BTD`, so the decoder block does not know
-which kind it holds.
+Every attention module has the same interface: `Module(cfg: ModelConfig, layer_idx,
+key_span=None)` and `forward(x [B, n, D], source: KeySource) -> [B, n, D]`, so the
+decoder block does not know which kind it holds. A kind writes only
+`attend(q, k, v, start)`: its queries sit at `[start, start + n)` and its keys end
+with theirs (`fsframework.models.context`). `key_span` (from the kind's registry
+entry) is how far back those keys must reach: None for the whole prefix, `w` for a
+window.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
-from fsframework.ops.local_attention import sliding_window_attention
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from fsframework.ops.rope import rotate
 
 
 class QKVAttention(nn.Module):
-    """Shared projections; subclasses define `attend(q, k, v)` on `[B, T, H, Dh]`."""
+    """Shared projections; subclasses define `attend(q, k, v, start)` on `[B, n, H, Dh]`."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         super().__init__()
         self.cfg = cfg
         self.layer_idx = layer_idx
+        self.key_span = key_span
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x `[B, n, D]` at positions `[start, start + n)` -> q, k, v `[B, n, H, Dh]`, in the form
+        the keys are stored and exchanged in (RoPE kinds rotate here, at absolute positions)."""
         bsz, seq, _ = x.shape
         shape = (bsz, seq, self.n_heads, self.head_dim)
         return self.wq(x).view(shape), self.wk(x).view(shape), self.wv(x).view(shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.project(x)
-        y = self.attend(q, k, v)
+    def qkv(self, x: torch.Tensor, source: KeySource) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Own queries and the keys/values `source` supplies for them (see module docstring)."""
+        q, k, v = self.project(x, source.start)
+        k, v = source.keys(self.layer_idx, k, v, self.key_span)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        q, k, v = self.qkv(x, source)
+        y = self.attend(q, k, v, source.start)
         return self.wo(y.reshape(x.shape))
 
-    def attend(self, q, k, v):  # pragma: no cover - abstract
+    def attend(self, q, k, v, start):  # pragma: no cover - abstract
         raise NotImplementedError
 
 
-def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # B T H D -> B H T D for SDPA, and back
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    return y.transpose(1, 2)
-
-
 class RopeAttention(QKVAttention):
-    """Transformer++: full causal attention on RoPE-rotated q/k."""
+    """Transformer++: full causal attention; q and k rotated at their absolute positions
+    before the keys are exchanged or cached."""
 
-    def attend(self, q, k, v):
+    def project(self, x, start=0):
+        q, k, v = super().project(x, start)
         theta = self.cfg.attention.rope_theta
-        return causal_sdpa(rotate(q, theta), rotate(k, theta), v)
+        return rotate(q, theta, start), rotate(k, theta, start), v
+
+    def attend(self, q, k, v, start):
+        return causal_attention_at(q, k, v, start)
 
 
 class SlidingWindowAttention(QKVAttention):
-    """SWA baseline: RoPE attention restricted to `0 <= i - j <= window` (SPEC §1.2 rule)."""
+    """SWA baseline: RoPE attention restricted to `0 <= i - j <= window` (docs/freesolo.md §1.2 rule)."""
 
-    def attend(self, q, k, v):
+    def attend(self, q, k, v, start):
         a = self.cfg.attention
-        return sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
+        return window_attention_at(q, k, v, start, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
 
 
 class NoPositionAttention(QKVAttention):
     """Plain causal attention; used by the sinusoidal model, whose positions live in the embedding."""
 
-    def attend(self, q, k, v):
-        return causal_sdpa(q, k, v)
+    def attend(self, q, k, v, start):
+        return causal_attention_at(q, k, v, start)
 
 
 class AlibiAttention(QKVAttention):
@@ -79,21 +93,9 @@ class AlibiAttention(QKVAttention):
 
     chunk = 512
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__(cfg, layer_idx)
+    def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
+        super().__init__(cfg, layer_idx, key_span)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
-    def attend(self, q, k, v):
-        bsz, seq, heads, dim = q.shape
-        qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = []
-        for start in range(0, seq, self.chunk):
-            end = min(start + self.chunk, seq)
-            i = torch.arange(start, end, device=q.device)[:, None]
-            j = torch.arange(0, end, device=q.device)[None, :]
-            dist = (i - j).to(q.dtype)
-            bias = -self.slopes.to(q.dtype)[:, None, None] * dist  # H, Tq, Tk
-            bias = bias.masked_fill(j > i, float("-inf"))
-            out.append(F.scaled_dot_product_attention(qh[:, :, start:end], kh[:, :, :end], vh[:, :, :end],
-                                                      attn_mask=bias[None]))
-        return torch.cat(out, dim=2).transpose(1, 2)
+    def attend(self, q, k, v, start):
+        return alibi_attention_at(q, k, v, start, self.slopes, self.chunk)

@@ -15,14 +15,16 @@ Legend: B batch, T time, D model width, H heads, Dh head width.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
 from fsframework.config import COMBINE_MODES, FREESOLO_MODELS, ModelConfig
 from fsframework.models.attention import QKVAttention
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.ops.freesolo import cell_readout, select_cells
-from fsframework.ops.local_attention import sliding_window_attention
+from fsframework.ops.offset_attention import window_attention_at
 
 
 class FreeSoloAttention(QKVAttention):
@@ -34,13 +36,13 @@ class FreeSoloAttention(QKVAttention):
     `[H]` (erf prior width and weight, persistent, never trained).
     """
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         a = cfg.attention
         if cfg.name not in FREESOLO_MODELS:
             raise ValueError(f"FreeSoloAttention needs model.name in {FREESOLO_MODELS}, got {cfg.name!r}")
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
-        super().__init__(cfg, layer_idx)  # wq, wk, wv, wo
+        super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo
         self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
         # routing-only scalars: buffers, so they are saved with the model but receive no gradient
         self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
@@ -64,26 +66,43 @@ class FreeSoloAttention(QKVAttention):
             # a residual-branch output projection, scaled down with depth like `wo`
             nn.init.normal_(self.wo_lr.weight, std=self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers))
 
-    def route(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Unrotated q, k `[B, T, H, Dh]` -> the selected cells `[B, T, H, K]` (no gradient).
-        One method, so diagnostics (`fsframework.eval.routing`) can measure or replace it."""
+    def route(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
+        """Unrotated q of positions `[q_start, q_start + n)` and k of `[0, q_start + n)`
+        `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient). One method, so
+        diagnostics can measure or replace it."""
         a = self.cfg.attention
         return select_cells(q, k, variant=self.cfg.name, cell_size=a.cell_size, block_size=a.block_size,
                             top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
-                            retained_cells=a.retained_cells, impl=a.impl)
+                            retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
 
-    def branches(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x `[B, T, D]` -> (local, LR), each `[B, T, H, Dh]`, before the combination."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries of `[start, start + n)` over the keys of `[0, start + n)` -> (local, LR),
+        each `[B, n, H, Dh]`, before the combination."""
         a = self.cfg.attention
-        q, k, v = self.project(x)
-        local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
-        # long_range_attention(q, k, v, ...) in two steps
-        long_range = cell_readout(q, k, v, self.route(q, k), cell_size=a.cell_size, rms_weight=self.lr_norm_weight,
-                                  impl=a.impl)
-        return local, long_range
+        if k.shape[1] != start + q.shape[1]:
+            raise ValueError(f"the long-range branch needs the keys of the whole prefix [0, {start + q.shape[1]}), "
+                             f"got {k.shape[1]}")
+        local = window_attention_at(q, k[:, max(0, start - a.window):], v[:, max(0, start - a.window):], start,
+                                    window=a.window, rope_theta=a.rope_theta, impl=a.impl)
+        # routing takes query offsets at block boundaries: a query slice that starts mid-block
+        # (decoding) is front-padded with zero queries back to its block's start, which select
+        # the same cells as every query of that block, and their outputs are dropped
+        pad = start % a.block_size
+        if pad:
+            q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
+        cells = self.route(q, k, start - pad)
+        long_range = cell_readout(q, k, v, cells, cell_size=a.cell_size, rms_weight=self.lr_norm_weight,
+                                  impl=a.impl, q_start=start - pad)
+        return local, long_range[:, pad:]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local, long_range = self.branches(x)
+    def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
+        """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
+        q, k, v = self.qkv(x, source)
+        return self.attend(q, k, v, source.start)
+
+    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        local, long_range = self.branches(x, source)
         combine = self.cfg.attention.combine
         if combine == "separate_wo":
             return self.wo(local.flatten(2)) + self.wo_lr(long_range.flatten(2))

@@ -1,41 +1,75 @@
-"""Model registry: a name in `model.name` picks the attention kind and position scheme."""
+"""The model registry: one entry per attention kind says everything about it.
+
+An entry names the module that implements the kind (written once, in the offset form
+of `fsframework.models.attention`) and which earlier keys that form reads: the whole
+prefix, or only the last `window` keys. That one fact decides what a
+sequence-parallel rank fetches from the ranks before it (an all-gather of the prefix,
+or a halo of `window` keys: `fsframework.parallel`) and what a decode cache keeps
+(every key, or the last `window`: `fsframework.models.decode_cache`). Adding a kind
+means writing its op (`fsframework.ops`), its module, and one entry here.
+
+This file imports no torch: `fsframework.config` validates `model.name` against it.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from dataclasses import dataclass
+from typing import Optional
 
-from torch import nn
-
-from fsframework.config import MODEL_NAMES, ConfigError, ModelConfig
-
-
-def _freesolo(cfg: ModelConfig, layer_idx: int) -> nn.Module:
-    from fsframework.models.freesolo_attention import FreeSoloAttention
-
-    return FreeSoloAttention(cfg, layer_idx)
+from fsframework.config import AttentionConfig, ConfigError, ModelConfig
 
 
-def _attention_factory(name: str) -> Callable[[ModelConfig, int], nn.Module]:
-    from fsframework.models import attention as att
+@dataclass(frozen=True)
+class AttentionKind:
+    name: str
+    module: str  # "package.module:Class", imported when a model is built
+    keys: str  # "prefix": keys of [0, start + n); "window": only the `window` keys before start
+    summary: str
+    absolute_positions: bool = False  # sinusoidal position table added to the embeddings
+    freesolo: bool = False  # a FreeSolo model: query blocks, cells, routing (model.attention.*)
 
-    return {
-        "tfpp": att.RopeAttention,
-        "swa": att.SlidingWindowAttention,
-        "alibi": att.AlibiAttention,
-        "sinusoidal": att.NoPositionAttention,
-        "fs": _freesolo,
-        "fsl": _freesolo,
-    }[name]
+    def key_span(self, attention: AttentionConfig) -> Optional[int]:
+        """How many keys before its queries the offset form reads: None for the whole prefix."""
+        return attention.window if self.keys == "window" else None
+
+    def module_class(self) -> type:
+        path, _, cls = self.module.partition(":")
+        return getattr(importlib.import_module(path), cls)
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
+_ATTENTION = "fsframework.models.attention"
+_FREESOLO = "fsframework.models.freesolo_attention:FreeSoloAttention"
+
+KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
+    AttentionKind("tfpp", f"{_ATTENTION}:RopeAttention", "prefix", "Transformer++: full causal attention, RoPE"),
+    AttentionKind("swa", f"{_ATTENTION}:SlidingWindowAttention", "window", "sliding-window attention, RoPE"),
+    AttentionKind("alibi", f"{_ATTENTION}:AlibiAttention", "prefix", "full causal attention, ALiBi bias"),
+    AttentionKind("sinusoidal", f"{_ATTENTION}:NoPositionAttention", "prefix",
+                  "full causal attention, sinusoidal absolute positions", absolute_positions=True),
+    AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True),
+    AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True),
+)}
+
+MODEL_NAMES = tuple(KINDS)
+FREESOLO_MODELS = tuple(name for name, kind in KINDS.items() if kind.freesolo)
+
+
+def attention_kind(name: str) -> AttentionKind:
+    if name not in KINDS:
+        raise ConfigError(f"model.name={name!r} is not registered; choose one of {', '.join(MODEL_NAMES)}")
+    return KINDS[name]
+
+
+def build_model(cfg: ModelConfig):
     """Instantiate the language model named by `cfg.name`."""
     from fsframework.models.transformer import TransformerLM
 
-    if cfg.name not in MODEL_NAMES:
-        raise ConfigError(f"model.name={cfg.name!r} is not registered; choose one of {', '.join(MODEL_NAMES)}")
-    return TransformerLM(cfg, _attention_factory(cfg.name), absolute_positions=cfg.name == "sinusoidal")
+    kind = attention_kind(cfg.name)
+    cls, span = kind.module_class(), kind.key_span(cfg.attention)
+    return TransformerLM(cfg, lambda c, i: cls(c, i, span), absolute_positions=kind.absolute_positions)
 
 
-def count_parameters(model: nn.Module) -> int:
+def count_parameters(model) -> int:
+    """Number of parameters, tied weights counted once."""
     return sum(p.numel() for p in model.parameters())

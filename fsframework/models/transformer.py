@@ -13,6 +13,8 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import RMSNorm, SwiGLU, sinusoidal_table
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.losses import lm_losses
 
 
 class DecoderBlock(nn.Module):
@@ -23,8 +25,8 @@ class DecoderBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), source)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -58,18 +60,20 @@ class TransformerLM(nn.Module):
             if hasattr(module, "reset_extra_parameters"):
                 module.reset_extra_parameters()
 
-    def hidden_states(self, tokens: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        """tokens `[B, T]` at absolute positions `start_pos ..` -> final hidden states `[B, T, D]`.
+    def hidden_states(self, tokens: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        """tokens `[B, n]` at absolute positions `[source.start, source.start + n)` -> final
+        hidden states `[B, n, D]`.
 
-        `start_pos` > 0 is for a slice of a longer sequence (sequence parallelism); the
-        attention layers must then know about the earlier tokens (see fsframework.parallel).
+        `source` supplies each attention layer with the keys of the positions before
+        `source.start` (`fsframework.models.context`): none in training (the whole
+        sequence is here), another rank's in sequence parallelism, a decode cache's.
         """
         x = self.embed(tokens)
         if self.absolute_positions:
-            pos = torch.arange(start_pos, start_pos + tokens.shape[1], device=tokens.device)
+            pos = torch.arange(source.start, source.start + tokens.shape[1], device=tokens.device)
             x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, source)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -79,6 +83,4 @@ class TransformerLM(nn.Module):
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token cross entropy (`-100` targets ignored); with `weights` `[B, T]` the
         weighted mean `sum w CE / sum w` (SPEC §1.10)."""
-        from fsframework.train.losses import lm_losses
-
         return lm_losses(self(tokens), targets, weights)[0]

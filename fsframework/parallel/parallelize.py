@@ -1,10 +1,12 @@
 """`parallelize(model, parallel_cfg)`: the one step that makes a plain model sequence parallel.
 
-Models stay plain modules. Under `parallel.sp > 1` every attention module and the
-top-level language model get their class swapped in place for a subclass whose
-forward works on this rank's slice (the pattern of torch's `fully_shard`): the
-parameters, their names and the state dict are untouched, so checkpoints of SP
-and non-SP runs are interchangeable.
+Models stay plain modules. Under `parallel.sp > 1` the top-level language model
+gets its class swapped in place for a subclass whose forward embeds this rank's
+slice only and hands every layer a `SequenceParallelKeys` source, which fetches
+the earlier keys each attention kind needs from the other ranks (the pattern of
+torch's `fully_shard`): the parameters, their names and the state dict are
+untouched, so checkpoints of SP and non-SP runs are interchangeable, and no
+attention kind has an SP form of its own.
 
 After parallelize, `model(tokens [B, N])` takes the WHOLE sequence (every rank of
 an SP group holds the same sample) and returns the logits of this rank's slice
@@ -18,7 +20,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from fsframework.parallel import attention as spa
+from fsframework.models.attention import QKVAttention
+from fsframework.models.transformer import TransformerLM
+from fsframework.parallel.attention import SequenceParallelKeys
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import ParallelGroups, init_groups
 from fsframework.parallel.sharding import shard
@@ -31,27 +35,12 @@ class SPLanguageModel:
         """tokens `[B, N]` (whole sequence) -> logits of this rank's slice `[B, end - start, V]`."""
         sp: SPContext = self._sp
         sp.begin(tokens.shape[1])
-        return self.lm_head(self.hidden_states(shard(tokens, sp.span), start_pos=sp.start))
+        return self.lm_head(self.hidden_states(shard(tokens, sp.span), SequenceParallelKeys(sp)))
 
     def loss(self, tokens, targets, weights=None):
         from fsframework.parallel.loss import sequence_parallel_losses
 
         return sequence_parallel_losses(self(tokens), targets, weights, self._sp)[0]
-
-
-def _sp_mixins() -> dict[type, type]:
-    from fsframework.models import attention as att
-    from fsframework.models.freesolo_attention import FreeSoloAttention
-    from fsframework.models.transformer import TransformerLM
-
-    return {
-        TransformerLM: SPLanguageModel,
-        att.RopeAttention: spa.SPRopeAttention,
-        att.SlidingWindowAttention: spa.SPSlidingWindowAttention,
-        att.AlibiAttention: spa.SPAlibiAttention,
-        att.NoPositionAttention: spa.SPNoPositionAttention,
-        FreeSoloAttention: spa.SPFreeSoloAttention,
-    }
 
 
 _SWAPPED: dict[type, type] = {}
@@ -79,19 +68,17 @@ def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups]
         return model
     if getattr(model, "_sp", None) is not None:
         raise ValueError("model is already parallelized")
-    mixins = _sp_mixins()
-    if type(model) not in mixins or not hasattr(model, "layers"):
+    if not isinstance(model, TransformerLM):
         raise TypeError(f"sequence parallelism supports the registry's language models, got {type(model).__name__}")
     groups = groups or init_groups(sp_size)
     if groups.sp != sp_size:
         raise ValueError(f"process groups were made for sp={groups.sp}, parallel.sp={sp_size}")
     sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size)
     for layer in model.layers:
-        if type(layer.attn) not in mixins:
-            raise TypeError(f"no sequence-parallel form of attention {type(layer.attn).__name__}")
-    for layer in model.layers:
-        _swap(layer.attn, mixins[type(layer.attn)], sp)
-    _swap(model, mixins[type(model)], sp)
+        if not isinstance(layer.attn, QKVAttention):
+            raise TypeError(f"attention {type(layer.attn).__name__} is not in the offset form of "
+                            "fsframework.models.attention, so it cannot take keys from other ranks")
+    _swap(model, SPLanguageModel, sp)
     return model
 
 

@@ -23,7 +23,7 @@ from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.train.distributed import DistInfo, init_distributed
 from fsframework.train.monitor import Monitor, console
-from fsframework.train.losses import lm_losses
+from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
 
 

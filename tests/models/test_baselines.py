@@ -54,7 +54,7 @@ def test_swa_attends_exactly_to_the_window():
     q, k, v = (torch.randn(2, 40, 2, 16, dtype=torch.float64) for _ in range(3))
     i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
     bias = torch.zeros(40, 40, dtype=torch.float64).masked_fill(~((i - j >= 0) & (i - j <= 8)), float("-inf"))
-    torch.testing.assert_close(attn.attend(q, k, v), _dense_reference(rotate(q), rotate(k), v, bias))
+    torch.testing.assert_close(attn.attend(q, k, v, 0), _dense_reference(rotate(q), rotate(k), v, bias))
 
 
 def test_alibi_bias_and_chunking():
@@ -68,7 +68,7 @@ def test_alibi_bias_and_chunking():
     i, j = torch.arange(45)[:, None], torch.arange(45)[None, :]
     slopes = alibi_slopes(2).double()
     bias = (-slopes[:, None, None] * (i - j)).masked_fill(j > i, float("-inf"))
-    torch.testing.assert_close(attn.attend(q, k, v), _dense_reference(q, k, v, bias))
+    torch.testing.assert_close(attn.attend(q, k, v, 0), _dense_reference(q, k, v, bias))
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
 
 

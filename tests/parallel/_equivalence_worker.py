@@ -20,7 +20,7 @@ from fsframework.models.registry import build_model
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
-from fsframework.train.losses import lm_losses
+from fsframework.models.losses import lm_losses
 
 TOL = 1e-5
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fsframework.config import LossConfig
 from fsframework.data.loader import Collate
 from fsframework.data.masks import loss_weights, recall_masks
-from fsframework.train.losses import lm_losses
+from fsframework.models.losses import lm_losses
 
 
 def test_weighted_loss_is_weighted_mean_of_token_losses():

@@ -11,7 +11,7 @@ def lm_losses(logits: torch.Tensor, targets: torch.Tensor,
     """(loss to optimise, plain mean CE) for logits `[B, T, V]` and targets `[B, T]`.
 
     Without weights both are the mean cross entropy over targets other than -100;
-    with weights the first is `sum_t w_t CE_t / sum_t w_t` (SPEC §1.10 [choice]).
+    with weights the first is `sum_t w_t CE_t / sum_t w_t` (docs/freesolo.md §1.10, our choice).
     """
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
                          reduction="none")

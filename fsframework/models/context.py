@@ -1,0 +1,43 @@
+"""Where an attention layer's earlier keys come from.
+
+Every attention kind is written once, for queries at positions `[start, start + n)`
+(docs/architecture.md). A `KeySource` is what a forward pass hands each layer:
+`start`, and `keys(layer, k, v, span)`, which takes the layer's own keys/values of
+`[start, start + n)` and returns keys/values that end with them and reach back far
+enough for the kind:
+
+- `span=None`: the whole prefix, `[0, start + n)` (full causal kinds, FreeSolo);
+- `span=w`: at least the `w` keys before `start`, `[start - min(w, start), start + n)`.
+
+`WholeSequence` (here) is training and plain inference: `start = 0` and the keys are
+the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
+`fsframework.models.decode_cache` keeps them from earlier decoding steps. The span
+each kind needs is part of its registry entry (`fsframework.models.registry`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+
+class KeySource(Protocol):
+    start: int
+
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+
+class WholeSequence:
+    """The forward pass sees the whole sequence: queries and keys both cover `[0, n)`."""
+
+    start = 0
+
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return k, v
+
+
+WHOLE_SEQUENCE = WholeSequence()
