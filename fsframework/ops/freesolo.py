@@ -12,35 +12,17 @@ reference routing lives in `freesolo_routing.py` (block by block, `O(N)`
 memory), the reference readout in `freesolo_readout.py` (chunks of queries,
 recomputed in the backward pass, `O(N H d)` memory). `impl="auto"` runs the
 Triton kernels of `fsf_kernels` on CUDA tensors when they import, the
-reference elsewhere.
+reference elsewhere (see `fsframework.ops.dispatch`).
 """
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from fsf_kernels.common.args import check_qkv, check_readout_args, check_routing_args
+from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_readout import selected_cell_attention
-from fsframework.ops.freesolo_routing import check_query_offset, check_routing_args, select_cells_reference
-
-_IMPLS = ("auto", "reference", "triton")
-
-
-def _kernel(module: str, name: str, impl: str, device_tensor: torch.Tensor):
-    """The Triton function `fsf_kernels.<module>.<name>`, or None to use the reference."""
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
-    if impl == "reference" or (impl == "auto" and not device_tensor.is_cuda):
-        return None
-    try:
-        fn = getattr(importlib.import_module(f"fsf_kernels.{module}"), name)
-    except (ImportError, AttributeError) as exc:
-        if impl == "triton":
-            raise RuntimeError(f"impl='triton' requested but fsf_kernels.{module}.{name} is unavailable ({exc}); "
-                               "use impl='reference' or 'auto'") from exc
-        return None
-    return fn
+from fsframework.ops.freesolo_routing import select_cells_reference
 
 
 def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
@@ -70,7 +52,7 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
     sequence-parallel rank); the result is `[Bt, n, H, top_k]`, equal to rows
     `[q_start, q_start + n)` of the call on the whole sequence.
     """
-    kernel = _kernel("cell_routing", "select_cells", impl, q)
+    kernel = kernel_for("cell_routing", "select_cells", impl, q)
     kwargs = dict(variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
                   recent_cells=recent_cells, retained_cells=retained_cells)
     if kernel is not None:
@@ -87,31 +69,6 @@ def _pad_queries(x: torch.Tensor, q_start: int, value: float = 0.0) -> torch.Ten
     if q_start == 0:
         return x
     return torch.cat((x.new_full((x.shape[0], q_start, *x.shape[2:]), value), x), dim=1)
-
-
-def _check_readout(q, k, v, cells, cell_size, rms_weight, *, values: bool, q_start: int = 0) -> None:
-    """Shape checks; with `values`, also the range of `cells` (a device sync, so reference only)."""
-    if q_start:
-        check_query_offset(q, k, q_start, 1)
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must share a shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    elif q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, N, H, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if cell_size < 1:
-        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
-    if cells.dim() != 4 or cells.shape[:3] != q.shape[:3] or cells.shape[3] < 1:
-        raise ValueError(f"cells must have shape [B, N, H, K] = {tuple(q.shape[:3])} + (K,), K >= 1, "
-                         f"got {tuple(cells.shape)}")
-    if cells.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cells must be an integer tensor (int64 or int32), got {cells.dtype}")
-    num_cells = k.shape[1] // cell_size
-    if values and cells.numel() and (int(cells.min()) < -1 or int(cells.max()) >= num_cells):
-        raise ValueError(f"cells must lie in [-1, {num_cells - 1}] (-1 = none; only complete cells of "
-                         f"N={q.shape[1]}, s={cell_size} exist), got [{int(cells.min())}, {int(cells.max())}]")
-    heads, dim = q.shape[2], q.shape[3]
-    if rms_weight is not None and tuple(rms_weight.shape) not in ((heads, dim), (dim,)):
-        raise ValueError(f"rms_weight must have shape ({heads}, {dim}) or ({dim},), got {tuple(rms_weight.shape)}")
 
 
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int = 32,
@@ -131,8 +88,9 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     q_start: q and cells hold only the queries of positions `[q_start, q_start + n)`,
     k and v the keys of `[0, q_start + n)`; the result is `[Bt, n, H, d]`.
     """
-    kernel = _kernel("cell_readout", "cell_readout", impl, q)
-    _check_readout(q, k, v, cells, cell_size, rms_weight, values=kernel is None, q_start=q_start)
+    kernel = kernel_for("cell_readout", "cell_readout", impl, q)
+    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start,
+                       values=kernel is None)  # the range check syncs: reference only
     if kernel is not None:
         # the kernel takes whole sequences: earlier positions get zero queries that select nothing
         return kernel(_pad_queries(q, q_start), k, v, _pad_queries(cells, q_start, -1), cell_size=cell_size,
@@ -156,13 +114,7 @@ def long_range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     q_start (a multiple of block_size): queries of positions `[q_start, q_start + n)`
     only, over keys/values of `[0, q_start + n)` -> `[Bt, n, H, d]` (sequence parallelism).
     """
-    if q_start:
-        check_query_offset(q, k, q_start, block_size)
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must share a shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    elif q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, N, H, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+    check_qkv(q, k, v, q_start=q_start, block_size=block_size)
     cells = select_cells(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
                          sigma=sigma, lam=lam, recent_cells=recent_cells, retained_cells=retained_cells, impl=impl,
                          q_start=q_start)

@@ -21,51 +21,10 @@ import math
 
 import torch
 
-VARIANTS = ("fs", "fsl")
+from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, per_head
 
-
-def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_size: int, block_size: int,
-                       top_k: int, recent_cells: int, retained_cells: int, q_start: int = 0) -> None:
-    """Raise ValueError naming the problem when shapes or sizes are invalid."""
-    if q_start:
-        check_query_offset(q, k, q_start, block_size)
-    elif q.dim() != 4 or q.shape != k.shape:
-        raise ValueError(f"q and k must share a [B, N, H, d] shape, got {tuple(q.shape)} and {tuple(k.shape)}")
-    if q.shape[-1] < 1:
-        raise ValueError(f"head width d must be >= 1, got {q.shape[-1]}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if cell_size < 1:
-        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
-    if block_size < 1 or block_size % cell_size:
-        raise ValueError(f"block_size={block_size} must be a positive multiple of cell_size={cell_size}")
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if recent_cells < 0 or retained_cells < 0:
-        raise ValueError(f"recent_cells (W={recent_cells}) and retained_cells (P={retained_cells}) must be >= 0")
-
-
-def check_query_offset(q: torch.Tensor, k: torch.Tensor, q_start: int, block_size: int) -> None:
-    """Queries `[Bt, n, H, d]` at positions `[q_start, q_start + n)` against keys `[Bt, q_start + n, H, d]`."""
-    if q_start < 0 or q_start % block_size:
-        raise ValueError(f"q_start={q_start} must be a non-negative multiple of block_size={block_size} "
-                         "(a query block never straddles a slice boundary)")
-    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
-            or k.shape[1] != q_start + q.shape[1]:
-        raise ValueError(f"with q_start={q_start}, q [B, n, H, d] needs keys [B, q_start + n, H, d], got "
-                         f"{tuple(q.shape)} and {tuple(k.shape)}")
-
-
-def per_head(value: float | torch.Tensor, heads: int, name: str, *, positive: bool, like: torch.Tensor) -> torch.Tensor:
-    """A float or a `[H]` (or scalar) tensor -> a `[H]` tensor in `like`'s dtype and device."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] not in (1, heads)):
-            raise ValueError(f"{name} must be a float or a tensor of shape ({heads},), got shape {tuple(value.shape)}")
-        return value.detach().to(device=like.device, dtype=like.dtype).expand(heads)
-    value = float(value)
-    if (positive and not value > 0) or value < 0:
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
-    return torch.full((heads,), value, device=like.device, dtype=like.dtype)
+__all__ = ["VARIANTS", "cell_summaries", "check_query_offset", "check_routing_args", "per_head",
+           "select_cells_reference", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,18 +13,9 @@ import math
 
 import torch
 
+from fsf_kernels.common.args import check_window_args
+from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.rope import rotate
-
-_IMPLS = ("auto", "reference", "triton")
-
-
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, impl: str) -> None:
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if window < 0:
-        raise ValueError(f"window must be >= 0, got {window}")
-    if impl not in _IMPLS:
-        raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
 
 
 def window_attention_reference(
@@ -74,22 +65,11 @@ def sliding_window_attention(
     is None. `impl`: "reference", "triton" or "auto" (Triton on CUDA tensors
     when the kernel is importable, the reference elsewhere).
     """
-    _check(q, k, v, window, impl)
-    if impl == "triton" or (impl == "auto" and q.is_cuda):
-        kernel = _triton_kernel()
-        if kernel is not None:
-            return kernel(q, k, v, window=window, rope_theta=rope_theta, start_pos=start_pos)
-        if impl == "triton":
-            raise RuntimeError("impl='triton' requested but the window-attention Triton kernel is unavailable")
+    check_window_args(q, k, v, window)
+    kernel = kernel_for("window_attention", "sliding_window_attention", impl, q)
+    if kernel is not None:
+        return kernel(q, k, v, window=window, rope_theta=rope_theta, start_pos=start_pos)
     if rope_theta is not None:
         q = rotate(q, rope_theta, start_pos)
         k = rotate(k, rope_theta, start_pos)
     return window_attention_reference(q, k, v, window=window)
-
-
-def _triton_kernel():
-    try:
-        from fsf_kernels.window_attention import sliding_window_attention as kernel
-    except ImportError:
-        return None
-    return kernel

@@ -7,16 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from fsf_kernels.common.rope_tables import rope_cos_sin
 
-def rope_cos_sin(
-    positions: torch.Tensor, dim: int, theta: float = 10000.0, dtype: torch.dtype = torch.float32
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables `[T, dim/2]` for integer `positions` `[T]` (computed in fp32)."""
-    if dim % 2:
-        raise ValueError(f"RoPE needs an even head dim, got {dim}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64) / dim))
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+__all__ = ["apply_rope", "rope_cos_sin", "rotate"]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
+from fsf_kernels.common.args import check_head_dim, check_readout_args
+from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
 _BM = 16
@@ -284,20 +285,10 @@ def cell_readout(
     nothing are exactly 0 with zero gradients. Returns `[B, N, H, D]` in q's
     dtype; differentiable w.r.t. q, k, v and rms_weight.
     """
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, N, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q)
-    if cell_size < 1:
-        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
-    if cells.dim() != 4 or cells.shape[:3] != q.shape[:3] or not 1 <= cells.shape[3] <= 64:
-        raise ValueError(f"cells must have shape {tuple(q.shape[:3])} + (K,) with 1 <= K <= 64, "
-                         f"got {tuple(cells.shape)}")
-    if cells.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cells must be int64 or int32, got {cells.dtype}")
-    heads, dim = q.shape[2], q.shape[3]
-    if rms_weight is not None and tuple(rms_weight.shape) not in ((heads, dim), (dim,)):
-        raise ValueError(f"rms_weight must have shape ({heads}, {dim}) or ({dim},), got {tuple(rms_weight.shape)}")
+    if cells.shape[3] > 64:
+        raise ValueError(f"cells: K must be <= 64 for the Triton kernel, got {cells.shape[3]}")
     return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps))

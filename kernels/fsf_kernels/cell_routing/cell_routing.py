@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fsframework.ops.freesolo_routing import check_routing_args, per_head
+from fsf_kernels.common.args import check_head_dim, check_routing_args, per_head
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
-from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
+from fsf_kernels.common.utils import dot_args, next_pow2
 
 _BC = 64  # FS: cells scored per step
 

@@ -1,5 +1,19 @@
-"""Tiles and host helpers shared by the fsf_kernels ops."""
+"""Tiles and host helpers shared by the fsf_kernels ops.
 
-from fsf_kernels.common.utils import check_head_dim, dot_args, interpreting, next_pow2
+`args` (argument checks) and `rope_tables` (RoPE cos/sin) import torch only;
+the other modules import Triton. Nothing is imported eagerly here, so
+`fsf_kernels.common.args` and `fsf_kernels.common.rope_tables` load without
+Triton; the helpers of `utils` are still reachable as attributes of this package.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["check_head_dim", "dot_args", "interpreting", "next_pow2"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("fsf_kernels.common.utils"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

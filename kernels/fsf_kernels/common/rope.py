@@ -1,8 +1,9 @@
 """RoPE pre-pass (half-split, as fsframework.ops.rope) as a Triton kernel.
 
 Forward rotates by +theta_t, backward by -theta_t (a rotation's transpose is
-its inverse). Tables come from `fsframework.ops.rope.rope_cos_sin`, computed in
-fp64 and rounded to fp32, so long positions keep the reference's accuracy.
+its inverse). Tables come from `fsf_kernels.common.rope_tables` (shared with
+the reference `fsframework.ops.rope`), computed in fp64 and rounded to fp32, so
+long positions keep the reference's accuracy.
 
 Shapes: x `[B, T, H, D]` (any strides) -> contiguous `[B, T, H, D]`.
 """
@@ -13,8 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fsframework.ops.rope import rope_cos_sin
+from fsf_kernels.common.rope_tables import rope_tables
 from fsf_kernels.common.utils import next_pow2
+
+__all__ = ["rope_apply", "rope_kernel", "rope_tables"]
 
 
 @triton.jit
@@ -41,13 +44,6 @@ def rope_kernel(
     p_y = y + ((b.to(tl.int64) * T + row[:, None]) * H + h) * (2 * HALF) + o_d[None, :]
     tl.store(p_y, (x1 * c - x2 * s).to(y.dtype.element_ty), mask=mask)
     tl.store(p_y + HALF, (x1 * s + x2 * c).to(y.dtype.element_ty), mask=mask)
-
-
-def rope_tables(seq: int, dim: int, theta: float, start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables `[T, D/2]` for positions start .. start+T-1."""
-    pos = torch.arange(start, start + seq, device=device)
-    cos, sin = rope_cos_sin(pos, dim, theta, torch.float32)
-    return cos.contiguous(), sin.contiguous()
 
 
 def rope_apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,

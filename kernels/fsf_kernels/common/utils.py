@@ -7,7 +7,10 @@ import os
 import torch
 import triton.language as tl
 
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from fsf_kernels.common.args import check_head_dim
+
+__all__ = ["check_head_dim", "dot_args", "interpreting", "next_pow2"]
+
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -35,13 +38,3 @@ def dot_args(dtype: torch.dtype, fp32_precision: str = "ieee") -> dict:
         return dict(DT=tl.float32, PREC=fp32_precision)
     return dict(DT=_TL[dtype], PREC="tf32")  # PREC only applies to fp32 operands
 
-
-def check_head_dim(name: str, x: torch.Tensor, even: bool = False) -> None:
-    """Raise ValueError unless `x` has a supported dtype and head dim."""
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
-    d = x.shape[-1]
-    if d < 1 or d > 256:
-        raise ValueError(f"{name}: head dim must be in [1, 256], got {d}")
-    if even and d % 2:
-        raise ValueError(f"{name}: RoPE needs an even head dim, got {d}")

@@ -18,8 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fsf_kernels.common.rope import rope_apply, rope_tables
-from fsf_kernels.common.utils import check_head_dim, dot_args, next_pow2
+from fsf_kernels.common.args import check_head_dim, check_window_args
+from fsf_kernels.common.rope import rope_apply
+from fsf_kernels.common.rope_tables import rope_tables
+from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
 _BM = 64
@@ -261,14 +263,10 @@ def sliding_window_attention(
     Returns `[B, T, H, D]` in q's dtype. Same result as
     `fsframework.ops.local_attention.sliding_window_attention(impl="reference")`.
     """
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+    check_window_args(q, k, v, window)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q, even=rope_theta is not None)
-    if window < 0:
-        raise ValueError(f"window must be >= 0, got {window}")
     if start_pos < 0:
         raise ValueError(f"start_pos must be >= 0, got {start_pos}")
     cos = sin = None

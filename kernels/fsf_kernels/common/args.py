@@ -1,0 +1,112 @@
+"""Argument checks shared by the kernels and the PyTorch references in `fsframework.ops`.
+
+Torch only (no Triton import), so the references can use these checks on a
+machine without Triton; each check raises ValueError naming the problem.
+Legend: B batch, N tokens, H heads, d head width, K cells per query.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VARIANTS = ("fs", "fsl")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_head_dim(name: str, x: torch.Tensor, even: bool = False) -> None:
+    """Raise ValueError unless `x` has a dtype and head dim the kernels support."""
+    if x.dtype not in DTYPES:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+    d = x.shape[-1]
+    if d < 1 or d > 256:
+        raise ValueError(f"{name}: head dim must be in [1, 256], got {d}")
+    if even and d % 2:
+        raise ValueError(f"{name}: RoPE needs an even head dim, got {d}")
+
+
+def check_query_offset(q: torch.Tensor, k: torch.Tensor, q_start: int, block_size: int) -> None:
+    """Queries `[Bt, n, H, d]` at positions `[q_start, q_start + n)` against keys `[Bt, q_start + n, H, d]`."""
+    if q_start < 0 or q_start % block_size:
+        raise ValueError(f"q_start={q_start} must be a non-negative multiple of block_size={block_size} "
+                         "(a query block never straddles a slice boundary)")
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+            or k.shape[1] != q_start + q.shape[1]:
+        raise ValueError(f"with q_start={q_start}, q [B, n, H, d] needs keys [B, q_start + n, H, d], got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int = 0, block_size: int = 1) -> None:
+    """q, k, v `[B, N, H, d]` of one shape; with `q_start`, q `[B, n, H, d]` and k, v `[B, q_start + n, H, d]`."""
+    if q_start:
+        check_query_offset(q, k, q_start, block_size)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must share a shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    elif q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must share a [B, N, H, d] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+
+
+def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_size: int, block_size: int,
+                       top_k: int, recent_cells: int, retained_cells: int, q_start: int = 0) -> None:
+    """Cell routing (FS / FS-L): shapes of q, k `[B, N, H, d]` and the sizes."""
+    if q_start:
+        check_query_offset(q, k, q_start, block_size)
+    elif q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(f"q and k must share a [B, N, H, d] shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] < 1:
+        raise ValueError(f"head width d must be >= 1, got {q.shape[-1]}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if cell_size < 1:
+        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
+    if block_size < 1 or block_size % cell_size:
+        raise ValueError(f"block_size={block_size} must be a positive multiple of cell_size={cell_size}")
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if recent_cells < 0 or retained_cells < 0:
+        raise ValueError(f"recent_cells (W={recent_cells}) and retained_cells (P={retained_cells}) must be >= 0")
+
+
+def per_head(value: float | torch.Tensor, heads: int, name: str, *, positive: bool, like: torch.Tensor) -> torch.Tensor:
+    """A float or a `[H]` (or scalar) tensor -> a `[H]` tensor in `like`'s dtype and device."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1 or (value.dim() == 1 and value.shape[0] not in (1, heads)):
+            raise ValueError(f"{name} must be a float or a tensor of shape ({heads},), got shape {tuple(value.shape)}")
+        return value.detach().to(device=like.device, dtype=like.dtype).expand(heads)
+    value = float(value)
+    if (positive and not value > 0) or value < 0:
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value}")
+    return torch.full((heads,), value, device=like.device, dtype=like.dtype)
+
+
+def check_readout_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int,
+                       rms_weight: torch.Tensor | None, q_start: int = 0, values: bool = False) -> None:
+    """Selected-cell readout: shapes of q, k, v, cells `[B, n, H, K]` and rms_weight, and cell_size.
+
+    With `values`, also the range of `cells` (-1 or a complete cell `< N // cell_size`):
+    that reads the tensor (a device sync), so only the reference asks for it.
+    """
+    check_qkv(q, k, v, q_start=q_start)
+    if cell_size < 1:
+        raise ValueError(f"cell_size must be >= 1, got {cell_size}")
+    if cells.dim() != 4 or cells.shape[:3] != q.shape[:3] or cells.shape[3] < 1:
+        raise ValueError(f"cells must have shape [B, N, H, K] = {tuple(q.shape[:3])} + (K,), K >= 1, "
+                         f"got {tuple(cells.shape)}")
+    if cells.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cells must be an integer tensor (int64 or int32), got {cells.dtype}")
+    num_cells = k.shape[1] // cell_size
+    if values and cells.numel() and (int(cells.min()) < -1 or int(cells.max()) >= num_cells):
+        raise ValueError(f"cells must lie in [-1, {num_cells - 1}] (-1 = none; only complete cells of "
+                         f"N={q.shape[1]}, s={cell_size} exist), got [{int(cells.min())}, {int(cells.max())}]")
+    heads, dim = q.shape[2], q.shape[3]
+    if rms_weight is not None and tuple(rms_weight.shape) not in ((heads, dim), (dim,)):
+        raise ValueError(f"rms_weight must have shape ({heads}, {dim}) or ({dim},), got {tuple(rms_weight.shape)}")
+
+
+def check_window_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> None:
+    """Sliding-window attention: q, k, v `[B, T, H, D]` of one shape and `window >= 0`."""
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"q, k, v must share a [B, T, H, D] shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")

@@ -1,0 +1,114 @@
+"""`fsframework.ops.dispatch.kernel_for`: which implementation each `impl` picks, and how a kernel that
+cannot be imported is reported."""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from fsframework.ops import dispatch
+from fsframework.ops.dispatch import IMPLS, kernel_for
+from fsframework.ops.freesolo import cell_readout, select_cells
+from fsframework.ops.local_attention import sliding_window_attention
+
+FAKE = "fsf_kernels.fake_op"  # a stand-in kernel module, put into sys.modules by the tests
+
+
+class CudaLike:
+    """What `kernel_for` reads of a tensor: only `is_cuda`."""
+
+    is_cuda = True
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    module = types.ModuleType(FAKE)
+    module.op = lambda *args, **kwargs: "kernel"
+    monkeypatch.setitem(sys.modules, FAKE, module)
+    return module.op
+
+
+@pytest.fixture
+def broken_kernel(monkeypatch):
+    """The import of the stand-in module fails; `auto`'s once-only report starts afresh."""
+    monkeypatch.setitem(sys.modules, FAKE, None)
+    monkeypatch.setattr(dispatch, "_warned", set())
+
+
+def test_impls():
+    assert IMPLS == ("auto", "reference", "triton")
+
+
+def test_choice_on_cpu_tensors(fake_kernel):
+    x = torch.zeros(1)
+    assert kernel_for("fake_op", "op", "reference", x) is None
+    assert kernel_for("fake_op", "op", "auto", x) is None
+    assert kernel_for("fake_op", "op", "triton", x) is fake_kernel
+
+
+def test_choice_on_cuda_tensors(fake_kernel):
+    assert kernel_for("fake_op", "op", "reference", CudaLike()) is None
+    assert kernel_for("fake_op", "op", "auto", CudaLike()) is fake_kernel
+    assert kernel_for("fake_op", "op", "triton", CudaLike()) is fake_kernel
+
+
+def test_reference_and_cpu_auto_never_import_the_kernel(broken_kernel):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel_for("fake_op", "op", "reference", CudaLike()) is None
+        assert kernel_for("fake_op", "op", "auto", torch.zeros(1)) is None
+
+
+@pytest.mark.parametrize("impl", ["cuda", "Triton", "", None])
+def test_unknown_impl_names_the_allowed_values(impl):
+    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'reference', 'triton'\)"):
+        kernel_for("fake_op", "op", impl, torch.zeros(1))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: select_cells(x, x, impl="gpu"),
+    lambda x: cell_readout(x, x, x, torch.full((*x.shape[:3], 1), -1), impl="gpu"),
+    lambda x: sliding_window_attention(x, x, x, window=2, impl="gpu"),
+], ids=["select_cells", "cell_readout", "sliding_window_attention"])
+def test_every_op_validates_impl(call):
+    with pytest.raises(ValueError, match="impl must be one of"):
+        call(torch.zeros(1, 8, 1, 4))
+
+
+def test_triton_raises_naming_the_reason(broken_kernel):
+    for tensor in (torch.zeros(1), CudaLike()):
+        with pytest.raises(RuntimeError, match=r"impl='triton'.*fsf_kernels\.fake_op\.op.*ModuleNotFoundError"):
+            kernel_for("fake_op", "op", "triton", tensor)
+
+
+def test_triton_raises_on_a_missing_function(fake_kernel):
+    with pytest.raises(RuntimeError, match=r"fsf_kernels\.fake_op\.missing.*AttributeError"):
+        kernel_for("fake_op", "missing", "triton", torch.zeros(1))
+
+
+def test_auto_on_cuda_warns_once_then_falls_back(broken_kernel):
+    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*fsf_kernels\.fake_op\.op.*ModuleNotFoundError.*reference"):
+        assert kernel_for("fake_op", "op", "auto", CudaLike()) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second report would raise here
+        assert kernel_for("fake_op", "op", "auto", CudaLike()) is None
+    # another kernel's failure is reported on its own
+    with pytest.warns(RuntimeWarning, match=r"fsf_kernels\.fake_op\.other"):
+        assert kernel_for("fake_op", "other", "auto", CudaLike()) is None
+
+
+def test_an_op_on_cuda_falls_back_to_the_reference_with_a_warning(monkeypatch):
+    """The whole path of an op: "auto" on a (pretend) CUDA tensor whose kernel fails to import."""
+    monkeypatch.setitem(sys.modules, "fsf_kernels.window_attention", None)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 12, 2, 8, generator=gen) for _ in range(3))
+    assert q.is_cuda
+    with pytest.warns(RuntimeWarning, match="fsf_kernels.window_attention.sliding_window_attention"):
+        got = sliding_window_attention(q, k, v, window=3, impl="auto")
+    assert torch.equal(got, sliding_window_attention(q, k, v, window=3, impl="reference"))
