@@ -8,9 +8,9 @@ import torch
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.decoding import greedy_generate
 from fsframework.models.decode_cache import decode_cache, supports_decode_cache
-from fsframework.models.registry import build_model
+from fsframework.models.registry import MODEL_NAMES, build_model
 
-KINDS = ["tfpp", "swa", "alibi", "sinusoidal", "fs", "fsl"]
+KINDS = list(MODEL_NAMES)  # every registry kind
 VOCAB = 260
 
 

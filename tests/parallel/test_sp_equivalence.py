@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from fsframework.models.registry import MODEL_NAMES
 from tests.parallel.ranks import run_ranks
 
 WORKER = Path(__file__).with_name("_equivalence_worker.py")
-ALL_KINDS = "tfpp,swa,alibi,sinusoidal,fs,fsl"
+ALL_KINDS = ",".join(MODEL_NAMES)  # every registry kind
 
 
 @pytest.mark.timeout(120)
