@@ -5,6 +5,12 @@ strict mode onto the dataclass defaults, so an unknown key or a value of the
 wrong type fails with the key's name before any work starts. `validate()`
 then checks the relations between values (block size a multiple of the cell
 size, window wide enough, positive learning rate, ...).
+
+Saved configs are versioned: `to_yaml` writes `schema_version` (SCHEMA_VERSION), and
+`load_run_config` reads a run's config.yaml of any version, migrating it with
+SCHEMA_MIGRATIONS (removed keys dropped, moved keys put in their new place). A job file
+(`load_config`) is written in the current schema: a key of an older version fails with a
+message naming its new place, or saying it was removed.
 """
 
 from __future__ import annotations
