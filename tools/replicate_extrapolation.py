@@ -81,9 +81,9 @@ def copy_probe(model, tokenizer, train_len: int, num_docs: int = 20) -> tuple[fl
 def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> dict:
     import torch
 
+    from fsframework.checkpoints import load_model
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
-    from fsframework.train.checkpoint import load_model
 
     model, cfg = load_model(run_dir)
     torch.set_grad_enabled(False)
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="training config overrides, e.g. optim.lr=1e-3")
     args = parser.parse_args()
 
+    from fsframework.checkpoints import RunDir
     from fsframework.config import load_config
 
     config = Path(args.config).resolve()
@@ -168,7 +169,7 @@ def main() -> None:
         if not args.skip_train:
             init = [f"train.init_from={Path(args.init_from.format(model=model)).resolve()}"] if args.init_from else []
             timing[model] = train(config, model, run_dir, [*extra, *init])
-        result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
+        result = evaluate(run_dir, lengths, args.num_samples, RunDir(run_dir).eval_dir / "extrapolation.json")
         table[model], copies[model] = result["scores"], result["copy_probe"]
         beyond[model] = beyond_reach(result["samples"], reach)
     summary = {"config": str(config), "init_from": args.init_from, "train_len": train_len, "lengths": lengths,

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fsframework.cli_data import data_app
+from fsframework.cli.data import data_app
 from fsframework.data.build import DataBuildError, build_shards
 from fsframework.data.inspect_shards import ShardError, inspect
 
@@ -235,6 +235,6 @@ def test_cli(tmp_path):
     assert res.exit_code == 0, res.output
     assert "samples" in res.output and "sample 2" in res.output
     res = runner.invoke(app, ["data", "build", str(path), "--out", str(tmp_path / "o2"), "--seq-len", "8"])
-    assert res.exit_code == 1 and "d.jsonl, line 1: no field 'text'" in res.output
+    assert res.exit_code == 2 and "d.jsonl, line 1: no field 'text'" in res.output
     res = runner.invoke(app, ["data", "inspect", str(out), "--sample", "10000"])
-    assert res.exit_code == 1 and "out of range" in res.output
+    assert res.exit_code == 2 and "out of range" in res.output

@@ -48,7 +48,7 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 
     # the checkpoint carries its tokenizer: it still loads once the configured file is gone
     from fsframework.data.tokenizers import load_tokenizer
-    from fsframework.train.checkpoint import load_model
+    from fsframework.checkpoints import load_model
 
     text = "The passkey is 12345."
     expected = load_tokenizer(str(tok)).encode(text)
