@@ -62,7 +62,7 @@ def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str
     """One micro-batch of the copy warmup (`train.copy_warmup_*`): repeated random passages with
     as many tokens as a data micro-batch. Drawn from a generator seeded by (seed, step, micro
     batch, rank), so a resumed run sees the same batches and ranks see different ones."""
-    from fsframework.eval.copying import repeat_batch
+    from fsframework.data.synthetic import repeat_batch
 
     t = cfg.train
     gen = torch.Generator().manual_seed(((t.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)

@@ -12,7 +12,8 @@ holds the token to copy. This module measures how often it does, per layer:
 
 for the best single head and for any head, next to the chance rate `K / |eligible cells|` of
 a routing that picks K of the eligible cells at random (for FS-L too: its pruning keeps a
-cell available only by key norm, which knows nothing of the copy). Used by `tools/copy_drill.py --routing`.
+cell available only by key norm, which knows nothing of the copy). Used by `experiments/copy_drill.py
+--routing`.
 
 The source's cell is the strictest target. Two looser ones say what a routing that rarely
 hits it does select instead, each with its own chance rate (`1 - C(E - m, K) / C(E, K)` for m
