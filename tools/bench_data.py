@@ -27,7 +27,7 @@ import numpy as np
 
 def write_corpus(path: Path, chars: int, repeat: int) -> int:
     """The prose as JSONL, `repeat` times over (the stdlib holds only a few MB of it)."""
-    from fsframework.data.corpus import stdlib_prose
+    from fsframework.data.stdlib_text import stdlib_prose
 
     docs = stdlib_prose(chars)
     with open(path, "w", encoding="utf-8") as f:
@@ -39,12 +39,11 @@ def write_corpus(path: Path, chars: int, repeat: int) -> int:
 
 def bench_tokenize(path: Path, workers: int) -> tuple[float, int]:
     """Seconds and tokens for read + parse + encode only (no packing or writing)."""
-    from fsframework.data import build as b
+    from fsframework.data.build import tokenize_files
 
     start = time.perf_counter()
-    tasks = ((chunk, "text") for chunk in b._chunks(b._records([path], "text")))
     tokens = 0
-    for _, result in b._ordered_map(b._tokenize_chunk, tasks, workers, ("byte",)):
+    for _, result in tokenize_files([path], tokenizer="byte", workers=workers):
         tokens += sum(len(v) + 1 for _, _, status, v in result if status == "ok")
     return time.perf_counter() - start, tokens
 
