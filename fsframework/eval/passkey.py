@@ -4,7 +4,8 @@
 depths from 0 to 100%; the prompt ends with "The passkey is" and a sample is
 correct when the generation's first number is exactly the five digits.
 Sample i uses depth `PASSKEY_DEPTHS[i % 10]`, so 100 samples give the paper's
-10 runs per depth.
+10 runs per depth. The prompt's strings live in `fsframework.data.templates`
+(shared with the training documents of the embedded corpus).
 """
 
 from __future__ import annotations

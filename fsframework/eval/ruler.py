@@ -22,7 +22,8 @@ RULER task settings reproduced (RULER `synthetic.yaml`):
 | niah_multivalue  | essay    | words | numbers | 1    | 4      | 1       |
 | niah_multiquery  | essay    | words | numbers | 4    | 1      | 4       |
 
-Templates, needle wording ("numbers"/"uuids"/"words" variants), the singular
+Templates, needle wording ("numbers"/"uuids"/"words" variants; the strings live in
+`fsframework.data.templates`, shared with the training documents), the singular
 rewording when one value is asked, the multi-query join ("a, b, and c"), 7-digit
 values, UUID4 values and the 128-token generation budget follow RULER. Where this
 differs from RULER, and why:
