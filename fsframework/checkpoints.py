@@ -364,8 +364,8 @@ def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, 
 
 def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
     """Weights for `train.init_from`: a run directory or checkpoint (as `resolve_checkpoint`), or
-    one `.pt` file holding a plain state dict, bare or under "model" (what
-    `tools/copy_drill.py --save` writes), so a model trained outside the trainer can start a run."""
+    one `.pt` file holding a plain state dict, bare or under "model", so a model trained outside
+    the trainer can start a run."""
     import torch
 
     path = Path(path)

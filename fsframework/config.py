@@ -19,10 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-MODEL_NAMES = ("tfpp", "swa", "alibi", "sinusoidal", "fs", "fsl")
-FREESOLO_MODELS = ("fs", "fsl")
 COMBINE_MODES = ("sum", "gate", "separate_wo")
-ATTENTION_IMPLS = ("auto", "reference", "triton")
 
 
 class ConfigError(ValueError):
@@ -31,7 +28,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class AttentionConfig:
-    """Attention hyperparameters; the FreeSolo ones follow SPEC §1 (paper defaults)."""
+    """Attention hyperparameters; the FreeSolo ones follow docs/freesolo.md (paper defaults)."""
 
     window: int = 512  # local branch / SWA: keys with 0 <= i - j <= window
     rope_theta: float = 10000.0
@@ -48,7 +45,7 @@ class AttentionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "tfpp"  # one of MODEL_NAMES
+    name: str = "tfpp"  # a kind of fsframework.models.registry
     vocab_size: int = 260
     d_model: int = 256
     n_layers: int = 4
@@ -100,7 +97,7 @@ class DataConfig:
 
 @dataclass
 class LossConfig:
-    """Recall-weighted next-token loss (SPEC §1.10): `sum w CE / sum w`,
+    """Recall-weighted next-token loss (docs/freesolo.md §1.10): `sum w CE / sum w`,
     `w = 1 + beta * recall + beta_switch * switch`; off by default."""
 
     recall_weighting: bool = False
@@ -158,7 +155,7 @@ class ResearchConfig:
     Copy warmup: the first `copy_warmup_steps` steps train on generated passages of random
     token ids (0 .. copy_warmup_draw-1, copy_warmup_max_passage/4 .. copy_warmup_max_passage
     long), each followed by itself, in copy_warmup_seq_len-token sequences with the same
-    tokens per step, before the data stream starts (fsframework.eval.copying): short
+    tokens per step, before the data stream starts (fsframework.data.synthetic): short
     sequences of short passages carry small models past the plateau before induction
     (copying) heads form, which a long-context corpus alone does not in a CPU budget.
     """
@@ -233,12 +230,19 @@ def _check_short_sequences(cfg: Config) -> None:
     _check_shorter_sequences(cfg, "train.short_seq_len", t.short_seq_len)
 
 
+def _freesolo(name: str) -> bool:
+    """Whether model `name` is a FreeSolo kind (query blocks, cells, routing)."""
+    from fsframework.models.registry import KINDS
+
+    return name in KINDS and KINDS[name].freesolo
+
+
 def _check_shorter_sequences(cfg: Config, key: str, length: int) -> None:
     """Steps that train on sequences of `length` instead of data samples: only without sequence
     parallelism (its slices are cut from whole samples), and whole blocks for FreeSolo models."""
     if cfg.parallel.sp > 1:
         raise ConfigError(f"{key} needs parallel.sp=1 (the sequence-parallel slices are cut from whole samples)")
-    if cfg.model.name in FREESOLO_MODELS and length % cfg.model.attention.block_size:
+    if _freesolo(cfg.model.name) and length % cfg.model.attention.block_size:
         raise ConfigError(f"{key}={length} must be a multiple of "
                           f"model.attention.block_size={cfg.model.attention.block_size}")
 
@@ -282,9 +286,14 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"schema_version={cfg.schema_version} is not this version's {SCHEMA_VERSION}: a run's "
                           "saved config.yaml of an older version is migrated when the run is read back "
                           "(fsf eval, resume, train.init_from); a job file needs no schema_version")
+    # the names of the kinds and of the kernel implementations are owned by the registry and
+    # the ops' dispatcher; both import nothing of the package above them
+    from fsframework.models.registry import MODEL_NAMES
+    from fsframework.ops.dispatch import IMPLS
+
     _choice("model.name", m.name, MODEL_NAMES)
     _choice("model.attention.combine", a.combine, COMBINE_MODES)
-    _choice("model.attention.impl", a.impl, ATTENTION_IMPLS)
+    _choice("model.attention.impl", a.impl, IMPLS)
     _choice("optim.decay", cfg.optim.decay, ("cosine", "linear", "constant"))
     _choice("parallel.precision", cfg.parallel.precision, ("auto", "fp32", "bf16"))
     _choice("parallel.backend", cfg.parallel.backend, ("auto", "gloo", "nccl"))
@@ -315,7 +324,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.d_model={m.d_model} must be a multiple of model.n_heads={m.n_heads}")
     if m.head_dim % 2:
         raise ConfigError(f"head dim d_model/n_heads={m.head_dim} must be even for RoPE")
-    if m.name in FREESOLO_MODELS:
+    if _freesolo(m.name):
         if a.block_size % a.cell_size:
             raise ConfigError(
                 f"model.attention.block_size={a.block_size} must be a multiple of model.attention.cell_size={a.cell_size}")

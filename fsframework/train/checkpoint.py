@@ -22,10 +22,7 @@ import torch
 
 from fsframework.checkpoints import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
                                      CheckpointError, client_state_name, list_checkpoints, step_name)
-# The read side, re-exported for existing imports; new code imports fsframework.checkpoints.
-from fsframework.checkpoints import (checkpoint_tokenizer, consolidated_state_dict, find_latest,  # noqa: F401
-                                     initial_weights, load_model, resolve_checkpoint, verify, write_fp32_model)
-from fsframework.train.distributed import barrier  # noqa: F401  (re-exported for the trainer)
+from fsframework.train.distributed import barrier
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"

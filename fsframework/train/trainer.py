@@ -22,7 +22,7 @@ from fsframework.parallel.health import FaultInjector, init_health_group, rerais
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
-from fsframework.train.distributed import DistInfo, init_distributed
+from fsframework.train.distributed import DistInfo, barrier, init_distributed
 from fsframework.train.monitor import Monitor, console
 from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
@@ -63,7 +63,7 @@ def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str
     """One micro-batch of the copy warmup (`research.copy_warmup_*`): repeated random passages with
     as many tokens as a data micro-batch. Drawn from a generator seeded by (seed, step, micro
     batch, rank), so a resumed run sees the same batches and ranks see different ones."""
-    from fsframework.eval.copying import repeat_batch
+    from fsframework.data.synthetic import repeat_batch
 
     r = cfg.research
     gen = torch.Generator().manual_seed(((cfg.train.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)
@@ -115,7 +115,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run.config.write_text(to_yaml(cfg))
             data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
-        ckpt_io.barrier()
+        barrier()
         streams = data_streams(cfg, "train", build=False)
         check_shard_files([location for location, _ in streams])
 

@@ -37,7 +37,7 @@ def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
 
 
 def test_init_from_a_plain_weights_file(tmp_path, data_cache):
-    """A state dict saved outside the trainer (as `tools/copy_drill.py --save` writes it: under
+    """A state dict saved outside the trainer (as `experiments/copy_drill.py --save` writes it: under
     "model") starts a run with exactly those weights; a file that does not fit is named."""
     import torch
 
