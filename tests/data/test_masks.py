@@ -1,7 +1,6 @@
 """Recall / switch masks (docs/freesolo.md §1.10): each rule on crafted sequences, then the vectorized
 version against the literal loop on random sequences."""
 
-import time
 
 import numpy as np
 import pytest
@@ -249,14 +248,10 @@ def test_short_and_empty_inputs():
         recall_masks(np.arange(5), np.arange(4))
 
 
-def test_speed_4096_tokens():
+def test_a_long_copy_in_a_4096_token_sequence_is_marked():
+    # the speed of this path is measured by tools/bench_data.py, not asserted here
     rng = np.random.default_rng(0)
     x = rng.integers(0, 50_000, 4097)
     x[3000:3600] = x[200:800]
-    recall_masks(x)
-    start = time.perf_counter()
-    for _ in range(10):
-        f, _ = recall_masks(x)
-    per_call = (time.perf_counter() - start) / 10
+    f, _ = recall_masks(x)
     assert f[3000] and f[3004:3600].all()
-    assert per_call < 0.05, f"{per_call * 1e3:.1f} ms per 4096-token sequence"
