@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -68,15 +69,41 @@ def lower_median(values: torch.Tensor) -> torch.Tensor:
 
 
 def _world() -> tuple[int, int]:
-    """(rank, world size): torchrun's, initialising its process group (gloo on CPU) when needed."""
+    """(rank, world size) from torchrun's environment (1 process without it)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextmanager
+def _alone():
+    """Hide torchrun's variables: rank 0 reads the text as a single process (the streaming
+    reader would otherwise expect every rank to open the dataset with it)."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _shared_windows(read, rank: int, world: int) -> torch.Tensor:
+    """`read()` on rank 0 only, then its windows (or its error) sent to every rank."""
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
+    if world == 1:
+        return read()
+    result: list = [None]
+    if rank == 0:
+        with _alone():
+            try:
+                result[0] = read()
+            except (ValueError, FileNotFoundError) as exc:
+                result[0] = exc
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
 
 
 def _gather(values: list[torch.Tensor], world: int, window_rows: int) -> list[torch.Tensor]:
@@ -126,8 +153,13 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: in
     cell_size = cfg.model.attention.cell_size
     if seq_len < cell_size:
         raise ValueError(f"--seq-len {seq_len} is shorter than one cell ({cell_size} tokens)")
-    data_dir = data or data_streams(cfg, "eval")[0][0]
-    tokens = calibration_windows(heldout_tokens(str(data_dir), windows * seq_len * 4), windows, seq_len, seed)
+
+    def read() -> tuple[torch.Tensor, str]:
+        where = data or data_streams(cfg, "eval")[0][0]
+        stream = heldout_tokens(str(where), windows * seq_len * 4)
+        return calibration_windows(stream, windows, seq_len, seed), str(where)
+
+    tokens, data_dir = _shared_windows(read, rank, world)
     mine = tokens[rank::world]
     recorder = KeyNormRecorder(layers, cell_size)
     try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from fsframework.checkpoints import resolve_checkpoint
 from fsframework.cli import app
+from tests.parallel.ranks import run_ranks
 from tests.utils import REPO, TINY_DATA, run_fsf
 
 FS_TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.attention.cell_size=4",
@@ -39,6 +41,9 @@ def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     assert json.loads((ckpt / "calibration.json").read_text())["tau"] == record["tau"]
     assert cli.invoke(app, [*calibrate[:-1], "4"]).exit_code == 0  # another shuffle, other windows
     assert json.loads((ckpt / "calibration.json").read_text())["tau"] != record["tau"]
+    # two ranks (torchrun) split the windows 3 + 3 and gather every value: the same exact medians
+    run_ranks(Path(__file__).with_name("_calibrate_worker.py"), 2, str(run), "6", "48", "3")
+    assert json.loads((ckpt / "calibration.json").read_text())["tau"] == record["tau"]
 
     res = cli.invoke(app, evaluate)
     assert res.exit_code == 0, res.output
