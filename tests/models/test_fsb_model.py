@@ -67,3 +67,23 @@ def test_fsb_config_keys_are_checked():
         load_config(None, ["model.name=fsb", "model.attention.fsb_beam_width=2"])
     with pytest.raises(ConfigError, match="fsb_forests"):
         load_config(None, ["model.attention.fsb_forests=all"])
+
+
+def test_fsb_recipes():
+    """FS 800M base and the two recall-weighted CPT stages (docs/freesolo.md §1.10)."""
+    from fsframework.config import load_config
+    from fsframework.models.registry import count_parameters
+    from fsframework.train.schedule import lr_factor
+
+    base = load_config(REPO / "yamls" / "fs-800m.yaml")
+    with torch.device("meta"):
+        assert 700e6 < count_parameters(build_model(base.model)) < 850e6
+    for stage, beta_switch, init in ((1, 9.0, "runs/fs-800m"), (2, 49.0, "runs/fsb-800m-cpt-stage1")):
+        cfg = load_config(REPO / "yamls" / f"fsb-800m-cpt-stage{stage}.yaml")
+        assert cfg.model.name == "fs" and cfg.model.attention.top_k == 16 and cfg.train.init_from == init
+        assert cfg.model == base.model.__class__(**{**vars(base.model), "attention": cfg.model.attention})
+        assert (cfg.loss.recall_weighting, cfg.loss.beta, cfg.loss.beta_switch) == (True, 9.0, beta_switch)
+        assert cfg.train.max_steps == 800 and cfg.optim.warmup_steps == 20
+        assert cfg.data.seq_len * cfg.data.micro_batch_size * cfg.parallel.grad_accum * 16 == 262_144  # 16 ranks
+        lrs = [cfg.optim.lr * lr_factor(step, 800, cfg.optim) for step in (19, 799)]
+        assert lrs[0] == pytest.approx(4e-5) and lrs[1] == pytest.approx(4e-6, rel=1e-3)
