@@ -92,42 +92,65 @@ def build_chunk_trees(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
         level += 1
 
 
+NODE_FIELDS = ("mu", "rho", "amax", "pmin", "left", "right", "cell")
+
+
+class NodeStore:
+    """Node buffers of G forests side by side, `[G, capacity, ...]`, so one beam search can
+    gather from all of them at once. Capacity doubles when a forest needs more (amortized
+    O(1) copies per node); only the forest being extended writes its row."""
+
+    def __init__(self, rows: int, dim: int, *, dtype: torch.dtype, device: torch.device, capacity: int = 16):
+        self.rows, self.dim, self.dtype, self.device = rows, dim, dtype, device
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._alloc(max(1, capacity), used=0)
+
+    def _alloc(self, capacity: int, used: int) -> None:
+        rows, kw = self.rows, dict(dtype=self.dtype, device=self.device)
+        new = {"mu": torch.zeros(rows, capacity, self.dim, **kw), "rho": torch.zeros(rows, capacity, **kw),
+               "amax": torch.zeros(rows, capacity, **kw), "pmin": torch.zeros(rows, capacity, **kw)}
+        for name in ("left", "right", "cell"):
+            new[name] = torch.full((rows, capacity), -1, dtype=torch.long, device=self.device)
+        for name, old in self.tensors.items():
+            new[name][:, :used] = old[:, :used]
+        self.tensors = new
+
+    @property
+    def capacity(self) -> int:
+        return self.tensors["rho"].shape[1]
+
+    def reserve(self, nodes: int) -> None:
+        """Room for `nodes` nodes in every row."""
+        capacity = self.capacity
+        if nodes > capacity:
+            while capacity < nodes:
+                capacity *= 2
+            self._alloc(capacity, used=self.capacity)
+
+
 class Forest:
     """The forest of one batch row and head over the cells admitted so far (module docstring).
 
     kbar `[C, d]`, a `[C]`, p `[C]`: summaries of every complete cell (only admitted ones
-    are read). Node arrays (first `size` rows valid): `mu [., d]`, `rho`, `amax`, `pmin`,
-    `left`, `right` (child node, -1 at leaves), `cell` (leaf cell, -1 inside); `root`
-    (-1 while empty).
+    are read). Node arrays (first `size` rows valid), views of row `row` of `store` (a
+    `NodeStore`; by default one of its own): `mu [., d]`, `rho`, `amax`, `pmin`, `left`,
+    `right` (child node, -1 at leaves), `cell` (leaf cell, -1 inside); `root` (-1 while empty).
     """
 
-    def __init__(self, kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, capacity: int = 16):
+    def __init__(self, kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, capacity: int = 16,
+                 store: NodeStore | None = None, row: int = 0):
         self.kbar, self.a, self.p = kbar, a, p
+        self.store = store or NodeStore(1, kbar.shape[-1], dtype=kbar.dtype, device=kbar.device, capacity=capacity)
+        self.row = row
         self.cells = torch.empty(0, dtype=torch.long, device=kbar.device)  # admitted, arrival order
         self.chunks: list[tuple[int, int, int]] = []  # (first admitted position, size, node offset)
         self.size = 0  # nodes in use: the chunk trees, then the join chain
         self.root = -1
-        self._alloc(capacity)
 
-    def _alloc(self, capacity: int) -> None:
-        old = getattr(self, "mu", None)
-        kbar = self.kbar
-        new = {"mu": kbar.new_zeros(capacity, kbar.shape[-1]), "rho": kbar.new_zeros(capacity),
-               "amax": kbar.new_zeros(capacity), "pmin": kbar.new_zeros(capacity)}
-        for name in ("left", "right", "cell"):
-            new[name] = torch.full((capacity,), -1, dtype=torch.long, device=kbar.device)
-        if old is not None:
-            for name, buf in new.items():
-                buf[: self.size] = getattr(self, name)[: self.size]
-        for name, buf in new.items():
-            setattr(self, name, buf)
-
-    def _reserve(self, nodes: int) -> None:
-        capacity = self.mu.shape[0]
-        if nodes > capacity:
-            while capacity < nodes:
-                capacity *= 2  # geometric growth: amortized O(1) copies per node
-            self._alloc(capacity)
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in NODE_FIELDS:  # always the store's current buffer (it may have grown)
+            return self.__dict__["store"].tensors[name][self.__dict__["row"]]
+        raise AttributeError(name)
 
     @property
     def num_cells(self) -> int:
@@ -147,7 +170,7 @@ class Forest:
             keep += 1
         self.chunks = self.chunks[:keep]
         self.size = self.chunks[-1][2] + 2 * self.chunks[-1][1] - 1 if self.chunks else 0
-        self._reserve(2 * self.num_cells - 1)
+        self.store.reserve(2 * self.num_cells - 1)
         for first, size in wanted[keep:]:
             self._write_chunk_tree(first, size)
         self._write_join_chain()
@@ -201,5 +224,4 @@ class Forest:
 
     def state(self) -> dict[str, torch.Tensor]:
         """The used node arrays (a copy-free view), for comparison and search."""
-        return {name: getattr(self, name)[: self.size] for name in ("mu", "rho", "amax", "pmin", "left", "right",
-                                                                     "cell")}
+        return {name: getattr(self, name)[: self.size] for name in NODE_FIELDS}

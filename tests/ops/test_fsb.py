@@ -127,8 +127,8 @@ def test_bound_is_above_every_cell_score_below_the_node(c):
         q = randn(5, dim, seed=30 + trial) * 2
         pos = torch.full((5,), float(num * S + 3), dtype=F64)
         sigma, lam = torch.tensor(4.0, dtype=F64), torch.tensor(1.5, dtype=F64)
-        nodes = torch.arange(forest.size).expand(5, -1)
-        bound = node_bounds(forest, q, q.norm(dim=-1), pos, nodes, lam=lam, sigma=sigma, bound_c=c)
+        nodes = torch.arange(forest.size).expand(1, 5, -1)
+        bound = node_bounds(forest.store, q[None], pos, nodes, lam=lam[None], sigma=sigma[None], bound_c=c)[0]
         r = q @ kbar.T / math.sqrt(dim) + lam * a * torch.erf((pos[:, None] - p) / (2 * sigma))  # Eq. 7
         for v in range(forest.size):
             below = forest.leaves_below(v)
