@@ -18,8 +18,13 @@ every cell below `v` when `c >= 1`. The union of both beams' cells is rescored b
     R_ic = logsumexp_{j in cell c}(q_i . k_j / sqrt(d)) + lam_h * a_c * erf((i - p_c) / (2 sigma_h))
 
 and the top-K (ties: earlier cell) are read (§1.6). Search costs `O(Wb log M d)` per
-query, rescoring `O(Wb s d)`. With `Wb` at least the number of admitted cells the
-beam never drops a node, so the result is the exact top-K of Eq. 12.
+query. Rescoring computes a block's log-sum-exps once, for the union `U` of its queries'
+candidates (`|U| <= min(C, B * 2 Wb)`: a per-query cost bounded independently of N).
+With `Wb` at least the number of admitted cells the beam never drops a node, so the
+result is the exact top-K of Eq. 12.
+
+Every batch row, head and forest is searched at once: their forests share one
+`NodeStore` (`[G, capacity, ...]` buffers) and one beam tensor `[G, Q, Wb]`.
 """
 
 from __future__ import annotations
