@@ -11,7 +11,9 @@ stores `mu` (mean of the cells' mean keys), the exact radius `rho`, `A = max a_c
 and `pmin = min p_c`. The join chain links the chunk roots, newest deepest, with
 the triangle-bound radius; the forest's height is `ceil(log2 M)`.
 
-Storage is one node buffer per forest, grown geometrically. Chunk trees sit in it
+Storage is one node buffer per forest (a row of a `NodeStore`, which holds the forests of
+every batch row and head side by side so one search reads them all), grown
+geometrically. Chunk trees sit in it
 as a stack in chunk order (a tree of n cells takes `2n - 1` slots), so admitting
 cells only rewrites the tail: the chunks shared with the previous decomposition
 keep their trees untouched, the merged chunks get trees built over their cells,

@@ -198,3 +198,14 @@ def test_bad_input_errors(kw, match):
     q, k = qk(seq=48, bsz=1)
     with pytest.raises(ValueError, match=match):
         fsb(q, k, **kw)
+
+
+def test_rows_and_heads_searched_together_equal_each_alone():
+    q, k = qk(seq=192, seed=13)
+    tau = a_of(k).flatten(0, 1).median(0).values
+    together = fsb(q, k, tau=tau, beam_width=4, lam=torch.tensor([1.0, 0.5], dtype=F64))
+    for b in range(2):
+        for h in range(2):
+            alone = fsb(q[b:b + 1, :, h:h + 1], k[b:b + 1, :, h:h + 1], tau=tau[h:h + 1], beam_width=4,
+                        lam=[1.0, 0.5][h])
+            assert torch.equal(together[b:b + 1, :, h:h + 1], alone)
