@@ -1,8 +1,9 @@
 """FS-B calibration (docs/freesolo.md §1.8): per-head median key-norm thresholds of a checkpoint.
 
 `calibrate(checkpoint, ...)` runs the checkpoint's own model (FS or FS-L) over `windows`
-windows of `seq_len` tokens of held-out text (by default the run's eval split, cut into
-consecutive windows and shuffled with `seed`), collects `a_c = max_{j in c} ||k_j||` of
+windows of `seq_len` tokens of held-out text (by default the run's eval split; its first
+`4 x windows x seq_len` tokens, or all of it when shorter, are cut into consecutive windows
+and `windows` of them drawn with `seed`), collects `a_c = max_{j in c} ||k_j||` of
 every complete cell from the unrotated keys of every FreeSolo layer and head, and
 writes the pooled median per (layer, head) as `tau` into `<checkpoint>/calibration.json`
 with a heat map `calibration.png` beside it. FS-B's `Ftau` admits `a_c >= tau`.
