@@ -17,6 +17,7 @@ Layout of `<run_dir>/checkpoints/`:
         config.yaml          the resolved config that produced it
         tokenizer.json       the run's file tokenizer, when it has one (.json or .model)
         model_fp32.pt        consolidated fp32 weights, once `fsf convert` wrote them
+        calibration.json     FS-B's per-head thresholds, once `fsf calibrate` wrote them (+ its heat map)
         MANIFEST.json        every file with its size; written last, its presence marks completeness
     latest                   name of the newest complete checkpoint (replaced atomically)
     .tmp-step_00000030/      a checkpoint being written (ignored, cleaned up on the next save)
@@ -45,6 +46,7 @@ CONFIG_FILE = "config.yaml"  # in a run directory and in every checkpoint
 ENGINE_TAG = "ds"  # DeepSpeed's tag: the engine state lives in `<checkpoint>/ds/`
 FP32_FILE = "model_fp32.pt"
 LATEST = "latest"
+CALIBRATION_FILE = "calibration.json"  # FS-B thresholds of a checkpoint (fsframework.eval.calibrate)
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 # A file tokenizer is saved in every checkpoint under this stem (suffix kept: .json or .model).
@@ -329,7 +331,29 @@ class Checkpoint:
         if missing or unexpected:
             raise CheckpointError(f"checkpoint {self.path} does not match model {cfg.model.name}: "
                                   f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        if cfg.model.name == "fsb" and cfg.model.attention.fsb_forests != "f0":
+            self.apply_calibration(model, cfg.model.attention.fsb_calibration)
         return model.to(device).eval(), cfg
+
+    def apply_calibration(self, model, path: str = "") -> Path:
+        """Set FS-B's thresholds of `model` from `path` (default: this checkpoint's calibration.json);
+        `model.fsb_calibration_file` records the file. Raises CheckpointError when it is missing or
+        unreadable, ValueError when its tau does not fit the model."""
+        from fsframework.models.freesolo_attention import set_fsb_thresholds
+
+        file = Path(path) if path else self.path / CALIBRATION_FILE
+        if not file.is_file():
+            raise CheckpointError(f"FS-B needs per-head thresholds and {file} does not exist: run "
+                                  f"`fsf calibrate {self.path}` first (or name a file with "
+                                  "model.attention.fsb_calibration=FILE)")
+        try:
+            tau = json.loads(file.read_text())["tau"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"calibration file {file} is not valid (a JSON object with \"tau\"): "
+                                  f"{exc}") from None
+        set_fsb_thresholds(model, tau, str(file))
+        model.fsb_calibration_file = str(file)
+        return file
 
     def write_fp32(self) -> Path:
         """Write `state_dict()` to `<checkpoint>/model_fp32.pt` atomically; return its path."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 COMBINE_MODES = ("sum", "gate", "separate_wo")
+FSB_FORESTS = ("both", "f0", "ftau")  # FS-B: both forests, or F0 / Ftau alone
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,12 @@ class AttentionConfig:
     recent_cells: int = 8  # W (FS-L)
     retained_cells: int = 64  # P (FS-L)
     combine: str = "sum"  # sum | gate | separate_wo
+    # FS-B read path (model.name=fsb, inference only; docs/freesolo.md §1.8)
+    fsb_top_k: int = 4  # K cells read per query, whatever top_k the checkpoint trained with
+    fsb_beam_width: int = 16  # Wb, per forest; >= fsb_top_k
+    fsb_bound_c: float = 8.0  # c of the node bound U_v
+    fsb_forests: str = "both"  # both | f0 | ftau (single-forest ablations)
+    fsb_calibration: str = ""  # per-head tau file; "" = calibration.json of the checkpoint read
 
 
 @dataclass
@@ -266,6 +273,16 @@ def _check_copy_warmup(cfg: Config) -> None:
     _check_shorter_sequences(cfg, "research.copy_warmup_seq_len", r.copy_warmup_seq_len)
 
 
+def _check_fsb(a: AttentionConfig) -> None:
+    """FS-B read-path keys (model.name=fsb), checked whatever the model so a typo fails early."""
+    _choice("model.attention.fsb_forests", a.fsb_forests, FSB_FORESTS)
+    _positive("model.attention.fsb_top_k", a.fsb_top_k)
+    _positive("model.attention.fsb_bound_c", a.fsb_bound_c, zero_ok=True)
+    if a.fsb_beam_width < a.fsb_top_k:
+        raise ConfigError(f"model.attention.fsb_beam_width={a.fsb_beam_width} must be >= "
+                          f"model.attention.fsb_top_k={a.fsb_top_k}")
+
+
 def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:
     """The data-parallel size of `world_size` ranks in sequence-parallel groups of `sp`; raise
     ConfigError when `world_size` is not a multiple of `sp`. The one copy of this check (the
@@ -332,6 +349,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 f"model.attention.window={a.window} must be >= model.attention.block_size - 1 = {a.block_size - 1} "
                 "(the local branch must cover the current query block)")
+    _check_fsb(a)
     for i, stream in enumerate(cfg.data.streams):
         if not stream.source:
             raise ConfigError(f"data.streams[{i}].source is empty: give a local directory or an s3:// prefix")

@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from fsframework.cli import calibrate as _calibrate
 from fsframework.cli import config as _config
 from fsframework.cli import convert as _convert
 from fsframework.cli import eval as _eval
@@ -29,6 +30,7 @@ app.command("convert")(_convert.convert)
 app.command("info")(_info.info)
 app.command("config")(_config.config)
 app.command("launch")(_launch.launch_command)
+app.command("calibrate")(_calibrate.calibrate)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -27,10 +27,23 @@ def guarded(step: Callable[[], T]) -> T:
         fail(str(exc))
 
 
+def trainable_config(config: Path, overrides: Optional[List[str]]):
+    """The job's config; exits 2 when its model is a read path only (FS-B: train fs, read it with fsb)."""
+    from fsframework.config import ConfigError
+    from fsframework.models.registry import check_trainable
+
+    cfg = load_job_config(config, overrides)
+    try:
+        check_trainable(cfg.model.name)
+    except ConfigError as exc:
+        fail(str(exc))
+    return cfg
+
+
 def train(config: Path = typer.Argument(..., help="YAML job file"),
           overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
     """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG."""
-    cfg = load_job_config(config, overrides)
+    cfg = trainable_config(config, overrides)
     from fsframework.train.trainer import train as run_training
 
     guarded(lambda: run_training(cfg))
@@ -39,7 +52,7 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
 def run(config: Path = typer.Argument(..., help="YAML job file"),
         overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
     """The main job: train CONFIG, evaluate the result, print a summary table."""
-    cfg = load_job_config(config, overrides)
+    cfg = trainable_config(config, overrides)
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
     from fsframework.train.trainer import train as run_training
 

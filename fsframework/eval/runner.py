@@ -26,7 +26,19 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                     out_path=str(out), plots_dir=str(out.parent),
                     # held-out text is needed (and, for the embedded corpus, built) only for perplexity
                     data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
-                    device=device)
+                    device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)})
+
+
+def read_path(model, cfg) -> dict:
+    """How the model reads long range, for the scores file: the kind, and FS-B's search and tau file."""
+    a = cfg.model.attention
+    path = {"model": cfg.model.name}
+    if cfg.model.name in ("fs", "fsl"):
+        path["top_k"] = a.top_k
+    if cfg.model.name == "fsb":
+        path.update(top_k=a.fsb_top_k, beam_width=a.fsb_beam_width, bound_c=a.fsb_bound_c, forests=a.fsb_forests,
+                    tau_file=getattr(model, "fsb_calibration_file", None))
+    return path
 
 
 def summary_table(run_dir: Path, scores: dict) -> None:

@@ -146,7 +146,7 @@ def print_table(results: dict, console: Console | None = None) -> Table:
 def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samples: int, seed: int,
              batch_size: int, out_path: str | None, plots_dir: str | None, data_dir: str | None, device,
              gen_tokens: dict[str, int] | None = None, console: Console | None = None,
-             progress_callback: Callable[[str, int], None] | None = None) -> dict:
+             progress_callback: Callable[[str, int], None] | None = None, meta: dict | None = None) -> dict:
     """Run `tasks` at every length in `lengths` and return the result dict.
 
     `num_samples` is samples per task and length (F-fact: prefixes per fact count;
@@ -154,7 +154,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
     task (defaults: RULER's 128 for NIAH, 16 for passkey and F-fact). A length too
     short for a task's fixed prompt is skipped with its reason under `skipped`.
     Writes `out_path` (JSON with scores and per-sample records) and PNGs under
-    `plots_dir` when given.
+    `plots_dir` when given. `meta` (e.g. the checkpoint and its read path) joins the file's "meta".
     """
     validate_tasks(tasks, lengths)
     if "perplexity" in tasks and not data_dir:
@@ -166,7 +166,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
     console = console or Console()
     results = {"meta": {"tasks": list(tasks), "lengths": lengths, "num_samples": num_samples, "seed": seed,
                         "batch_size": batch_size, "tokenizer": getattr(tokenizer, "name", type(tokenizer).__name__),
-                        "gen_tokens": {t: gen[t] for t in tasks if t in gen}},
+                        "gen_tokens": {t: gen[t] for t in tasks if t in gen}, **(meta or {})},
                "scores": {}, "breakdown": {}, "skipped": {}, "ruler_mean": {}, "samples": {}}
     haystack = None
     if any(t != "perplexity" and t != "niah_single_1" for t in tasks):

@@ -5,7 +5,8 @@ Legend: B batch, T time, D model width, H heads, Dh head width.
 
     q, k, v = x W_q, x W_k, x W_v                        (unrotated, [B, T, H, Dh])
     local   = sliding-window attention, RoPE inside       (docs/freesolo.md §1.2)
-    LR      = cell_readout(q, k, v, route(q, k)), FS or FS-L  (docs/freesolo.md §1.3-§1.6, NoPE, per-head RMSNorm gain)
+    LR      = cell_readout(q, k, v, route(q, k)), FS, FS-L or FS-B  (docs/freesolo.md §1.3-§1.8, NoPE, per-head
+              RMSNorm gain; FS-B reads FS/FS-L weights through its forests, with per-head thresholds tau)
     combine (after the readout RMSNorm, our choice, docs/freesolo.md §1.1):
       sum          o = W_o(local + LR)
       gate         o = W_o(local + sigmoid(x W_g + b_g)_h * LR),  b_g = 0 at init
@@ -28,18 +29,23 @@ from fsframework.ops.offset_attention import window_attention_at
 
 
 class FreeSoloAttention(QKVAttention):
-    """FS (`cfg.name == "fs"`, full-prefix routing) or FS-L (`"fsl"`, pruned by key norm).
+    """FS (`cfg.name == "fs"`, full-prefix routing), FS-L (`"fsl"`, pruned by key norm) or FS-B
+    (`"fsb"`, inference only: forest search, reading `fsb_top_k` cells; same parameters as FS, so
+    FS and FS-L checkpoints load into it).
 
     Parameters: `wq, wk, wv, wo` (D x D, no bias), `lr_norm_weight` `[H, Dh]` (readout
     RMSNorm gain, one per layer and head, init 1); `w_gate` (D -> H, with bias) for
     combine="gate"; `wo_lr` (D x D) for combine="separate_wo". Buffers `sigma`, `lam`
-    `[H]` (erf prior width and weight, persistent, never trained).
+    `[H]` (erf prior width and weight, persistent, never trained). FS-B: buffer `tau` `[H]`
+    (Ftau's key-norm threshold, not saved: set from the checkpoint's calibration file by
+    `set_fsb_thresholds`; `tau_source` names that file, None until set).
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         a = cfg.attention
-        if cfg.name not in ("fs", "fsl"):
-            raise ValueError(f"FreeSoloAttention needs model.name fs or fsl (the routing variant), got {cfg.name!r}")
+        if cfg.name not in ("fs", "fsl", "fsb"):
+            raise ValueError(f"FreeSoloAttention needs model.name fs, fsl or fsb (the routing variant), "
+                             f"got {cfg.name!r}")
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
         super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo
@@ -47,6 +53,9 @@ class FreeSoloAttention(QKVAttention):
         # routing-only scalars: buffers, so they are saved with the model but receive no gradient
         self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
         self.register_buffer("lam", torch.full((cfg.n_heads,), float(a.lam)))
+        # FS-B thresholds live beside the checkpoint (calibration.json), not in its weights
+        self.register_buffer("tau", torch.full((cfg.n_heads,), float("nan")), persistent=False)
+        self.tau_source: Optional[str] = None
         if a.combine == "gate":
             self.w_gate = nn.Linear(cfg.d_model, cfg.n_heads, bias=True)
         elif a.combine == "separate_wo":
@@ -71,9 +80,23 @@ class FreeSoloAttention(QKVAttention):
         `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient). One method, so
         diagnostics can measure or replace it."""
         a = self.cfg.attention
+        if self.cfg.name == "fsb":
+            return self.route_fsb(q, k, q_start)
         return select_cells(q, k, variant=self.cfg.name, cell_size=a.cell_size, block_size=a.block_size,
                             top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
                             retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
+
+    def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
+        """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb_top_k]` cells, no gradient."""
+        a = self.cfg.attention
+        if a.fsb_forests != "f0" and self.tau_source is None:
+            raise ValueError("FS-B needs per-head key-norm thresholds: run `fsf calibrate RUN` on the FS or FS-L "
+                             "checkpoint (it writes calibration.json beside the weights), or read with "
+                             "model.attention.fsb_forests=f0")
+        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
+                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
+                            bound_c=a.fsb_bound_c, forests=a.fsb_forests,
+                            tau=None if a.fsb_forests == "f0" else self.tau)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,3 +132,33 @@ class FreeSoloAttention(QKVAttention):
         if combine == "gate":
             long_range = torch.sigmoid(self.w_gate(x)).unsqueeze(-1).to(long_range.dtype) * long_range  # B T H 1
         return self.wo((local + long_range).flatten(2))
+
+
+def freesolo_layers(model: nn.Module) -> list[FreeSoloAttention]:
+    """The model's FreeSolo attention modules, in layer order."""
+    return sorted((m for m in model.modules() if isinstance(m, FreeSoloAttention)), key=lambda m: m.layer_idx)
+
+
+def set_fsb_thresholds(model: nn.Module, tau: list, source: str) -> None:
+    """Set FS-B's per-head thresholds: `tau` n_layers lists of n_heads finite numbers, read from `source`.
+
+    Raises ValueError naming `source` when the shape is not the model's (a calibration of
+    another model size) or a value is not finite.
+    """
+    layers = freesolo_layers(model)
+    if not layers:
+        raise ValueError(f"{source}: the model has no FreeSolo layers to take FS-B thresholds")
+    heads = layers[0].n_heads
+    shape_ok = isinstance(tau, list) and len(tau) == len(layers) and all(
+        isinstance(row, list) and len(row) == heads for row in tau)
+    if not shape_ok:
+        got = f"{len(tau)} layers x {sorted({len(r) if isinstance(r, list) else -1 for r in tau})} heads" \
+            if isinstance(tau, list) else type(tau).__name__
+        raise ValueError(f"{source}: tau must be {len(layers)} layers x {heads} heads (this model), got {got}: "
+                         "a calibration of another model size? run `fsf calibrate` on this checkpoint")
+    values = torch.tensor(tau, dtype=torch.float64)
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError(f"{source}: tau must be finite numbers, got {tau}")
+    for layer, row in zip(layers, values):
+        layer.tau.copy_(row.to(layer.tau.dtype))
+        layer.tau_source = source

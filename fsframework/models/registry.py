@@ -28,6 +28,8 @@ class AttentionKind:
     summary: str
     absolute_positions: bool = False  # sinusoidal position table added to the embeddings
     freesolo: bool = False  # a FreeSolo model: query blocks, cells, routing (model.attention.*)
+    trainable: bool = True  # False: a read path over another kind's weights (`fsf train` refuses it)
+    trained_as: str = ""  # for a kind that is not trainable: the kind to train instead
 
     def key_span(self, attention: AttentionConfig) -> Optional[int]:
         """How many keys before its queries the offset form reads: None for the whole prefix."""
@@ -49,6 +51,8 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
     AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True),
     AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True),
+    AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
+                  freesolo=True, trainable=False, trained_as="fs"),
 )}
 
 MODEL_NAMES = tuple(KINDS)
@@ -59,6 +63,15 @@ def attention_kind(name: str) -> AttentionKind:
     if name not in KINDS:
         raise ConfigError(f"model.name={name!r} is not registered; choose one of {', '.join(MODEL_NAMES)}")
     return KINDS[name]
+
+
+def check_trainable(name: str) -> None:
+    """Raise ConfigError when kind `name` is a read path only (FS-B), naming the kind to train."""
+    kind = attention_kind(name)
+    if not kind.trainable:
+        raise ConfigError(f"model.name={name} is inference-only: train model.name={kind.trained_as} (or fine-tune "
+                          f"it, e.g. the recall-weighted recipe), then read it with `fsf eval RUN model.name={name}` "
+                          f"after `fsf calibrate RUN`")
 
 
 def build_model(cfg: ModelConfig):

@@ -23,13 +23,15 @@ from fsf_kernels.common.args import check_qkv, check_readout_args, check_routing
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_readout import selected_cell_attention
 from fsframework.ops.freesolo_routing import select_cells_reference
+from fsframework.ops.fsb_search import select_cells_fsb
 
 
 def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
                  block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
                  lam: float | torch.Tensor = 1.0, recent_cells: int = 8, retained_cells: int = 64,
-                 impl: str = "auto", q_start: int = 0) -> torch.Tensor:
-    """Top-K cells per query and head (docs/freesolo.md §1.3-§1.6). No gradient flows through it.
+                 impl: str = "auto", q_start: int = 0, tau: torch.Tensor | None = None, beam_width: int = 16,
+                 bound_c: float = 8.0, forests: str = "both") -> torch.Tensor:
+    """Top-K cells per query and head (docs/freesolo.md §1.3-§1.6, §1.8). No gradient flows through it.
 
     q, k: unrotated `[Bt, N, H, d]`. Cell `c` holds tokens `cs .. cs+s-1`
     (`s = cell_size`); its summaries are the mean key `kbar_c`, the center
@@ -44,6 +46,12 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
     eligible cells of largest `a_c`. sigma (> 0), lam (>= 0): floats or `[H]`
     tensors. [choice] ties in `a_c` and in `r_ic` go to the earlier cell.
 
+    variant "fsb" (inference only, reference only, docs/freesolo.md §1.8): per head, a beam
+    of `beam_width` searches two forests of the eligible cells (`F0`: all; `Ftau`: those
+    with `a_c >= tau_h`, tau a `[H]` tensor; `forests` "both", "f0" or "ftau") by the
+    bound `U_v` (`bound_c` = c), and the found cells are rescored by Eq. 12 (log-sum-exp
+    over the cell's token keys plus the prior); see `fsframework.ops.fsb_search`.
+
     Returns a LongTensor `[Bt, N, H, top_k]`: cell indices in descending score,
     -1 where fewer than `top_k` cells are available.
 
@@ -52,6 +60,10 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
     sequence-parallel rank); the result is `[Bt, n, H, top_k]`, equal to rows
     `[q_start, q_start + n)` of the call on the whole sequence.
     """
+    if variant == "fsb":
+        return select_cells_fsb(q, k, tau=tau, beam_width=beam_width, bound_c=bound_c, forests=forests,
+                                cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
+                                q_start=q_start)
     kernel = kernel_for("cell_routing", "select_cells", impl, q)
     kwargs = dict(variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
                   recent_cells=recent_cells, retained_cells=retained_cells)

@@ -248,4 +248,7 @@ class Trainer:
 
 
 def train(cfg: Config) -> TrainState:
+    from fsframework.models.registry import check_trainable
+
+    check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
     return Trainer(cfg).fit()

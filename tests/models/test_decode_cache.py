@@ -8,6 +8,7 @@ import torch
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.decoding import greedy_generate
 from fsframework.models.decode_cache import decode_cache, supports_decode_cache
+from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import MODEL_NAMES, build_model
 
 KINDS = list(MODEL_NAMES)  # every registry kind
@@ -29,6 +30,8 @@ def _model(name: str, **attention) -> torch.nn.Module:
                           retained_cells=3, impl="reference", **attention)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2, attention=att))
+    if name == "fsb":  # FS-B reads with per-head thresholds that a checkpoint's calibration supplies
+        set_fsb_thresholds(model, [[0.3, 0.5], [0.4, 0.2]], "test thresholds")
     return model.double().eval()
 
 

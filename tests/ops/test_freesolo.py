@@ -315,7 +315,7 @@ def test_no_quadratic_tensor(variant):
     (lambda q, k, v: select_cells(q, k, cell_size=4, block_size=10), "block_size"),
     (lambda q, k, v: select_cells(q, k, cell_size=0), "cell_size"),
     (lambda q, k, v: select_cells(q, k, top_k=0), "top_k"),
-    (lambda q, k, v: select_cells(q, k, variant="fsb"), "variant"),
+    (lambda q, k, v: select_cells(q, k, variant="fsx"), "variant"),
     (lambda q, k, v: select_cells(q, k, recent_cells=-1), "recent_cells"),
     (lambda q, k, v: select_cells(q, k, sigma=0.0), "sigma"),
     (lambda q, k, v: select_cells(q, k, lam=-1.0), "lam"),

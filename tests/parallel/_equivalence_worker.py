@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
+from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import build_model
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.loss import sequence_parallel_losses
@@ -49,6 +50,8 @@ def check(kind: str, n: int, sp: int, groups) -> list[str]:
     cfg = tiny(kind)
     torch.manual_seed(0)
     model = build_model(cfg)
+    if kind == "fsb":  # FS-B reads with per-head thresholds that a checkpoint's calibration supplies
+        set_fsb_thresholds(model, [[0.3, 0.5], [0.4, 0.2]], "test thresholds")
     reference = copy.deepcopy(model)
     weighted = kind in ("swa", "fsl")
     # reference: every DP group's sample on one process, gradients averaged over samples

@@ -56,7 +56,7 @@ def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_s
     if q.shape[-1] < 1:
         raise ValueError(f"head width d must be >= 1, got {q.shape[-1]}")
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        raise ValueError(f"variant must be one of {VARIANTS} (or 'fsb', reference routing only), got {variant!r}")
     if cell_size < 1:
         raise ValueError(f"cell_size must be >= 1, got {cell_size}")
     if block_size < 1 or block_size % cell_size:

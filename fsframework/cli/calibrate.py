@@ -1,0 +1,33 @@
+"""`fsf calibrate`: FS-B's per-head key-norm thresholds of a FreeSolo checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fsframework.cli.common import fail
+
+
+def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory (FS or FS-L)"),
+              data: Optional[Path] = typer.Option(None, help="MDS directory of text (default: the run's eval split)"),
+              windows: int = typer.Option(64, help="number of windows run through the model"),
+              seq_len: int = typer.Option(4096, "--seq-len", help="tokens per window"),
+              seed: int = typer.Option(0, help="seed of the window shuffle"),
+              batch_size: int = typer.Option(1, "--batch-size", help="windows per forward pass")) -> None:
+    """Write <checkpoint>/calibration.json: the median max key norm per cell, per layer and head (FS-B's tau),
+    and a heat map beside it. Runs under torchrun too (windows split over the ranks)."""
+    from rich.console import Console
+
+    from fsframework.checkpoints import CheckpointError
+    from fsframework.eval.calibrate import calibrate as run_calibration
+
+    try:
+        record = run_calibration(checkpoint, data=str(data) if data else None, windows=windows, seq_len=seq_len,
+                                 seed=seed, batch_size=batch_size)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    if "file" in record:
+        Console().print(f"wrote {record['file']} ({record['n_layers']} layers x {record['n_heads']} heads, "
+                        f"{record['cells']} cells per head) and {record['heatmap']}")

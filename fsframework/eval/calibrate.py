@@ -1,0 +1,206 @@
+"""FS-B calibration (docs/freesolo.md §1.8): per-head median key-norm thresholds of a checkpoint.
+
+`calibrate(checkpoint, ...)` runs the checkpoint's own model (FS or FS-L) over `windows`
+windows of `seq_len` tokens of held-out text (by default the run's eval split; its first
+`4 x windows x seq_len` tokens, or all of it when shorter, are cut into consecutive windows
+and `windows` of them drawn with `seed`), collects `a_c = max_{j in c} ||k_j||` of
+every complete cell from the unrotated keys of every FreeSolo layer and head, and
+writes the pooled median per (layer, head) as `tau` into `<checkpoint>/calibration.json`
+with a heat map `calibration.png` beside it. FS-B's `Ftau` admits `a_c >= tau`.
+
+[choice] The median of an even count is the lower middle value (an observed `a_c`,
+so at least half of the calibration cells pass `a_c >= tau`); every value is kept, so
+the median is exact, also under torchrun, where each rank runs every `world`-th window
+and the values are gathered (they are few: windows x seq_len / cell_size per head).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint
+
+HEATMAP_FILE = "calibration.png"
+
+
+def calibration_windows(stream: np.ndarray, windows: int, seq_len: int, seed: int) -> torch.Tensor:
+    """`[windows, seq_len]` token windows: the stream cut into consecutive windows, shuffled with `seed`."""
+    available = len(stream) // seq_len
+    if available < windows:
+        raise ValueError(f"the calibration text holds {available} windows of {seq_len} tokens, fewer than "
+                         f"--windows {windows}: lower --windows or --seq-len, or give more text with --data")
+    order = torch.randperm(available, generator=torch.Generator().manual_seed(seed))[:windows]
+    cut = torch.from_numpy(stream[: available * seq_len].astype(np.int64)).view(available, seq_len)
+    return cut[order]
+
+
+class KeyNormRecorder:
+    """Forward hooks on the key projections of FreeSolo layers: `a_c` of every complete cell,
+    kept per layer as a list of `[cells, H]` float64 tensors (rows in window order)."""
+
+    def __init__(self, layers, cell_size: int):
+        self.cell_size = cell_size
+        self.values: list[list[torch.Tensor]] = [[] for _ in layers]
+        self.handles = [layer.wk.register_forward_hook(self._hook(i, layer.n_heads)) for i, layer in enumerate(layers)]
+
+    def _hook(self, index: int, heads: int):
+        def record(_module, _inputs, keys: torch.Tensor) -> None:
+            bsz, seq, width = keys.shape
+            cells = seq // self.cell_size  # an incomplete trailing cell is never eligible
+            k = keys[:, : cells * self.cell_size].detach().double().view(bsz, cells, self.cell_size, heads, -1)
+            self.values[index].append(torch.linalg.vector_norm(k, dim=-1).amax(dim=2).flatten(0, 1).cpu())
+        return record
+
+    def close(self) -> list[torch.Tensor]:
+        for handle in self.handles:
+            handle.remove()
+        return [torch.cat(v) if v else torch.zeros(0) for v in self.values]
+
+
+def lower_median(values: torch.Tensor) -> torch.Tensor:
+    """Per column of `[n, H]`: the lower middle value of the sorted column (exact, an observed value)."""
+    return values.sort(dim=0).values[(values.shape[0] - 1) // 2]
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) from torchrun's environment (1 process without it)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextmanager
+def _alone():
+    """Hide torchrun's variables: rank 0 reads the text as a single process (the streaming
+    reader would otherwise expect every rank to open the dataset with it)."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _shared_windows(read, rank: int, world: int) -> torch.Tensor:
+    """`read()` on rank 0 only, then its windows (or its error) sent to every rank."""
+    import torch.distributed as dist
+
+    if world == 1:
+        return read()
+    result: list = [None]
+    if rank == 0:
+        with _alone():
+            try:
+                result[0] = read()
+            except (ValueError, FileNotFoundError) as exc:
+                result[0] = exc
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.broadcast_object_list(result, src=0)
+    if isinstance(result[0], Exception):
+        raise result[0]
+    return result[0]
+
+
+def _gather(values: list[torch.Tensor], world: int, window_rows: int) -> list[torch.Tensor]:
+    """Every rank's values of every layer, in global window order (rank r ran windows r, r + world, ...)."""
+    import torch.distributed as dist
+
+    if world == 1:
+        return values
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, values)
+    out = []
+    for layer in range(len(values)):
+        per_rank = [g[layer].view(-1, window_rows, g[layer].shape[-1]) for g in gathered]
+        total = sum(p.shape[0] for p in per_rank)
+        rows = [per_rank[w % world][w // world] for w in range(total)]  # window w came from rank w % world
+        out.append(torch.cat(rows))
+    return out
+
+
+def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: int = 64, seq_len: int = 4096,
+              seed: int = 0, batch_size: int = 1, device=None, progress: bool = True) -> dict:
+    """Compute and write the checkpoint's FS-B thresholds; returns the calibration record.
+
+    data: an MDS directory (default: the run's eval split). Raises ValueError on bad input.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fsframework.data.loader import data_streams
+    from fsframework.eval.perplexity import heldout_tokens
+    from fsframework.models.freesolo_attention import freesolo_layers
+
+    if windows < 1 or seq_len < 1 or batch_size < 1:
+        raise ValueError(f"--windows ({windows}), --seq-len ({seq_len}) and the batch size ({batch_size}) must be >= 1")
+    rank, world = _world()
+    if device is None:
+        device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    ckpt = Checkpoint.open(checkpoint)
+    cfg = ckpt.config()
+    if cfg.model.name == "fsb":
+        raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
+                         "not with model.name=fsb")
+    model, cfg = ckpt.load_model(device)
+    layers = freesolo_layers(model)
+    if not layers:
+        raise ValueError(f"checkpoint {ckpt.path} is a {cfg.model.name} model: only FreeSolo models (fs, fsl) "
+                         "have the key-norm cells FS-B thresholds")
+    cell_size = cfg.model.attention.cell_size
+    if seq_len < cell_size:
+        raise ValueError(f"--seq-len {seq_len} is shorter than one cell ({cell_size} tokens)")
+
+    def read() -> tuple[torch.Tensor, str]:
+        where = data or data_streams(cfg, "eval")[0][0]
+        stream = heldout_tokens(str(where), windows * seq_len * 4)
+        return calibration_windows(stream, windows, seq_len, seed), str(where)
+
+    tokens, data_dir = _shared_windows(read, rank, world)
+    mine = tokens[rank::world]
+    recorder = KeyNormRecorder(layers, cell_size)
+    try:
+        with torch.inference_mode(), Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(),
+                                              TimeElapsedColumn(), disable=not progress or rank != 0) as bar:
+            task = bar.add_task("windows", total=len(mine))
+            for start in range(0, len(mine), batch_size):
+                model(mine[start:start + batch_size].to(device))
+                bar.advance(task, len(mine[start:start + batch_size]))
+    finally:
+        values = recorder.close()
+    values = _gather(values, world, seq_len // cell_size)
+    tau = [lower_median(v).tolist() for v in values]
+    record = {"tau": tau, "windows": windows, "seq_len": seq_len, "data": str(data_dir), "seed": seed,
+              "cells": int(values[0].shape[0]), "model": cfg.model.name, "n_layers": len(layers),
+              "n_heads": layers[0].n_heads, "cell_size": cell_size, "checkpoint": str(ckpt.path)}
+    if rank == 0:
+        out = ckpt.path / CALIBRATION_FILE
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, out)
+        record["heatmap"] = write_heatmap(tau, ckpt.path / HEATMAP_FILE)
+        record["file"] = str(out)
+    return record
+
+
+def write_heatmap(tau: list[list[float]], path: Path) -> str:
+    """Layers x heads heat map of the thresholds (PNG)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    layers, heads = len(tau), len(tau[0])
+    fig = Figure(figsize=(max(4.0, 0.4 * heads + 2), max(3.0, 0.3 * layers + 1.5)), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    image = ax.imshow(np.asarray(tau), aspect="auto", cmap="viridis", origin="upper")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_title("FS-B tau: median max key norm per cell")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    return str(path)

@@ -1,0 +1,209 @@
+"""FS-B routing (docs/freesolo.md §1.8): beam search over two forests, then Eq. 12 rescoring.
+
+Reference implementation in plain PyTorch; inference only (no gradient, no kernel).
+Legend: Bt batch, N tokens, H heads, d head width, Q queries of one block, Wb beam
+width, K top_k, s cell size.
+
+Per batch row and head, two forests (`fsframework.ops.fsb_forest.Forest`) grow at
+every query-block boundary with the newly eligible cells: `F0` admits every cell,
+`Ftau` the cells with `a_c >= tau_h`. For the queries of a block, a beam starts at
+each root; at each level the beam keeps its leaves (never evicted) and fills the
+other `Wb - |leaves|` slots with the children of its inner nodes of largest
+
+    U_v = (q . mu_v + c * rho_v * ||q||) / sqrt(d) + lam_h * A_v * erf((i - pmin_v) / (2 sigma_h))
+
+(ties: smaller `pmin_v`), until only leaves remain. `U_v` bounds Eq. 7's score of
+every cell below `v` when `c >= 1`. The union of both beams' cells is rescored by
+
+    R_ic = logsumexp_{j in cell c}(q_i . k_j / sqrt(d)) + lam_h * a_c * erf((i - p_c) / (2 sigma_h))
+
+and the top-K (ties: earlier cell) are read (§1.6). Search costs `O(Wb log M d)` per
+query. Rescoring computes a block's log-sum-exps once, for the union `U` of its queries'
+candidates (`|U| <= min(C, B * 2 Wb)`: a per-query cost bounded independently of N).
+With `Wb` at least the number of admitted cells the beam never drops a node, so the
+result is the exact top-K of Eq. 12.
+
+Every batch row, head and forest is searched at once: their forests share one
+`NodeStore` (`[G, capacity, ...]` buffers) and one beam tensor `[G, Q, Wb]`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fsf_kernels.common.args import check_routing_args, per_head
+from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
+from fsframework.ops.fsb_forest import Forest, NodeStore
+
+FORESTS = ("both", "f0", "ftau")
+
+
+def check_fsb_args(tau: torch.Tensor | None, heads: int, *, beam_width: int, top_k: int, bound_c: float,
+                   forests: str) -> None:
+    """FS-B's own arguments; raise ValueError naming the problem."""
+    if forests not in FORESTS:
+        raise ValueError(f"forests must be one of {FORESTS}, got {forests!r}")
+    if beam_width < top_k:
+        raise ValueError(f"beam_width={beam_width} must be >= top_k={top_k} (a beam of Wb leaves per forest is "
+                         "all the rescoring sees)")
+    if not math.isfinite(bound_c) or bound_c < 0:
+        raise ValueError(f"bound_c must be a finite number >= 0 (>= 1 makes U_v an upper bound), got {bound_c}")
+    if forests == "f0":
+        return
+    if tau is None:
+        raise ValueError("FS-B needs tau, the per-head key-norm threshold of Ftau (a [H] tensor; `fsf calibrate` "
+                         "computes it for a checkpoint), unless forests='f0'")
+    if not isinstance(tau, torch.Tensor) or tuple(tau.shape) != (heads,):
+        shape = tuple(tau.shape) if isinstance(tau, torch.Tensor) else type(tau).__name__
+        raise ValueError(f"tau must be a tensor of shape ({heads},), one threshold per head, got {shape}")
+    if not bool(torch.isfinite(tau).all()):
+        raise ValueError(f"tau must be finite, got {tau.tolist()}")
+
+
+def _take(buffer: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """`buffer [G, cap, ...]` at node ids `nodes [G, Q, m]` (entries < 0 read node 0: mask them)."""
+    groups, capacity, *rest = buffer.shape
+    flat = torch.arange(groups, device=nodes.device)[:, None, None] * capacity + nodes.clamp_min(0)
+    return buffer.reshape(groups * capacity, *rest).index_select(0, flat.flatten()).view(*nodes.shape, *rest)
+
+
+def node_bounds(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *, lam: torch.Tensor,
+                sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
+    """`U_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (one forest per row of `store`; entries < 0
+    give garbage: mask them) for queries q `[G, Q, d]` at positions `pos [Q]`; lam, sigma `[G]`."""
+    t = store.tensors
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
+    content = torch.einsum("gqd,gqmd->gqm", q, _take(t["mu"], nodes)) + bound_c * _take(t["rho"], nodes) * qnorm
+    gate = torch.erf((pos[:, None] - _take(t["pmin"], nodes)) / (2.0 * sigma[:, None, None]))
+    return content * scale + lam[:, None, None] * _take(t["amax"], nodes) * gate
+
+
+def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
+                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
+    """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
+
+    roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, lam, sigma `[G]`.
+    """
+    t = store.tensors
+    beam = torch.full((*q.shape[:2], beam_width), -1, dtype=torch.long, device=q.device)
+    beam[..., 0] = roots[:, None]
+    while True:
+        valid = beam >= 0
+        leaf = valid & (_take(t["cell"], beam) >= 0)
+        inner = valid & ~leaf
+        if not bool(inner.any()):
+            return torch.where(leaf, _take(t["cell"], beam), -1)
+        children = torch.stack((_take(t["left"], beam), _take(t["right"], beam)), dim=-1).flatten(-2)  # G Q 2Wb
+        children = torch.where(inner.repeat_interleave(2, dim=-1), children, -1)
+        cand = torch.cat((torch.where(leaf, beam, -1), children), dim=-1)  # G Q 3Wb
+        key = torch.cat((torch.zeros_like(beam, dtype=q.dtype).masked_fill(leaf, float("inf")),
+                         node_bounds(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c)), dim=-1)
+        key = key.masked_fill(cand < 0, float("-inf"))
+        # leaves first (never evicted), then children by U_v, ties by smaller pmin: a stable sort by
+        # pmin, then a stable sort by key
+        by_pmin = _take(t["pmin"], cand).sort(dim=-1, stable=True).indices
+        key, cand = key.gather(-1, by_pmin), cand.gather(-1, by_pmin)
+        order = key.sort(dim=-1, descending=True, stable=True).indices[..., :beam_width]
+        beam = torch.where(key.gather(-1, order) > float("-inf"), cand.gather(-1, order), -1)
+
+
+def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, pos: torch.Tensor,
+            cand: torch.Tensor, *, cell_size: int, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
+            chunk: int = 32) -> torch.Tensor:
+    """Top-K cells of Eq. 12 among candidates `cand [G, Q, m]` (-1 pads, duplicates allowed) -> `[G, Q, K]`.
+
+    Per row g (a batch row and head): q `[G, Q, d]` (one query block), unrotated token keys
+    `[G, N, d]`, a `[G, C]`; centers `[C]`, pos `[Q]`, lam, sigma `[G]`. Ties go to the earlier
+    cell. The log-sum-exps are computed once per block for the union `U` of the block's
+    candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s` matmul, no per-query copy of keys).
+    """
+    groups, num_q, dim = q.shape
+    num_cells = a.shape[-1]
+    # ascending cell order with pads last, duplicates dropped: position order is cell order
+    cand = torch.where(cand >= 0, cand, num_cells).sort(dim=-1).values
+    valid = cand < num_cells
+    valid[..., 1:] &= cand[..., 1:] != cand[..., :-1]
+    # the block's union of candidates per row, ascending, padded with cell 0 (never referenced)
+    present = torch.zeros(groups, num_cells + 1, dtype=torch.bool, device=q.device)
+    present.scatter_(1, cand.flatten(1), True)
+    present = present[:, :num_cells]
+    width = max(int(present.sum(dim=1).max()), 1)
+    union = torch.where(present, torch.arange(num_cells, device=q.device), num_cells).sort(dim=-1).values[:, :width]
+    slot = present.long().cumsum(dim=1) - 1  # a present cell's place in its row's union
+    rows = torch.arange(groups, device=q.device)[:, None]
+    picked = keys[:, : num_cells * cell_size].reshape(groups * num_cells, cell_size, dim).index_select(
+        0, (rows * num_cells + union.clamp_max(num_cells - 1)).flatten()).view(groups, width, cell_size, dim)
+    lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
+    for lo in range(0, num_q, chunk):
+        hi = min(lo + chunk, num_q)
+        lse[:, lo:hi] = (torch.einsum("gqd,gusd->gqus", q[:, lo:hi], picked) / math.sqrt(dim)).logsumexp(dim=-1)
+    idx = cand.clamp_max(num_cells - 1)
+    rows3 = rows[:, :, None]
+    scores = lse.gather(-1, slot[rows3, idx].clamp_min(0))
+    gate = torch.erf((pos[:, None] - centers[idx]) / (2.0 * sigma[:, None, None]))
+    scores = scores + lam[:, None, None] * a[rows3, idx] * gate
+    choice = top_k_earliest(scores, valid, top_k)
+    return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
+
+
+def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | None = None, beam_width: int = 16,
+                     bound_c: float = 8.0, forests: str = "both", cell_size: int = 32, block_size: int = 128,
+                     top_k: int = 4, sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
+                     q_start: int = 0) -> torch.Tensor:
+    """FS-B selected cells `[Bt, n, H, top_k]` (descending Eq. 12 score, -1 = none); see module docstring.
+
+    q, k unrotated `[Bt, N, H, d]` (or q of positions `[q_start, q_start + n)` over k of
+    `[0, q_start + n)`); tau `[H]` (needed unless forests="f0"). The forests are built from
+    the first block on, whatever `q_start`; only the queries of q are searched. Every batch
+    row, head and forest is searched at once (one node store, one beam tensor).
+    """
+    check_routing_args(q, k, variant="fs", cell_size=cell_size, block_size=block_size, top_k=top_k,
+                       recent_cells=0, retained_cells=0, q_start=q_start)
+    bsz, num_q, heads, dim = q.shape
+    check_fsb_args(tau, heads, beam_width=beam_width, top_k=top_k, bound_c=bound_c, forests=forests)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    device = q.device
+    like = torch.empty((), dtype=acc, device=device)
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    kinds = {"both": (None, "tau"), "f0": (None,), "ftau": ("tau",)}[forests]  # F0 admits all, Ftau a_c >= tau
+    seq = q_start + num_q
+    with torch.no_grad():
+        kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
+        centers = (torch.arange(kbar.shape[1], device=device, dtype=acc) + 0.5) * cell_size
+        # rows g = (b, h): one per batch row and head; forest rows (g, f): one per forest of each
+        q_bh = q.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, num_q, dim)
+        k_bh = k.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, seq, dim)
+        kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
+        head_of = torch.arange(heads, device=device).repeat(bsz)  # [G]
+        lam_g, sigma_g = lam_h[head_of], sigma_h[head_of]
+        nf = len(kinds)
+        store = NodeStore(bsz * heads * nf, dim, dtype=acc, device=device)
+        trees = [(Forest(kbar_bh[g], a_bh[g], centers, store=store, row=g * nf + f),
+                  None if kind is None else tau.detach().to(device=device, dtype=acc)[int(head_of[g])])
+                 for g in range(bsz * heads) for f, kind in enumerate(kinds)]
+        q_rows = q_bh.repeat_interleave(nf, dim=0)
+        lam_rows, sigma_rows = lam_g.repeat_interleave(nf), sigma_g.repeat_interleave(nf)
+        out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
+        seen = 0
+        for start in range(block_size, seq, block_size):  # the first block has no eligible cell
+            num = start // cell_size
+            new = torch.arange(seen, num, device=device)
+            for forest, threshold in trees:  # every block boundary admits the newly eligible cells
+                forest.admit(new if threshold is None else new[forest.a[seen:num] >= threshold])
+            seen = num
+            if start < q_start:
+                continue
+            end = min(start + block_size, seq)
+            pos = torch.arange(start, end, device=device, dtype=acc)
+            roots = torch.tensor([forest.root for forest, _ in trees], device=device)
+            found = beam_search(store, roots, q_rows[:, start - q_start:end - q_start], pos, beam_width=beam_width,
+                                lam=lam_rows, sigma=sigma_rows, bound_c=bound_c)  # [G nf, Q, Wb]
+            cand = found.view(bsz * heads, nf, end - start, beam_width).transpose(1, 2).flatten(2)
+            out[:, start - q_start:end - q_start] = rescore(q_bh[:, start - q_start:end - q_start], k_bh, a_bh,
+                                                            centers, pos, cand, cell_size=cell_size, top_k=top_k,
+                                                            lam=lam_g, sigma=sigma_g)
+    return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
