@@ -50,8 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from experiments.copying import copy_losses, copying_onset  # noqa: E402
 from experiments.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_report  # noqa: E402
 from fsframework.config import COMBINE_MODES  # noqa: E402
-from fsframework.models.registry import FREESOLO_MODELS  # noqa: E402
+from fsframework.models.registry import KINDS  # noqa: E402
 from fsframework.data.synthetic import repeat_batch, repeat_batch_with_sources  # noqa: E402
+
+# the FreeSolo kinds the drill can train (fsb is a read path over fs weights)
+FREESOLO_MODELS = tuple(name for name, kind in KINDS.items() if kind.freesolo and kind.trainable)
 
 
 class TorchEncoderLM(nn.Module):
