@@ -49,6 +49,8 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
     AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True),
     AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True),
+    AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
+                  "runway-rewired causal attention, RoPE (docs/rewired.md)"),
 )}
 
 MODEL_NAMES = tuple(KINDS)
