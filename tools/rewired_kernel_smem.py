@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -28,7 +29,8 @@ def compile_shared(fn, signature: dict, constexprs: dict, arch: int) -> int:
 def kernels(dim: int, dtype: str):
     dt = {"bf16": triton.language.bfloat16, "fp32": triton.language.float32}[dtype]
     ptr = f"*{dtype}"
-    meta = dict(D=dim, BD=max(16, triton.next_power_of_2(dim)), BM=module._BM, BN=module._BN, DT=dt,
+    tile = module.tiles({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype], dim)
+    meta = dict(D=dim, BD=max(16, triton.next_power_of_2(dim)), BM=tile, BN=tile, DT=dt,
                 PREC="ieee" if dtype == "fp32" else "tf32")
     ints = {"n": "i32", "T": "i32", "H": "i32", "q_start": "i32", "qk_scale": "fp32"}
     fwd = {"q": ptr, "k": ptr, "v": ptr, "r": ptr, "u": ptr, "o": ptr, "lse": "*fp32", **ints}
@@ -46,14 +48,14 @@ def main() -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"])
     args = parser.parse_args()
-    print(f"| arch | dtype | head dim | kernel | shared (B) | limit (B) |\n|---|---|---|---|---|---|")
+    print("| arch | dtype | head dim | tile | kernel | shared (B) | limit (B) |\n|---|---|---|---|---|---|---|")
     for arch in args.arch:
         for dtype in args.dtypes:
             for dim in args.dims:
                 for name, fn, sig, meta in kernels(dim, dtype):
                     shared = compile_shared(fn, sig, meta, arch)
                     flag = "" if shared <= LIMITS.get(arch, shared) else " OVER"
-                    print(f"| sm_{arch} | {dtype} | {dim} | {name} | {shared:,} | {LIMITS.get(arch, 0):,}{flag} |",
+                    print(f"| sm_{arch} | {dtype} | {dim} | {meta['BM']} | {name} | {shared:,} | {LIMITS.get(arch, 0):,}{flag} |",
                           flush=True)
 
 

@@ -11,11 +11,12 @@ from kernel_testing import assert_close, gpu, needs_cuda
 F32, BF16 = torch.float32, torch.bfloat16
 
 # (B, n, H, D, q_start, dtype): tiles of 64, so 70 queries leave a partial tile and
-# q_start = 50 puts a tile boundary inside the prefix
+# q_start = 50 puts a tile boundary inside the prefix; fp32 at D = 128 runs tiles of 32
 CPU_CASES = [
     (1, 70, 2, 16, 0, F32),
     (2, 20, 1, 32, 50, F32),
     (1, 70, 2, 16, 0, BF16),
+    (1, 40, 1, 128, 30, F32),
 ]
 GPU_CASES = [
     (2, 1024, 8, 64, 0, BF16),

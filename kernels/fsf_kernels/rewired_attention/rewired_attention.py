@@ -29,8 +29,7 @@ from fsf_kernels.common.args import check_head_dim
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
-_BM = 64
-_BN = 64
+_TILE = 64  # query and key tile rows; halved for wide fp32 rows, see `tiles`
 
 
 @triton.jit
@@ -211,9 +210,18 @@ def rewired_bwd_dqdr_kernel(
     tl.store(dr_h + ((b * H + h) * n + o_m.to(tl.int64)[:, None]) * D + o_d[None, :], b_dr, mask=row_mask)
 
 
+def tiles(dtype: torch.dtype, dim: int) -> int:
+    """Tile rows for a head dim: 64 while a row takes at most 256 bytes, 32 up to 512 bytes (fp32 at
+    d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every kernel within the
+    shared memory of an sm_80 block (`tools/rewired_kernel_smem.py` prints the figures)."""
+    width = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size()
+    return _TILE if width <= 256 else _TILE // 2 if width <= 512 else _TILE // 4
+
+
 def _meta(x: torch.Tensor) -> dict:
     dim = x.shape[-1]
-    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=_BM, BN=_BN, **dot_args(x.dtype))  # tl.dot needs >= 16
+    tile = tiles(x.dtype, dim)
+    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=tile, BN=tile, **dot_args(x.dtype))  # tl.dot needs >= 16
 
 
 def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,8 +231,9 @@ def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor
     o = torch.empty_like(q)
     lse = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dim)
-    rewired_fwd_kernel[(triton.cdiv(n, _BM), bsz * heads)](
-        q, k, v, r, u, o, lse, n, total, heads, q_start, scale * _LOG2E, **_meta(q),
+    meta = _meta(q)
+    rewired_fwd_kernel[(triton.cdiv(n, meta["BM"]), bsz * heads)](
+        q, k, v, r, u, o, lse, n, total, heads, q_start, scale * _LOG2E, **meta,
     )
     return o, lse
 
@@ -234,20 +243,21 @@ def rewired_bwd(q, k, v, r, u, o, lse, do, q_start: int):
     bsz, n, heads, dim = q.shape
     total = k.shape[1]
     meta = _meta(q)
+    tile = meta["BM"]
     scale = 1.0 / math.sqrt(dim)
     delta = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
-    rewired_bwd_preprocess_kernel[(triton.cdiv(n, _BM), bsz * heads)](
-        o, do, delta, n, heads, D=dim, BD=meta["BD"], BM=_BM,
+    rewired_bwd_preprocess_kernel[(triton.cdiv(n, tile), bsz * heads)](
+        o, do, delta, n, heads, D=dim, BD=meta["BD"], BM=tile,
     )
     dq = torch.empty((bsz, n, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
     dv = torch.empty_like(v)
     du_h = torch.empty((bsz, heads, total, dim), device=q.device, dtype=torch.float32)
     dr_h = torch.empty((bsz, heads, n, dim), device=q.device, dtype=torch.float32)
-    rewired_bwd_dkdvdu_kernel[(triton.cdiv(total, _BN), bsz * heads)](
+    rewired_bwd_dkdvdu_kernel[(triton.cdiv(total, tile), bsz * heads)](
         q, k, v, r, u, do, lse, delta, dk, dv, du_h, n, total, heads, q_start, scale * _LOG2E, scale, **meta
     )
-    rewired_bwd_dqdr_kernel[(triton.cdiv(n, _BM), bsz * heads)](
+    rewired_bwd_dqdr_kernel[(triton.cdiv(n, tile), bsz * heads)](
         q, k, v, r, u, do, lse, delta, dq, dr_h, n, total, heads, q_start, scale * _LOG2E, scale, **meta
     )
     # the bias is shared by the heads: sum their parts (a fixed order, so deterministic)
