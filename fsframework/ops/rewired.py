@@ -109,6 +109,8 @@ def rewired_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r:
     work = torch.promote_types(q.dtype, torch.float32)
     q, k, v, r, u = (x.to(work) for x in (q, k, v, r, u))
     n = q.shape[1]
+    if n == 0:
+        return q.to(out_dtype)
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, r, u))
     out = []
     for lo in range(0, n, tile):
