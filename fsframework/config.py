@@ -48,6 +48,10 @@ class AttentionConfig:
     fsb_bound_c: float = 8.0  # c of the node bound U_v
     fsb_forests: str = "both"  # both | f0 | ftau (single-forest ablations)
     fsb_calibration: str = ""  # per-head tau file; "" = calibration.json of the checkpoint read
+    # runway-rewired attention (model.name=rewired, docs/rewired.md)
+    rewired_runway: str = "last"  # last: u_{t-1} | mean: mean(u_0 .. u_{t-1})
+    rewired_score: str = "dot"  # dot | bilinear (a learned d x d Bmat per layer, identity at init)
+    rewired_head: int = 0  # the head whose value vectors u also give the runway signal
 
 
 @dataclass
@@ -311,6 +315,11 @@ def validate(cfg: Config) -> Config:
     _choice("model.name", m.name, MODEL_NAMES)
     _choice("model.attention.combine", a.combine, COMBINE_MODES)
     _choice("model.attention.impl", a.impl, IMPLS)
+    # runway-rewired attention (docs/rewired.md)
+    _choice("model.attention.rewired_runway", a.rewired_runway, ("last", "mean"))
+    _choice("model.attention.rewired_score", a.rewired_score, ("dot", "bilinear"))
+    if not 0 <= a.rewired_head < m.n_heads:
+        raise ConfigError(f"model.attention.rewired_head={a.rewired_head} must lie in [0, model.n_heads={m.n_heads})")
     _choice("optim.decay", cfg.optim.decay, ("cosine", "linear", "constant"))
     _choice("parallel.precision", cfg.parallel.precision, ("auto", "fp32", "bf16"))
     _choice("parallel.backend", cfg.parallel.backend, ("auto", "gloo", "nccl"))

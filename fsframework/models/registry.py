@@ -53,6 +53,8 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
     AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
                   freesolo=True, trainable=False, trained_as="fs"),
+    AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
+                  "runway-rewired causal attention, RoPE (docs/rewired.md)"),
 )}
 
 MODEL_NAMES = tuple(KINDS)

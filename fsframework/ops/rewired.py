@@ -1,0 +1,143 @@
+"""Runway-rewired causal attention (docs/rewired.md): the PyTorch reference and its dispatch.
+
+Legend: B batch, n queries, T keys (= q_start + n), H heads, d head width, bq query tile.
+
+Every head's scaled logits `x_tm = q_t . k_m / sqrt(d)` get one bias shared by all heads
+(docs/rewired.md §2):
+
+    b_tm = -softplus(tau_tm)   for m < t - 1
+    b_tm = 0                   for m = t - 1 and m = t
+    b_tm = -inf                for m > t (causal)
+
+with `tau_tm = r_t . u_m` (dot) or `r_t^T Bmat u_m` (bilinear), and the runway vector
+`r_t = u_{t-1}` ("last") or `mean(u_0 .. u_{t-1})` ("mean"). `r_t` only matters for
+`t >= 2` (a query at 0 or 1 has no source `m < t - 1`).
+
+The reference walks query tiles of `bq` rows; each tile takes its rows of the logits
+over the keys `[0, t_last]` at once (an exact softmax, `bq x T` per head, never `n x T`)
+and runs under `torch.utils.checkpoint` when gradients are on, so the backward keeps
+only the inputs and recomputes one tile at a time: memory stays linear in `n`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from fsframework.ops.dispatch import kernel_for
+
+RUNWAYS = ("last", "mean")
+SCORES = ("dot", "bilinear")
+QUERY_TILE = 128
+
+
+def check_rewired_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, *, runway: str,
+                       score: str, bmat: torch.Tensor | None, q_start: int) -> None:
+    """Raise ValueError naming the argument that does not fit (docs/rewired.md §4)."""
+    if runway not in RUNWAYS:
+        raise ValueError(f"runway must be one of {RUNWAYS}, got {runway!r}")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not isinstance(q_start, int) or q_start < 0:
+        raise ValueError(f"q_start must be a non-negative int, got {q_start!r}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, n, H, d], got shape {tuple(q.shape)}")
+    bsz, n, heads, dim = q.shape
+    total = q_start + n
+    if tuple(k.shape) != (bsz, total, heads, dim) or k.shape != v.shape:
+        raise ValueError(f"queries at [{q_start}, {total}) need k and v of shape [B, q_start + n, H, d] = "
+                         f"{(bsz, total, heads, dim)}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if tuple(u.shape) != (bsz, total, dim):
+        raise ValueError(f"u (the runway head's values) must have shape [B, q_start + n, d] = {(bsz, total, dim)}, "
+                         f"got {tuple(u.shape)}")
+    if score == "bilinear":
+        if bmat is None:
+            raise ValueError("score='bilinear' needs bmat, a [d, d] matrix")
+        if tuple(bmat.shape) != (dim, dim):
+            raise ValueError(f"bmat must be [d, d] = {(dim, dim)}, got {tuple(bmat.shape)}")
+    elif bmat is not None:
+        raise ValueError("score='dot' takes no bmat (pass score='bilinear' with it)")
+
+
+def runway_vectors(u: torch.Tensor, runway: str, q_start: int, n: int) -> torch.Tensor:
+    """The runway vectors `r_t` `[B, n, d]` of the queries at `[q_start, q_start + n)` from u `[B, T, d]`
+    (docs/rewired.md §1). Rows whose query has no biased source (t < 2) are zeros or unused."""
+    positions = torch.arange(q_start, q_start + n, device=u.device)
+    if runway == "last":
+        # r_t = u_{t-1}; t = 0 has no predecessor (and no biased source): take u_0, never used
+        return u[:, (positions - 1).clamp_min(0)]
+    # r_t = (u_0 + ... + u_{t-1}) / t: an exclusive prefix sum, in fp64 so long prefixes keep their bits
+    csum = torch.cumsum(u.double(), dim=1)
+    prev = csum[:, (positions - 1).clamp_min(0)]
+    return (prev / positions.clamp_min(1).double()[None, :, None]).to(torch.promote_types(u.dtype, torch.float32))
+
+
+def rewired_bias(r: torch.Tensor, u: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Bias `[B, len(t), T]` for queries at absolute positions `t` with runway rows r `[B, len(t), d]`
+    (already multiplied by Bmat for the bilinear score) over the keys u `[B, T, d]`."""
+    tau = torch.einsum("bid,bjd->bij", r, u)
+    m = torch.arange(u.shape[1], device=u.device)
+    delta = t[:, None] - m[None, :]  # t - m
+    bias = torch.where(delta >= 2, -F.softplus(tau), torch.zeros_like(tau))
+    return bias.masked_fill(delta < 0, float("-inf"))
+
+
+def _tile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, u: torch.Tensor,
+          t: torch.Tensor) -> torch.Tensor:
+    """Queries q `[B, bq, H, d]` at positions t over keys `[0, t[-1]]` (k, v, u cut to them)."""
+    logits = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
+    logits = logits + rewired_bias(r, u, t)[:, None]
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(logits, dim=-1), v)
+
+
+def rewired_rows(u: torch.Tensor, runway: str, bmat: torch.Tensor | None, q_start: int, n: int) -> torch.Tensor:
+    """The row operand of the bias tiles: `r_t` (dot) or `r_t^T Bmat` (bilinear), `[B, n, d]`."""
+    r = runway_vectors(u, runway, q_start, n)
+    return r if bmat is None else r @ bmat.to(r.dtype)
+
+
+def rewired_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, u: torch.Tensor,
+                           q_start: int = 0, tile: int = QUERY_TILE) -> torch.Tensor:
+    """The reference given the bias rows r `[B, n, d]` (`rewired_rows`), `tile` queries at a time.
+
+    This is the computation the Triton kernel replaces (`fsf_kernels.rewired_attention`
+    takes the same tensors); half inputs are computed in fp32."""
+    out_dtype = q.dtype
+    work = torch.promote_types(q.dtype, torch.float32)
+    q, k, v, r, u = (x.to(work) for x in (q, k, v, r, u))
+    n = q.shape[1]
+    if n == 0:
+        return q.to(out_dtype)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, r, u))
+    out = []
+    for lo in range(0, n, tile):
+        hi = min(lo + tile, n)
+        keys = q_start + hi  # keys [0, keys) cover this tile's causal span
+        t = torch.arange(q_start + lo, q_start + hi, device=q.device)
+        args = (q[:, lo:hi], k[:, :keys], v[:, :keys], r[:, lo:hi], u[:, :keys], t)
+        out.append(checkpoint(_tile, *args, use_reentrant=False) if grad else _tile(*args))
+    return torch.cat(out, dim=1).to(out_dtype)
+
+
+def rewired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, *, runway: str = "last",
+                      score: str | None = None, bmat: torch.Tensor | None = None, impl: str = "auto",
+                      q_start: int = 0) -> torch.Tensor:
+    """Runway-rewired causal attention (docs/rewired.md §2) of queries at `[q_start, q_start + n)`.
+
+    q `[B, n, H, d]` and k `[B, q_start + n, H, d]` already rotated (RoPE), v like k,
+    u `[B, q_start + n, d]` the re-purposed head's value vectors of every key position
+    (the mean runway needs all of them). runway: "last" (`u_{t-1}`) or "mean"
+    (`mean(u_0..u_{t-1})`); score: "dot" or "bilinear" (then `bmat` `[d, d]`); None means
+    "bilinear" when `bmat` is given, else "dot". Returns `[B, n, H, d]` in q's dtype.
+    Gradients reach q, k, v, u and bmat. impl: see `fsframework.ops.dispatch`.
+    """
+    score = score if score is not None else ("dot" if bmat is None else "bilinear")
+    check_rewired_args(q, k, v, u, runway=runway, score=score, bmat=bmat, q_start=q_start)
+    kernel = kernel_for("rewired_attention", "rewired_attention_rows", impl, q)
+    r = rewired_rows(u, runway, bmat, q_start, q.shape[1])
+    if kernel is not None:
+        return kernel(q, k, v, r, u, q_start=q_start)
+    return rewired_attention_rows(q, k, v, r, u, q_start=q_start)

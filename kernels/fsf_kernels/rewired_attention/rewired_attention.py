@@ -1,0 +1,303 @@
+"""Runway-rewired causal attention (docs/rewired.md) in Triton, FlashAttention-2 style.
+
+Each program holds a tile of query rows and streams key tiles: beside the `Q K^T`
+tile it computes the bias tile `tau = R U^T` (R the runway rows of the queries,
+`r_t` or `r_t^T Bmat`, U the runway head's values of the keys), adds
+`-softplus(tau)` where `t - m >= 2`, masks `m > t`, and runs the online softmax;
+the forward saves the log-sum-exp. The backward recomputes the probabilities from
+it: one pass per key tile gives dK, dV and the key side of the bias gradient
+(`dU += dTau^T R`), one pass per query tile gives dQ and the row side
+(`dR += dTau U`), with `dTau = dS * (-sigmoid(tau))` on the biased entries
+(docs/rewired.md §3). The bias is shared by all heads but programs run per head,
+so dU and dR are written per head and summed on the host in a fixed order: no
+atomics, deterministic.
+
+Legend: B batch, n queries at positions [q_start, q_start + n), T = q_start + n keys,
+H heads, D head dim. q, o `[B, n, H, D]`; k, v `[B, T, H, D]`; r `[B, n, D]`;
+u `[B, T, D]`; the log-sum-exp `lse` and `delta` are fp32 `[B, H, n]`, in base 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fsf_kernels.common.args import check_head_dim
+from fsf_kernels.common.utils import dot_args, next_pow2
+
+_LOG2E = 1.4426950408889634
+_TILE = 64  # query and key tile rows; halved for wide fp32 rows, see `tiles`
+
+
+@triton.jit
+def _softplus(x):
+    # log(1 + e^x) without overflow
+    return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def rewired_fwd_kernel(
+    q, k, v, r, u, o, lse,
+    n, T, H, q_start, qk_scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    m0 = pid_m * BM
+    o_m = m0 + tl.arange(0, BM)
+    t = q_start + o_m  # absolute query positions
+    m_m = o_m < n
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    row_mask = m_m[:, None] & m_d[None, :]
+    rows = b * n + o_m.to(tl.int64)[:, None]
+    b_q = tl.load(q + (rows * H + h) * D + o_d[None, :], mask=row_mask, other=0.0).to(DT)
+    b_r = tl.load(r + rows * D + o_d[None, :], mask=row_mask, other=0.0).to(DT)
+
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BD], tl.float32)
+    hi = tl.minimum(q_start + m0 + BM, T)  # keys up to the tile's last query
+    for n0 in range(0, hi, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < T
+        cols = b * T + o_n.to(tl.int64)[:, None]
+        col_mask = m_n[:, None] & m_d[None, :]
+        b_k = tl.load(k + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        b_v = tl.load(v + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        b_u = tl.load(u + cols * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
+        tau = tl.dot(b_r, tl.trans(b_u), input_precision=PREC)
+        diff = t[:, None] - o_n[None, :]
+        s = s - tl.where(diff >= 2, _softplus(tau), 0.0) * 1.4426950408889634
+        s = tl.where((diff >= 0) & m_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DT), b_v, input_precision=PREC)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    tl.store(o + (rows * H + h) * D + o_d[None, :], (acc / l_safe[:, None]).to(o.dtype.element_ty), mask=row_mask)
+    tl.store(lse + (b * H + h) * n + o_m, m_i + tl.log2(l_safe), mask=m_m)
+
+
+@triton.jit
+def rewired_bwd_preprocess_kernel(o, do, delta, n, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
+    """delta_t = sum_d dO_td * O_td, the softmax-backward row term."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    o_m = pid_m * BM + tl.arange(0, BM)
+    o_d = tl.arange(0, BD)
+    mask = (o_m[:, None] < n) & (o_d[None, :] < D)
+    off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    b_o = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
+    b_do = tl.load(do + off, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta + (b * H + h) * n + o_m, tl.sum(b_o * b_do, 1), mask=o_m < n)
+
+
+@triton.jit
+def rewired_bwd_dkdvdu_kernel(
+    q, k, v, r, u, do, lse, delta, dk, dv, du_h,
+    n, T, H, q_start, qk_scale, scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """One key tile of one head, over the query tiles that can see it: dK, dV and this head's dU."""
+    pid_n, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    n0 = pid_n * BN
+    o_n = n0 + tl.arange(0, BN)
+    m_n = o_n < T
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    cols = b * T + o_n.to(tl.int64)[:, None]
+    col_mask = m_n[:, None] & m_d[None, :]
+    kv_off = (cols * H + h) * D + o_d[None, :]
+    b_k = tl.load(k + kv_off, mask=col_mask, other=0.0).to(DT)
+    b_v = tl.load(v + kv_off, mask=col_mask, other=0.0).to(DT)
+    b_u = tl.load(u + cols * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+    b_dk = tl.zeros([BN, BD], tl.float32)
+    b_dv = tl.zeros([BN, BD], tl.float32)
+    b_du = tl.zeros([BN, BD], tl.float32)
+    lo = tl.maximum(n0 - q_start, 0) // BM * BM  # the first query tile that reaches key n0
+    for m0 in range(lo, n, BM):
+        o_m = m0 + tl.arange(0, BM)
+        m_m = o_m < n
+        t = q_start + o_m
+        rows = b * n + o_m.to(tl.int64)[:, None]
+        row_mask = m_m[:, None] & m_d[None, :]
+        q_off = (rows * H + h) * D + o_d[None, :]
+        b_q = tl.load(q + q_off, mask=row_mask, other=0.0).to(DT)
+        b_do = tl.load(do + q_off, mask=row_mask, other=0.0).to(DT)
+        b_r = tl.load(r + rows * D + o_d[None, :], mask=row_mask, other=0.0).to(DT)
+        b_lse = tl.load(lse + (b * H + h) * n + o_m, mask=m_m, other=0.0)
+        b_delta = tl.load(delta + (b * H + h) * n + o_m, mask=m_m, other=0.0)
+        # transposed tiles [BN, BM] so the key-side sums need no transpose back
+        sT = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale
+        tauT = tl.dot(b_u, tl.trans(b_r), input_precision=PREC)
+        diffT = t[None, :] - o_n[:, None]
+        biased = diffT >= 2
+        sT = sT - tl.where(biased, _softplus(tauT), 0.0) * 1.4426950408889634
+        valid = (diffT >= 0) & m_m[None, :] & m_n[:, None]
+        pT = tl.where(valid, tl.exp2(sT - b_lse[None, :]), 0.0)
+        b_dv += tl.dot(pT.to(DT), b_do, input_precision=PREC)
+        dpT = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
+        dsT = pT * (dpT - b_delta[None, :])
+        b_dk += tl.dot(dsT.to(DT), b_q, input_precision=PREC)
+        dtauT = tl.where(biased & valid, -dsT * tl.sigmoid(tauT), 0.0)
+        b_du += tl.dot(dtauT.to(DT), b_r, input_precision=PREC)
+    tl.store(dk + kv_off, (b_dk * scale).to(dk.dtype.element_ty), mask=col_mask)
+    tl.store(dv + kv_off, b_dv.to(dv.dtype.element_ty), mask=col_mask)
+    tl.store(du_h + ((b * H + h) * T + o_n.to(tl.int64)[:, None]) * D + o_d[None, :], b_du, mask=col_mask)
+
+
+@triton.jit
+def rewired_bwd_dqdr_kernel(
+    q, k, v, r, u, do, lse, delta, dq, dr_h,
+    n, T, H, q_start, qk_scale, scale,
+    D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """One query tile of one head, over its causal key tiles (as the forward): dQ and this head's dR."""
+    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    m0 = pid_m * BM
+    o_m = m0 + tl.arange(0, BM)
+    m_m = o_m < n
+    t = q_start + o_m
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    rows = b * n + o_m.to(tl.int64)[:, None]
+    row_mask = m_m[:, None] & m_d[None, :]
+    q_off = (rows * H + h) * D + o_d[None, :]
+    b_q = tl.load(q + q_off, mask=row_mask, other=0.0).to(DT)
+    b_do = tl.load(do + q_off, mask=row_mask, other=0.0).to(DT)
+    b_r = tl.load(r + rows * D + o_d[None, :], mask=row_mask, other=0.0).to(DT)
+    b_lse = tl.load(lse + (b * H + h) * n + o_m, mask=m_m, other=0.0)
+    b_delta = tl.load(delta + (b * H + h) * n + o_m, mask=m_m, other=0.0)
+    b_dq = tl.zeros([BM, BD], tl.float32)
+    b_dr = tl.zeros([BM, BD], tl.float32)
+    hi = tl.minimum(q_start + m0 + BM, T)
+    for n0 in range(0, hi, BN):
+        o_n = n0 + tl.arange(0, BN)
+        m_n = o_n < T
+        cols = b * T + o_n.to(tl.int64)[:, None]
+        col_mask = m_n[:, None] & m_d[None, :]
+        b_k = tl.load(k + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        b_v = tl.load(v + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        b_u = tl.load(u + cols * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
+        tau = tl.dot(b_r, tl.trans(b_u), input_precision=PREC)
+        diff = t[:, None] - o_n[None, :]
+        biased = diff >= 2
+        s = s - tl.where(biased, _softplus(tau), 0.0) * 1.4426950408889634
+        valid = (diff >= 0) & m_n[None, :] & m_m[:, None]
+        p = tl.where(valid, tl.exp2(s - b_lse[:, None]), 0.0)
+        dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        ds = p * (dp - b_delta[:, None])
+        b_dq += tl.dot(ds.to(DT), b_k, input_precision=PREC)
+        dtau = tl.where(biased & valid, -ds * tl.sigmoid(tau), 0.0)
+        b_dr += tl.dot(dtau.to(DT), b_u, input_precision=PREC)
+    tl.store(dq + q_off, b_dq * scale, mask=row_mask)
+    tl.store(dr_h + ((b * H + h) * n + o_m.to(tl.int64)[:, None]) * D + o_d[None, :], b_dr, mask=row_mask)
+
+
+def tiles(dtype: torch.dtype, dim: int) -> int:
+    """Tile rows for a head dim: 64 while a row takes at most 256 bytes, 32 up to 512 bytes (fp32 at
+    d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every kernel within the
+    shared memory of an sm_80 block (`tools/rewired_kernel_smem.py` prints the figures)."""
+    width = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size()
+    return _TILE if width <= 256 else _TILE // 2 if width <= 512 else _TILE // 4
+
+
+def _meta(x: torch.Tensor) -> dict:
+    dim = x.shape[-1]
+    tile = tiles(x.dtype, dim)
+    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=tile, BN=tile, **dot_args(x.dtype))  # tl.dot needs >= 16
+
+
+def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """o `[B, n, H, D]` in q's dtype and lse `[B, H, n]` (fp32, base 2); inputs contiguous."""
+    bsz, n, heads, dim = q.shape
+    total = k.shape[1]
+    o = torch.empty_like(q)
+    lse = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
+    scale = 1.0 / math.sqrt(dim)
+    meta = _meta(q)
+    rewired_fwd_kernel[(triton.cdiv(n, meta["BM"]), bsz * heads)](
+        q, k, v, r, u, o, lse, n, total, heads, q_start, scale * _LOG2E, **meta,
+    )
+    return o, lse
+
+
+def rewired_bwd(q, k, v, r, u, o, lse, do, q_start: int):
+    """dq, dk (fp32), dv (v's dtype), dr `[B, n, D]`, du `[B, T, D]` (fp32, summed over heads in order)."""
+    bsz, n, heads, dim = q.shape
+    total = k.shape[1]
+    meta = _meta(q)
+    tile = meta["BM"]
+    scale = 1.0 / math.sqrt(dim)
+    delta = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
+    rewired_bwd_preprocess_kernel[(triton.cdiv(n, tile), bsz * heads)](
+        o, do, delta, n, heads, D=dim, BD=meta["BD"], BM=tile,
+    )
+    dq = torch.empty((bsz, n, heads, dim), device=q.device, dtype=torch.float32)
+    dk = torch.empty((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
+    dv = torch.empty_like(v)
+    du_h = torch.empty((bsz, heads, total, dim), device=q.device, dtype=torch.float32)
+    dr_h = torch.empty((bsz, heads, n, dim), device=q.device, dtype=torch.float32)
+    rewired_bwd_dkdvdu_kernel[(triton.cdiv(total, tile), bsz * heads)](
+        q, k, v, r, u, do, lse, delta, dk, dv, du_h, n, total, heads, q_start, scale * _LOG2E, scale, **meta
+    )
+    rewired_bwd_dqdr_kernel[(triton.cdiv(n, tile), bsz * heads)](
+        q, k, v, r, u, do, lse, delta, dq, dr_h, n, total, heads, q_start, scale * _LOG2E, scale, **meta
+    )
+    # the bias is shared by the heads: sum their parts (a fixed order, so deterministic)
+    return dq, dk, dv, dr_h.sum(1), du_h.sum(1)
+
+
+class RewiredAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, r, u, q_start):
+        q, k, v, r, u = (x.contiguous() for x in (q, k, v, r, u))
+        o, lse = rewired_fwd(q, k, v, r, u, q_start)
+        ctx.save_for_backward(q, k, v, r, u, o, lse)
+        ctx.q_start = q_start
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, r, u, o, lse = ctx.saved_tensors
+        dq, dk, dv, dr, du = rewired_bwd(q, k, v, r, u, o, lse, do.contiguous(), ctx.q_start)
+        return dq.to(q.dtype), dk.to(k.dtype), dv, dr.to(r.dtype), du.to(u.dtype), None
+
+
+def rewired_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, u: torch.Tensor,
+                           q_start: int = 0) -> torch.Tensor:
+    """Runway-rewired attention given the bias rows: the Triton form of
+    `fsframework.ops.rewired.rewired_attention_rows` (same tensors, same result).
+
+    q `[B, n, H, D]` and k, v `[B, q_start + n, H, D]` (q, k rotated), one dtype of
+    fp32/fp16/bf16; r `[B, n, D]` (`r_t`, or `r_t^T Bmat`) and u `[B, q_start + n, D]`.
+    Returns `[B, n, H, D]` in q's dtype.
+    """
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4 or k.shape[0] != q.shape[0] \
+            or k.shape[2:] != q.shape[2:] or k.shape[1] != q_start + q.shape[1]:
+        raise ValueError(f"with q_start={q_start}, q [B, n, H, D] needs k, v [B, q_start + n, H, D], got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    bsz, n, _, dim = q.shape
+    if tuple(r.shape) != (bsz, n, dim) or tuple(u.shape) != (bsz, q_start + n, dim):
+        raise ValueError(f"r must be [B, n, D] = {(bsz, n, dim)} and u [B, q_start + n, D] = "
+                         f"{(bsz, q_start + n, dim)}, got {tuple(r.shape)} and {tuple(u.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_head_dim("q", q)
+    return RewiredAttentionFunction.apply(q, k, v, r, u, int(q_start))
