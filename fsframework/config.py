@@ -39,6 +39,7 @@ class AttentionConfig:
     recent_cells: int = 8  # W (FS-L)
     retained_cells: int = 64  # P (FS-L)
     combine: str = "sum"  # sum | gate | separate_wo
+    readout_gain: float = 1.0  # initial value of the long-range readout's per-head RMSNorm gain
 
 
 @dataclass
@@ -252,6 +253,7 @@ def validate(cfg: Config) -> Config:
         _positive(key, getattr(obj, rest[-1]))
     for key, value in (("model.attention.window", a.window), ("model.attention.recent_cells", a.recent_cells),
                        ("model.attention.retained_cells", a.retained_cells), ("model.attention.lam", a.lam),
+                       ("model.attention.readout_gain", a.readout_gain),
                        ("optim.weight_decay", cfg.optim.weight_decay), ("optim.warmup_steps", cfg.optim.warmup_steps),
                        ("optim.grad_clip", cfg.optim.grad_clip), ("data.num_workers", cfg.data.num_workers)):
         _positive(key, value, zero_ok=True)
