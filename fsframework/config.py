@@ -5,19 +5,21 @@ strict mode onto the dataclass defaults, so an unknown key or a value of the
 wrong type fails with the key's name before any work starts. `validate()`
 then checks the relations between values (block size a multiple of the cell
 size, window wide enough, positive learning rate, ...).
+
+Saved configs are versioned: `to_yaml` writes `schema_version` (SCHEMA_VERSION), and
+`load_run_config` reads a run's config.yaml of any version, migrating it with
+SCHEMA_MIGRATIONS (removed keys dropped, moved keys put in their new place). A job file
+(`load_config`) is written in the current schema: a key of an older version fails with a
+message naming its new place, or saying it was removed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-MODEL_NAMES = ("tfpp", "swa", "alibi", "sinusoidal", "fs", "fsl")
-FREESOLO_MODELS = ("fs", "fsl")
 COMBINE_MODES = ("sum", "gate", "separate_wo")
-ATTENTION_IMPLS = ("auto", "reference", "triton")
 
 
 class ConfigError(ValueError):
@@ -26,7 +28,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class AttentionConfig:
-    """Attention hyperparameters; the FreeSolo ones follow SPEC §1 (paper defaults)."""
+    """Attention hyperparameters; the FreeSolo ones follow docs/freesolo.md (paper defaults)."""
 
     window: int = 512  # local branch / SWA: keys with 0 <= i - j <= window
     rope_theta: float = 10000.0
@@ -44,7 +46,7 @@ class AttentionConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "tfpp"  # one of MODEL_NAMES
+    name: str = "tfpp"  # a kind of fsframework.models.registry
     vocab_size: int = 260
     d_model: int = 256
     n_layers: int = 4
@@ -53,7 +55,6 @@ class ModelConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
-    max_seq_len: int = 4096  # only bounds nothing learned; kept for recipes and eval defaults
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     @property
@@ -97,7 +98,7 @@ class DataConfig:
 
 @dataclass
 class LossConfig:
-    """Recall-weighted next-token loss (SPEC §1.10): `sum w CE / sum w`,
+    """Recall-weighted next-token loss (docs/freesolo.md §1.10): `sum w CE / sum w`,
     `w = 1 + beta * recall + beta_switch * switch`; off by default."""
 
     recall_weighting: bool = False
@@ -146,12 +147,20 @@ class TrainConfig:
     # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
     short_seq_len: int = 0
     short_seq_steps: int = 0
-    # copy warmup: the first `copy_warmup_steps` steps train on generated passages of random
-    # token ids (0 .. copy_warmup_draw-1, copy_warmup_max_passage/4 .. copy_warmup_max_passage
-    # long), each followed by itself, in copy_warmup_seq_len-token sequences with the same
-    # tokens per step, before the data stream starts (fsframework.eval.copying): short
-    # sequences of short passages carry small models past the plateau before induction
-    # (copying) heads form, which a long-context corpus alone does not in a CPU budget
+
+
+@dataclass
+class ResearchConfig:
+    """Research-only training knobs, off by default; not part of the recipes.
+
+    Copy warmup: the first `copy_warmup_steps` steps train on generated passages of random
+    token ids (0 .. copy_warmup_draw-1, copy_warmup_max_passage/4 .. copy_warmup_max_passage
+    long), each followed by itself, in copy_warmup_seq_len-token sequences with the same
+    tokens per step, before the data stream starts (fsframework.data.synthetic): short
+    sequences of short passages carry small models past the plateau before induction
+    (copying) heads form, which a long-context corpus alone does not in a CPU budget.
+    """
+
     copy_warmup_steps: int = 0
     copy_warmup_seq_len: int = 64
     copy_warmup_max_passage: int = 16
@@ -168,8 +177,26 @@ class EvalConfig:
     batch_size: int = 2
 
 
+# Version of the config schema. A run's saved config.yaml records it (files written before it
+# was recorded are version 1); `load_run_config` migrates older files with SCHEMA_MIGRATIONS.
+SCHEMA_VERSION = 2
+
+# SCHEMA_MIGRATIONS[v]: the keys changed from schema version v to v + 1, old dotted key ->
+# new dotted key, or None for a removed key.
+SCHEMA_MIGRATIONS: dict[int, dict[str, Optional[str]]] = {
+    1: {
+        "model.max_seq_len": None,  # bounded nothing
+        "train.copy_warmup_steps": "research.copy_warmup_steps",
+        "train.copy_warmup_seq_len": "research.copy_warmup_seq_len",
+        "train.copy_warmup_max_passage": "research.copy_warmup_max_passage",
+        "train.copy_warmup_draw": "research.copy_warmup_draw",
+    },
+}
+
+
 @dataclass
 class Config:
+    schema_version: int = SCHEMA_VERSION  # see SCHEMA_MIGRATIONS; written into every saved config
     run_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -178,6 +205,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    research: ResearchConfig = field(default_factory=ResearchConfig)
 
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:
@@ -203,41 +231,70 @@ def _check_short_sequences(cfg: Config) -> None:
     _check_shorter_sequences(cfg, "train.short_seq_len", t.short_seq_len)
 
 
+def _freesolo(name: str) -> bool:
+    """Whether model `name` is a FreeSolo kind (query blocks, cells, routing)."""
+    from fsframework.models.registry import KINDS
+
+    return name in KINDS and KINDS[name].freesolo
+
+
 def _check_shorter_sequences(cfg: Config, key: str, length: int) -> None:
     """Steps that train on sequences of `length` instead of data samples: only without sequence
     parallelism (its slices are cut from whole samples), and whole blocks for FreeSolo models."""
     if cfg.parallel.sp > 1:
         raise ConfigError(f"{key} needs parallel.sp=1 (the sequence-parallel slices are cut from whole samples)")
-    if cfg.model.name in FREESOLO_MODELS and length % cfg.model.attention.block_size:
+    if _freesolo(cfg.model.name) and length % cfg.model.attention.block_size:
         raise ConfigError(f"{key}={length} must be a multiple of "
                           f"model.attention.block_size={cfg.model.attention.block_size}")
 
 
 def _check_copy_warmup(cfg: Config) -> None:
-    t = cfg.train
-    _positive("train.copy_warmup_steps", t.copy_warmup_steps, zero_ok=True)
-    if not t.copy_warmup_steps:
+    r = cfg.research
+    _positive("research.copy_warmup_steps", r.copy_warmup_steps, zero_ok=True)
+    if not r.copy_warmup_steps:
         return
-    _positive("train.copy_warmup_seq_len", t.copy_warmup_seq_len)
-    _positive("train.copy_warmup_draw", t.copy_warmup_draw)
-    if (cfg.data.micro_batch_size * cfg.data.seq_len) % t.copy_warmup_seq_len:
-        raise ConfigError(f"train.copy_warmup_seq_len={t.copy_warmup_seq_len} must divide the tokens of a "
+    _positive("research.copy_warmup_seq_len", r.copy_warmup_seq_len)
+    _positive("research.copy_warmup_draw", r.copy_warmup_draw)
+    if (cfg.data.micro_batch_size * cfg.data.seq_len) % r.copy_warmup_seq_len:
+        raise ConfigError(f"research.copy_warmup_seq_len={r.copy_warmup_seq_len} must divide the tokens of a "
                           f"micro-batch ({cfg.data.micro_batch_size} x {cfg.data.seq_len})")
-    if not 2 <= t.copy_warmup_max_passage <= t.copy_warmup_seq_len // 2:
-        raise ConfigError(f"train.copy_warmup_max_passage={t.copy_warmup_max_passage} must be 2 .. half of "
-                          f"train.copy_warmup_seq_len={t.copy_warmup_seq_len}, so a passage and its copy fit")
-    if t.copy_warmup_draw > cfg.model.vocab_size:
-        raise ConfigError(f"train.copy_warmup_draw={t.copy_warmup_draw} exceeds model.vocab_size="
+    if not 2 <= r.copy_warmup_max_passage <= r.copy_warmup_seq_len // 2:
+        raise ConfigError(f"research.copy_warmup_max_passage={r.copy_warmup_max_passage} must be 2 .. half of "
+                          f"research.copy_warmup_seq_len={r.copy_warmup_seq_len}, so a passage and its copy fit")
+    if r.copy_warmup_draw > cfg.model.vocab_size:
+        raise ConfigError(f"research.copy_warmup_draw={r.copy_warmup_draw} exceeds model.vocab_size="
                           f"{cfg.model.vocab_size}")
-    _check_shorter_sequences(cfg, "train.copy_warmup_seq_len", t.copy_warmup_seq_len)
+    _check_shorter_sequences(cfg, "research.copy_warmup_seq_len", r.copy_warmup_seq_len)
+
+
+def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:
+    """The data-parallel size of `world_size` ranks in sequence-parallel groups of `sp`; raise
+    ConfigError when `world_size` is not a multiple of `sp`. The one copy of this check (the
+    trainer, the process groups and the launcher call it); `world` names the world size in the
+    message (the launcher spells out its options)."""
+    if sp < 1:
+        raise ConfigError(f"parallel.sp={sp} must be >= 1")
+    if world_size % sp:
+        raise ConfigError(f"{world} {world_size} is not a multiple of parallel.sp={sp}: "
+                          f"launch a multiple of {sp} ranks or change parallel.sp")
+    return world_size // sp
 
 
 def validate(cfg: Config) -> Config:
     """Check relations between values; raise ConfigError naming the key and what is allowed."""
     m, a = cfg.model, cfg.model.attention
+    if cfg.schema_version != SCHEMA_VERSION:
+        raise ConfigError(f"schema_version={cfg.schema_version} is not this version's {SCHEMA_VERSION}: a run's "
+                          "saved config.yaml of an older version is migrated when the run is read back "
+                          "(fsf eval, resume, train.init_from); a job file needs no schema_version")
+    # the names of the kinds and of the kernel implementations are owned by the registry and
+    # the ops' dispatcher; both import nothing of the package above them
+    from fsframework.models.registry import MODEL_NAMES
+    from fsframework.ops.dispatch import IMPLS
+
     _choice("model.name", m.name, MODEL_NAMES)
     _choice("model.attention.combine", a.combine, COMBINE_MODES)
-    _choice("model.attention.impl", a.impl, ATTENTION_IMPLS)
+    _choice("model.attention.impl", a.impl, IMPLS)
     _choice("optim.decay", cfg.optim.decay, ("cosine", "linear", "constant"))
     _choice("parallel.precision", cfg.parallel.precision, ("auto", "fp32", "bf16"))
     _choice("parallel.backend", cfg.parallel.backend, ("auto", "gloo", "nccl"))
@@ -269,7 +326,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"model.d_model={m.d_model} must be a multiple of model.n_heads={m.n_heads}")
     if m.head_dim % 2:
         raise ConfigError(f"head dim d_model/n_heads={m.head_dim} must be even for RoPE")
-    if m.name in FREESOLO_MODELS:
+    if _freesolo(m.name):
         if a.block_size % a.cell_size:
             raise ConfigError(
                 f"model.attention.block_size={a.block_size} must be a multiple of model.attention.cell_size={a.cell_size}")
@@ -291,22 +348,69 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
-    """Defaults <- YAML file <- dotted `key=value` overrides, strict, then validated."""
+def _old_key_error(key: str) -> Optional[ConfigError]:
+    """The error for a dotted key that an older schema version had, None for any other key."""
+    for version in sorted(SCHEMA_MIGRATIONS):
+        changes = SCHEMA_MIGRATIONS[version]
+        if key in changes:
+            new = changes[key]
+            if new is None:
+                return ConfigError(f"config key {key} was removed in schema_version {version + 1}; delete it")
+            return ConfigError(f"config key {key} moved to {new} in schema_version {version + 1}; "
+                               f"write {new} instead")
+    return None
+
+
+def _flat_keys(data: Any, prefix: str = "") -> list[str]:
+    if not isinstance(data, dict):
+        return []
+    keys = []
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        keys.append(full)
+        keys.extend(_flat_keys(value, full + "."))
+    return keys
+
+
+def _reject_old_keys(keys: list[str]) -> None:
+    """Raise one ConfigError naming every key of an older schema version among `keys`."""
+    errors = [str(error) for error in map(_old_key_error, (key.lstrip("+~") for key in keys)) if error is not None]
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+
+def _read_yaml(path: str | Path) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (OmegaConfBaseException, ValueError) as exc:  # yaml errors are ValueErrors too
+        raise ConfigError(f"invalid config file {path}: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def _build(data: Optional[dict], overrides: Optional[list[str]]) -> Config:
+    """Defaults <- `data` (a nested dict) <- dotted `key=value` overrides, strict, then validated."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.max_steps=10)")
+    _reject_old_keys([item.split("=", 1)[0].strip() for item in overrides or []])
     schema = OmegaConf.structured(Config)
     try:
         merged = schema
-        if path is not None:
-            path = Path(path)
-            if not path.is_file():
-                raise ConfigError(f"config file not found: {path}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
-        for item in overrides or []:
-            if "=" not in item:
-                raise ConfigError(f"override {item!r} must look like key=value (e.g. train.max_steps=10)")
+        if data:
+            merged = OmegaConf.merge(merged, OmegaConf.create(data))
         if overrides:
             merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
         cfg = OmegaConf.to_object(merged)
@@ -317,16 +421,54 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     return validate(cfg)
 
 
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults <- YAML file <- dotted `key=value` overrides, strict, then validated. A key of an
+    older schema version (SCHEMA_MIGRATIONS) fails with its new name, or says it was removed."""
+    data = None
+    if path is not None:
+        data = _read_yaml(path)
+        _reject_old_keys(_flat_keys(data))
+    return _build(data, overrides)
+
+
+def migrate(data: dict) -> dict:
+    """A saved config (nested dict, any schema version; none recorded: version 1) brought to
+    SCHEMA_VERSION: removed keys dropped, moved keys put in their new place. A new dict."""
+    import copy
+
+    data = copy.deepcopy(data)
+    version = data.pop("schema_version", 1)
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ConfigError(f"schema_version={version!r} is unknown: this fsframework reads versions "
+                          f"1 .. {SCHEMA_VERSION}")
+    for v in range(version, SCHEMA_VERSION):
+        for old, new in SCHEMA_MIGRATIONS[v].items():
+            *parents, leaf = old.split(".")
+            node = data
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or leaf not in node:
+                continue
+            value = node.pop(leaf)
+            if new is None:
+                continue
+            *parents, leaf = new.split(".")
+            node = data
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+    data["schema_version"] = SCHEMA_VERSION
+    return data
+
+
+def load_run_config(path: str | Path, overrides: Optional[list[str]] = None) -> Config:
+    """The config.yaml a run saved (in its run directory or a checkpoint), of any schema version:
+    migrated to SCHEMA_VERSION, then `overrides` (current keys), validated. The one reader of
+    saved configs (resume, `fsf eval`, `fsf convert`, `train.init_from`)."""
+    return _build(migrate(_read_yaml(path)), overrides)
+
+
 def to_yaml(cfg: Config) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def from_yaml_file(path: str | Path) -> Config:
-    """Load a resolved `config.yaml` written by a run (strict, validated)."""
-    return load_config(path)
-
-
-def replace(cfg: Config, **changes: Any) -> Config:
-    return dataclasses.replace(cfg, **changes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fsframework.config import ConfigError, load_config
@@ -60,3 +62,112 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path):
 def test_cli_config_prints_resolved_yaml():
     proc = run_fsf("config", str(REPO / "yamls" / "quickstart.yaml"), "train.max_steps=7")
     assert "max_steps: 7" in proc.stdout
+
+
+# --- schema versions: renamed keys, migration of saved configs -------------------------------------------
+
+FIXTURES = REPO / "tests" / "fixtures"
+# config.yaml files as runs saved them before schema_version 2 (no schema_version key; every key of
+# that schema, model.max_seq_len and train.copy_warmup_* included)
+V1_DEFAULT = FIXTURES / "config_v1_default.yaml"
+V1_FREESOLO = FIXTURES / "config_v1_freesolo_copy_warmup.yaml"
+
+
+@pytest.mark.parametrize("old, new", [
+    ("train.copy_warmup_steps", "research.copy_warmup_steps"),
+    ("train.copy_warmup_seq_len", "research.copy_warmup_seq_len"),
+    ("train.copy_warmup_max_passage", "research.copy_warmup_max_passage"),
+    ("train.copy_warmup_draw", "research.copy_warmup_draw"),
+])
+def test_a_moved_key_names_its_new_place(old, new, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(f"{old} moved to {new}")):
+        load_config(None, [f"{old}=5"])
+    section, key = old.split(".")
+    path = tmp_path / "job.yaml"
+    path.write_text(f"{section}:\n  {key}: 5\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{old} moved to {new}")):
+        load_config(path)
+
+
+def test_a_removed_key_says_it_was_removed(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.max_seq_len was removed"):
+        load_config(None, ["model.max_seq_len=4096"])
+    path = tmp_path / "job.yaml"
+    path.write_text("model:\n  max_seq_len: 4096\n")
+    with pytest.raises(ConfigError, match=r"model\.max_seq_len was removed"):
+        load_config(path)
+
+
+def test_the_research_keys_are_checked_under_their_new_names():
+    cfg = load_config(None, ["research.copy_warmup_steps=3"])
+    assert cfg.research.copy_warmup_steps == 3 and not hasattr(cfg.train, "copy_warmup_steps")
+    with pytest.raises(ConfigError, match=r"research\.copy_warmup_draw=100000 exceeds"):
+        load_config(None, ["research.copy_warmup_steps=3", "research.copy_warmup_draw=100000"])
+
+
+def test_saved_configs_record_the_schema_version():
+    from fsframework.config import SCHEMA_VERSION, Config, to_yaml
+
+    assert SCHEMA_VERSION == 2
+    text = to_yaml(Config())
+    assert text.startswith("schema_version: 2\n")
+    assert "max_seq_len" not in text and "research:\n  copy_warmup_steps: 0" in text
+
+
+def test_version_1_run_configs_are_migrated():
+    from fsframework.config import load_run_config
+
+    cfg = load_run_config(V1_FREESOLO)
+    assert cfg.schema_version == 2 and cfg.model.name == "fs"
+    assert (cfg.research.copy_warmup_steps, cfg.research.copy_warmup_seq_len, cfg.research.copy_warmup_max_passage,
+            cfg.research.copy_warmup_draw) == (3, 128, 32, 256)
+    default = load_run_config(V1_DEFAULT)
+    assert default.research.copy_warmup_steps == 0 and default.model.name == "tfpp"
+    # overrides use the current names, after the migration
+    assert load_run_config(V1_DEFAULT, ["research.copy_warmup_steps=2"]).research.copy_warmup_steps == 2
+    with pytest.raises(ConfigError, match="moved to research.copy_warmup_steps"):
+        load_run_config(V1_DEFAULT, ["train.copy_warmup_steps=2"])
+    # the same files are rejected as job files: a job is written in the current schema
+    with pytest.raises(ConfigError, match="was removed|moved to"):
+        load_config(V1_FREESOLO)
+
+
+def test_migrate_is_a_pure_function_of_the_saved_dict():
+    from fsframework.config import migrate
+
+    old = {"model": {"name": "fs", "max_seq_len": 4096}, "train": {"copy_warmup_steps": 3, "max_steps": 7}}
+    new = migrate(old)
+    assert new == {"schema_version": 2, "model": {"name": "fs"}, "train": {"max_steps": 7},
+                   "research": {"copy_warmup_steps": 3}}
+    assert old["train"]["copy_warmup_steps"] == 3, "the input is left alone"
+    assert migrate(new) == new, "a current config passes through"
+    with pytest.raises(ConfigError, match="schema_version=9 is unknown"):
+        migrate({"schema_version": 9})
+
+
+def test_the_checkpoint_reader_migrates_through_the_one_load_function(tmp_path):
+    from fsframework.checkpoints import RunDir, read_config
+
+    run = RunDir(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    run.config.write_text(V1_FREESOLO.read_text())
+    assert RunDir.holding_config(run.config) == run
+    assert RunDir.holding_config(V1_FREESOLO) is None, "a file outside a run directory is a job file"
+    assert read_config(run.root).research.copy_warmup_steps == 3
+    assert read_config(run.config).research.copy_warmup_steps == 3
+    # `fsf config` (as `fsf train`) reads a run's own config.yaml migrated, e.g. to resume it
+    proc = run_fsf("config", str(run.config))
+    assert "schema_version: 2" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
+    bad = run_fsf("config", str(V1_FREESOLO), check=False)
+    assert bad.returncode == 2 and "moved to research.copy_warmup_steps" in bad.stderr
+
+
+def test_world_size_check_is_shared():
+    from fsframework.config import check_world_size
+    from fsframework.parallel.groups import check_layout
+
+    assert check_world_size(8, 4) == 2 == check_layout(8, 4)
+    with pytest.raises(ConfigError, match="world size 6 is not a multiple of parallel.sp=4"):
+        check_world_size(6, 4)
+    with pytest.raises(ConfigError, match="parallel.sp=0 must be >= 1"):
+        check_world_size(4, 0)

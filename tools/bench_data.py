@@ -6,7 +6,7 @@
    writing zstd MDS shards), in tokens/s and tokens/s per worker.
 2. Loading: StreamingDataset + torch DataLoader over shards built at seq_len 512
    and 4096, batches collated to int64 tensors, with recall masks and loss weights
-   (SPEC 1.10) computed per sample in the collate function, or not.
+   (docs/freesolo.md §1.10) computed per sample in the collate function, or not.
 3. The CPU trainer's consumption (quickstart model), for the loader/trainer ratio.
 
     python tools/bench_data.py [--chars 8000000] [--repeat 4] [--loader-tokens 4000000]
@@ -27,7 +27,7 @@ import numpy as np
 
 def write_corpus(path: Path, chars: int, repeat: int) -> int:
     """The prose as JSONL, `repeat` times over (the stdlib holds only a few MB of it)."""
-    from fsframework.data.corpus import stdlib_prose
+    from fsframework.data.stdlib_text import stdlib_prose
 
     docs = stdlib_prose(chars)
     with open(path, "w", encoding="utf-8") as f:
@@ -39,12 +39,11 @@ def write_corpus(path: Path, chars: int, repeat: int) -> int:
 
 def bench_tokenize(path: Path, workers: int) -> tuple[float, int]:
     """Seconds and tokens for read + parse + encode only (no packing or writing)."""
-    from fsframework.data import build as b
+    from fsframework.data.build import tokenize_files
 
     start = time.perf_counter()
-    tasks = ((chunk, "text") for chunk in b._chunks(b._records([path], "text")))
     tokens = 0
-    for _, result in b._ordered_map(b._tokenize_chunk, tasks, workers, ("byte",)):
+    for _, result in tokenize_files([path], tokenizer="byte", workers=workers):
         tokens += sum(len(v) + 1 for _, _, status, v in result if status == "ok")
     return time.perf_counter() - start, tokens
 

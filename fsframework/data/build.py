@@ -226,6 +226,22 @@ def _ordered_map(fn, tasks: Iterable, workers: int, initargs: tuple) -> Iterator
             yield window.popleft().get()
 
 
+def tokenize_files(inputs: list[str | Path], *, tokenizer: str = "byte", workers: int = 1,
+                   text_field: str = "text") -> Iterator[tuple[int, list[tuple]]]:
+    """Read, parse and tokenize every document of `inputs`, in `workers` processes, in input
+    order: what `build_shards` does before packing and writing (tokenization throughput is
+    measured on it).
+
+    Yields one item per chunk of documents (about 1 MiB or 1024 documents):
+    `(input bytes covered, [(file index, line or row, status, value), ...])`, where status is
+    `"ok"` (value: the document's int32 token ids, without EOS), `"skip"` (value: one of
+    `SKIP_REASONS`) or `"error"` (value: what is wrong with the document). Unreadable files
+    and unknown extensions raise `DataBuildError`."""
+    paths = [Path(p) for p in inputs]
+    tasks = ((chunk, text_field) for chunk in _chunks(_records(paths, text_field)))
+    yield from _ordered_map(_tokenize_chunk, tasks, workers, (tokenizer,))
+
+
 # ---------------------------------------------------------------- building
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:
@@ -284,9 +300,7 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
     progress = _progress(verbose)
 
     def documents(task_id) -> Iterator[list[int]]:
-        chunks = _chunks(_records(paths, text_field))
-        tasks = ((chunk, text_field) for chunk in chunks)
-        for advanced, result in _ordered_map(_tokenize_chunk, tasks, workers, (tokenizer,)):
+        for advanced, result in tokenize_files(paths, tokenizer=tokenizer, workers=workers, text_field=text_field):
             for fi, line, status, value in result:
                 if status == "ok":
                     stats["documents"] += 1

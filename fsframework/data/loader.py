@@ -1,9 +1,11 @@
 """Training data: MDS shards read back through mosaicml-streaming.
 
-`build_dataset` prepares the shards named by `cfg.data` (building the embedded
-corpus on first use) and `TokenLoader` yields `(inputs, targets, doc_ids)`
-batches forever, epoch after epoch, with a `state_dict` that resumes exactly
-mid-epoch.
+`data_streams` names the MDS datasets of `cfg.data` with their mixture proportions
+(`prepare_data_dir` builds the embedded corpus on first use), `check_shard_files`
+checks their files at start-up, `make_streaming_dataset` opens them as one
+StreamingDataset, and `TokenLoader` yields batches forever, epoch after epoch, as
+dicts of `[B, seq_len]` tensors (`inputs`, `targets`, `doc_ids`, and `weights` under
+recall weighting, see `Collate`), with a `state_dict` that resumes exactly mid-epoch.
 """
 
 from __future__ import annotations

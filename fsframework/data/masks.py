@@ -1,4 +1,4 @@
-"""Recall and switch masks for recall-weighted training (SPEC 1.10), from token ids alone.
+"""Recall and switch masks for recall-weighted training (docs/freesolo.md §1.10), from token ids alone.
 
 Positions are indexed by the *target* token `t` (the token whose prediction the loss
 term `CE_t` scores), and both masks have the length of `tokens`. With `n = ngram`
@@ -20,11 +20,11 @@ and `D = min_distance`:
 - `chi` at `t`: `t` is a start, the previous start `t'` of the same document has
   `t - t' <= switch_window`, and `|src(t) - src(t')| > switch_window`.
 
-Reading of the SPEC where it leaves room:
+Our reading where the paper leaves room:
 - Uniqueness counts all earlier occurrences; the unique one must also lie more
   than `D` back. An n-gram seen twice before is never a recall, however far.
 - For a continuation, "earlier" means `j < t - n` (the occurrence starts before the
-  context n-gram does), as the SPEC writes; for a start, `j < t`. Both are the same
+  context n-gram does), as the paper writes; for a start, `j < t`. Both are the same
   rule "occurrence before the n-gram's own start", so overlaps are allowed.
 - Documents are maximal runs of equal consecutive `doc_ids` (a boundary wherever
   the id changes). In the pinned shard format ids are non-decreasing, where this is

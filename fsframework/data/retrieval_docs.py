@@ -6,14 +6,14 @@ million tokens of plain text does not learn to copy from context at all (measure
 TF++ and FS at 0.92M parameters answered every passkey with a constant number after
 8M tokens). The papers' models learn retrieval from web-scale text; at the scale of
 a CPU replication, documents shaped like the tasks teach the skill in a budget of
-minutes. Only the formats are shared with the evaluation: keys are random pairs of
-words from the corpus's own prose (the evaluation draws adjective-noun keys from its
-own lists), values are random numbers, and the filler is the corpus's prose or the
-evaluation's noise sentences.
+minutes. Only the formats are shared with the evaluation (`fsframework.data.templates`
+holds them for both): keys are random pairs of words from the corpus's own prose (the
+evaluation draws adjective-noun keys from its own lists), values are random numbers,
+and the filler is the corpus's prose or the evaluation's noise sentences.
 
 Four shapes, chosen at random (repeat half of the time, the others a sixth each):
-- passkey: the passkey prompt (`fsframework.eval.passkey`) followed by the answer;
-- one fact: a RULER NIAH prompt (`fsframework.eval.ruler`) with one needle, answered;
+- passkey: the passkey prompt (as `fsframework.eval.passkey` asks it) followed by the answer;
+- one fact: a RULER NIAH prompt (as `fsframework.eval.ruler` asks it) with one needle, answered;
 - several facts (2-4 needles), every one of them asked and answered in turn, so a
   document holds several answers to copy;
 - repeat: passages (prose, random words or random numbers), each followed by itself
@@ -28,12 +28,8 @@ from __future__ import annotations
 import random
 import re
 
-
-def _templates():
-    # the evaluation modules hold the formats; imported here so that the two stay in step
-    from fsframework.eval import passkey, ruler
-
-    return passkey, ruler
+from fsframework.data.templates import (NIAH_NEEDLE, NIAH_NOISE, NIAH_TEMPLATE, PASSKEY_HEAD, PASSKEY_NEEDLE,
+                                        PASSKEY_TAIL)
 
 
 def key_words(prose: list[str], limit: int = 4000, tokenizer=None, min_single: int = 200) -> list[str]:
@@ -72,8 +68,7 @@ def filler_text(prose: list[str], rng: random.Random, num_chars: int) -> str:
 
 def noise_text(num_chars: int) -> str:
     """The RULER noise haystack (one repeated paragraph), cut to `num_chars`."""
-    noise = _templates()[1].NOISE
-    return ((noise + " ") * (num_chars // (len(noise) + 1) + 1))[:num_chars]
+    return ((NIAH_NOISE + " ") * (num_chars // (len(NIAH_NOISE) + 1) + 1))[:num_chars]
 
 
 def _plant(filler: str, needles: list[str], rng: random.Random) -> str:
@@ -105,7 +100,7 @@ def random_passage(prose: list[str], words: list[str], rng: random.Random, size:
     return (" " if kind == 1 else ", ").join(items) + "."
 
 
-# the lines around a repeated passage; the replication's copy probe builds its prompts from them too
+# the lines around a repeated passage (public: a copy probe can build its prompts from them too)
 REPEAT_INTRO = "Read this carefully.\n"
 REPEAT_AGAIN = "\nNow the same text again.\n"
 
@@ -126,15 +121,14 @@ def repeat_document(prose: list[str], words: list[str], rng: random.Random, leng
 
 def retrieval_document(prose: list[str], words: list[str], rng: random.Random, length_chars: int) -> str:
     """One document of about `length_chars` characters (longer when its template needs it)."""
-    passkey, ruler = _templates()
     if rng.random() < 0.5:
         return repeat_document(prose, words, rng, length_chars)
     kind = rng.choice(("passkey", "fact", "facts"))
     if kind == "passkey":
         key = str(rng.randint(10_000, 99_999))
-        needle = passkey.NEEDLE.format(key=key)
-        body = max(length_chars - len(passkey.HEAD) - len(passkey.TAIL) - len(needle), 40)
-        return passkey.HEAD + _plant(filler_text(prose, rng, body), [needle], rng) + passkey.TAIL + f" {key}."
+        needle = PASSKEY_NEEDLE.format(key=key)
+        body = max(length_chars - len(PASSKEY_HEAD) - len(PASSKEY_TAIL) - len(needle), 40)
+        return PASSKEY_HEAD + _plant(filler_text(prose, rng, body), [needle], rng) + PASSKEY_TAIL + f" {key}."
     count = 1 if kind == "fact" else rng.randint(2, 4)
     keys = []
     while len(keys) < count:
@@ -142,12 +136,12 @@ def retrieval_document(prose: list[str], words: list[str], rng: random.Random, l
         if key not in keys:
             keys.append(key)
     values = [str(rng.randint(1_000_000, 9_999_999)) for _ in keys]
-    needles = [ruler.NEEDLE.format(type_v="numbers", key=k, value=v) for k, v in zip(keys, values)]
+    needles = [NIAH_NEEDLE.format(type_v="numbers", key=k, value=v) for k, v in zip(keys, values)]
     order = list(range(count))
     rng.shuffle(order)
-    questions = [ruler.TEMPLATE.split("{context}\n", 1)[1].format(type_v="numbers", query=keys[i]) + f" {values[i]}."
+    questions = [NIAH_TEMPLATE.split("{context}\n", 1)[1].format(type_v="numbers", query=keys[i]) + f" {values[i]}."
                  for i in order]
-    head = ruler.TEMPLATE.split("{context}", 1)[0].format(type_v="numbers")
+    head = NIAH_TEMPLATE.split("{context}", 1)[0].format(type_v="numbers")
     fixed = len(head) + sum(map(len, needles)) + sum(map(len, questions)) + count + 1
     body = max(length_chars - fixed, 40)
     filler = noise_text(body) if rng.random() < 0.5 else filler_text(prose, rng, body)

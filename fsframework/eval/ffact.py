@@ -1,4 +1,4 @@
-"""F-fact memory probe (FreeSolo, SPEC §4).
+"""F-fact memory probe (FreeSolo, docs/evaluation.md).
 
 A prefix of natural text holds F key-value facts with 7-digit values; the question
 about one key comes only after the prefix, and each question is asked on its own

@@ -22,7 +22,8 @@ RULER task settings reproduced (RULER `synthetic.yaml`):
 | niah_multivalue  | essay    | words | numbers | 1    | 4      | 1       |
 | niah_multiquery  | essay    | words | numbers | 4    | 1      | 4       |
 
-Templates, needle wording ("numbers"/"uuids"/"words" variants), the singular
+Templates, needle wording ("numbers"/"uuids"/"words" variants; the strings live in
+`fsframework.data.templates`, shared with the training documents), the singular
 rewording when one value is asked, the multi-query join ("a, b, and c"), 7-digit
 values, UUID4 values and the 128-token generation budget follow RULER. Where this
 differs from RULER, and why:
@@ -49,12 +50,8 @@ import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NEEDLE = "One of the special magic {type_v} for {key} is: {value}."
-TEMPLATE = ("Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
-            "I will quiz you about the {type_v} afterwards.\n{context}\nWhat are all the special magic {type_v} "
-            "for {query} mentioned in the provided text? The special magic {type_v} for {query} mentioned in "
-            "the provided text are")
+from fsframework.data.templates import NIAH_NEEDLE, NIAH_NOISE, NIAH_TEMPLATE
+
 # RULER's DEPTHS: 40 evenly spaced integer percentages, used for the extra needles of a sample
 DEPTH_GRID = tuple(round(100 * i / 39) for i in range(40))
 NIAH_GEN_TOKENS = 128  # RULER's tokens_to_generate for the niah tasks
@@ -162,7 +159,7 @@ def _split_sentences(text: str, max_chars: int = 200) -> list[str]:
 
 @lru_cache(maxsize=4)
 def _prose_sentences(max_chars: int) -> tuple[str, ...]:
-    from fsframework.data.corpus import stdlib_prose
+    from fsframework.data.stdlib_text import stdlib_prose
 
     # whitespace collapsed as RULER does for its essays
     text = re.sub(r"\s+", " ", " ".join(stdlib_prose(max_chars))).strip()
@@ -234,7 +231,7 @@ class NoiseHaystack(_UnitHaystack):
 
     def unit_ids(self, j: int) -> list[int]:
         if 0 not in self._cache:
-            self._cache[0] = self.tokenizer.encode(NOISE + self.sep)
+            self._cache[0] = self.tokenizer.encode(NIAH_NOISE + self.sep)
         return self._cache[0]
 
 
@@ -250,7 +247,7 @@ class NeedleHaystack(_UnitHaystack):
 
     def unit_ids(self, j: int) -> list[int]:
         if j not in self._cache:
-            text = NEEDLE.format(type_v=self.type_v, key=self.keys.next(), value=self.values.next())
+            text = NIAH_NEEDLE.format(type_v=self.type_v, key=self.keys.next(), value=self.values.next())
             self._cache[j] = self.tokenizer.encode(text + self.sep)
         return self._cache[j]
 
@@ -287,7 +284,7 @@ def assemble(head: list[int], tail: list[int], needles: list[tuple[list[int], fl
 
 
 def _template(cfg: dict, query: str) -> tuple[str, str]:
-    template, type_v = TEMPLATE, cfg["type_v"]
+    template, type_v = NIAH_TEMPLATE, cfg["type_v"]
     if cfg["queries"] * cfg["values"] == 1:
         # RULER's singular wording when exactly one value is asked for
         template = template.replace("Some", "A").replace("are all", "is").replace("are", "is")
@@ -329,7 +326,7 @@ def niah_samples(task: str, tokenizer, length: int, num_samples: int, seed: int,
         depths = [depth if n == primary else float(next(others)) for n in range(len(needles))]
         order = list(range(len(needles)))
         rng.shuffle(order)
-        texts = [NEEDLE.format(type_v=cfg["type_v"], key=k, value=v) for k, v in needles]
+        texts = [NIAH_NEEDLE.format(type_v=cfg["type_v"], key=k, value=v) for k, v in needles]
         needle_ids = [(tokenizer.encode(texts[n] + hay.sep), depths[n]) for n in order]
         queries = [keys[q] for q in queried]
         query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]

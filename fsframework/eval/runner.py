@@ -11,16 +11,15 @@ import torch
 
 def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
                         batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str]) -> dict:
+    from fsframework.checkpoints import Checkpoint
     from fsframework.data.loader import data_streams
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
-    from fsframework.train.checkpoint import load_model, resolve_checkpoint
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    ckpt = resolve_checkpoint(checkpoint)
-    model, cfg = load_model(ckpt, device, overrides)
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
-    out = out or run_dir / "eval" / "scores.json"
+    ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
+    model, cfg = ckpt.load_model(device, overrides)
+    out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)
     return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
                     num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
@@ -35,7 +34,9 @@ def summary_table(run_dir: Path, scores: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from fsframework.checkpoints import RunDir
+
+    records = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines() if line.strip()]
     table = Table(title=f"summary of {run_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -1,6 +1,6 @@
 """Run long-context evaluation tasks over several lengths: scores, a table, JSON and plots.
 
-Tasks: the eight RULER NIAH tasks, "passkey", "ffact" and "perplexity" (SPEC §4).
+Tasks: the eight RULER NIAH tasks, "passkey", "ffact" and "perplexity" (docs/evaluation.md).
 Scores are 0-100 (RULER string_match_all for NIAH, exact match for passkey, value
 found for F-fact); perplexity is reported as is. `ruler_mean` averages the NIAH
 tasks that ran at each length.

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsframework.config import ConfigError, check_world_size
 from fsframework.launcher.errors import LaunchError
 from fsframework.launcher.hostfile import Host, read_hostfile
 
@@ -80,9 +81,10 @@ def make_plan(*, run_dir: str, sp: int, nodes: int, gpus_per_node: int, launcher
     if nodes < 1 or gpus_per_node < 1:
         raise LaunchError(f"--nodes ({nodes}) and --gpus-per-node ({gpus_per_node}) must be >= 1")
     world = nodes * gpus_per_node
-    if world % sp:
-        raise LaunchError(f"world size --nodes x --gpus-per-node = {nodes} x {gpus_per_node} = {world} is not a "
-                          f"multiple of parallel.sp={sp}")
+    try:
+        check_world_size(world, sp, world=f"world size --nodes x --gpus-per-node = {nodes} x {gpus_per_node} =")
+    except ConfigError as exc:
+        raise LaunchError(str(exc)) from None
     if slurm and launcher != "torchrun":
         raise LaunchError("--slurm starts one torchrun per node with srun; use --launcher torchrun")
     if slurm and hostfile is not None:

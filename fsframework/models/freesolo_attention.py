@@ -1,12 +1,12 @@
-"""FreeSolo attention layer (SPEC §1.1-§1.6): a local RoPE window branch and a routed long-range
+"""FreeSolo attention layer (docs/freesolo.md §1.1-§1.6): a local RoPE window branch and a routed long-range
 branch on ONE set of q/k/v projections.
 
 Legend: B batch, T time, D model width, H heads, Dh head width.
 
     q, k, v = x W_q, x W_k, x W_v                        (unrotated, [B, T, H, Dh])
-    local   = sliding-window attention, RoPE inside       (SPEC §1.2)
-    LR      = cell_readout(q, k, v, route(q, k)), FS or FS-L  (SPEC §1.3-§1.6, NoPE, per-head RMSNorm gain)
-    combine (after the readout RMSNorm, [choice] SPEC §1.1):
+    local   = sliding-window attention, RoPE inside       (docs/freesolo.md §1.2)
+    LR      = cell_readout(q, k, v, route(q, k)), FS or FS-L  (docs/freesolo.md §1.3-§1.6, NoPE, per-head RMSNorm gain)
+    combine (after the readout RMSNorm, our choice, docs/freesolo.md §1.1):
       sum          o = W_o(local + LR)
       gate         o = W_o(local + sigmoid(x W_g + b_g)_h * LR),  b_g = 0 at init
       separate_wo  o = W_o(local) + W_o_lr(LR)
@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from fsframework.config import COMBINE_MODES, FREESOLO_MODELS, ModelConfig
+from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.ops.freesolo import cell_readout, select_cells
@@ -38,8 +38,8 @@ class FreeSoloAttention(QKVAttention):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         a = cfg.attention
-        if cfg.name not in FREESOLO_MODELS:
-            raise ValueError(f"FreeSoloAttention needs model.name in {FREESOLO_MODELS}, got {cfg.name!r}")
+        if cfg.name not in ("fs", "fsl"):
+            raise ValueError(f"FreeSoloAttention needs model.name fs or fsl (the routing variant), got {cfg.name!r}")
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
         super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo

@@ -82,5 +82,5 @@ class TransformerLM(nn.Module):
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         """Next-token cross entropy (`-100` targets ignored); with `weights` `[B, T]` the
-        weighted mean `sum w CE / sum w` (SPEC §1.10)."""
+        weighted mean `sum w CE / sum w` (docs/freesolo.md §1.10)."""
         return lm_losses(self(tokens), targets, weights)[0]

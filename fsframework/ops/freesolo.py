@@ -1,4 +1,4 @@
-"""FreeSolo long-range branch (SPEC §1.3-§1.7): cell routing and selected-cell readout.
+"""FreeSolo long-range branch (docs/freesolo.md §1.3-§1.7): cell routing and selected-cell readout.
 
 Legend: Bt batch, N tokens, H heads, d head width, K top_k, s cell_size,
 C = N // s complete cells.
@@ -29,7 +29,7 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
                  block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
                  lam: float | torch.Tensor = 1.0, recent_cells: int = 8, retained_cells: int = 64,
                  impl: str = "auto", q_start: int = 0) -> torch.Tensor:
-    """Top-K cells per query and head (SPEC §1.3-§1.6). No gradient flows through it.
+    """Top-K cells per query and head (docs/freesolo.md §1.3-§1.6). No gradient flows through it.
 
     q, k: unrotated `[Bt, N, H, d]`. Cell `c` holds tokens `cs .. cs+s-1`
     (`s = cell_size`); its summaries are the mean key `kbar_c`, the center
@@ -74,7 +74,7 @@ def _pad_queries(x: torch.Tensor, q_start: int, value: float = 0.0) -> torch.Ten
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int = 32,
                  rms_weight: torch.Tensor | None = None, eps: float = 1e-8, impl: str = "auto",
                  q_start: int = 0) -> torch.Tensor:
-    """Long-range readout of the selected cells (SPEC §1.6, Eq. 9) -> `[Bt, N, H, d]` in q's dtype.
+    """Long-range readout of the selected cells (docs/freesolo.md §1.6, Eq. 9) -> `[Bt, N, H, d]` in q's dtype.
 
     q, k, v: unrotated `[Bt, N, H, d]`; cells: `[Bt, N, H, K]` cell indices, -1 =
     none (any order; a cell listed twice is read twice, `select_cells` never

@@ -1,4 +1,4 @@
-"""Selected-cell softmax readout (SPEC §1.6, Eq. 9, before the RMSNorm), reference implementation.
+"""Selected-cell softmax readout (docs/freesolo.md §1.6, Eq. 9, before the RMSNorm), reference implementation.
 
 Legend: Bt batch, N tokens, H heads, d head width, K cells per query, s cell
 size, C = N // s complete cells, n queries of one chunk, U cells of a chunk's union.

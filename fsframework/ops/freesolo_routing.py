@@ -1,4 +1,4 @@
-"""FreeSolo routing (SPEC §1.3-§1.6): cell summaries, available sets and top-K selection.
+"""FreeSolo routing (docs/freesolo.md §1.3-§1.6): cell summaries, available sets and top-K selection.
 
 Reference implementation in plain PyTorch. Legend: Bt batch, N tokens, H heads,
 d head width, C complete cells, M candidate cells of one query block, K top_k.
@@ -11,7 +11,7 @@ key-norm priority incrementally, merging the `B/s` newly eligible cells of each
 block into the previous top-P, so its routing is `O(N)` in time and memory.
 No `N x N` or `N x N/s` tensor is ever built.
 
-[choice]s implemented here (SPEC §1.5, §1.6): ties in the FS-L priority `a_c`
+[choice]s implemented here (docs/freesolo.md §1.5, §1.6): ties in the FS-L priority `a_c`
 and ties in the routing score `r_ic` are both won by the earlier cell.
 """
 
@@ -106,7 +106,7 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
     sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
     lam_h = per_head(lam, heads, "lam", positive=False, like=like)
     out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
-    with torch.no_grad():  # hard selections receive no gradient (SPEC §1.6)
+    with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         kbar, a = cell_summaries(k, cell_size)
         kbar_h = kbar.transpose(1, 2)  # Bt C H d -> Bt H C d
         a_h = a.transpose(1, 2).contiguous()  # Bt H C

@@ -1,4 +1,4 @@
-"""Sliding-window causal attention with RoPE (SPEC §1.2), reference implementation.
+"""Sliding-window causal attention with RoPE (docs/freesolo.md §1.2), reference implementation.
 
 Query `i` attends to keys `j` with `0 <= i - j <= window` (window + 1 keys, self
 included); logits are `RoPE(q_i) . RoPE(k_j) / sqrt(d)`. Queries are processed in

@@ -47,13 +47,11 @@ class ParallelGroups:
 
 
 def check_layout(world_size: int, sp: int) -> int:
-    """Data-parallel size for `world_size` ranks and SP groups of `sp`; raise ValueError otherwise."""
-    if sp < 1:
-        raise ValueError(f"parallel.sp={sp} must be >= 1")
-    if world_size % sp:
-        raise ValueError(f"world size {world_size} is not a multiple of parallel.sp={sp}: "
-                         f"launch a multiple of {sp} ranks or change parallel.sp")
-    return world_size // sp
+    """Data-parallel size for `world_size` ranks and SP groups of `sp`; raise ValueError otherwise
+    (`fsframework.config.check_world_size`, the one copy of the check)."""
+    from fsframework.config import check_world_size
+
+    return check_world_size(world_size, sp)
 
 
 def init_groups(sp: int, timeout_s: Optional[int] = None, backend: Optional[str] = None) -> ParallelGroups:

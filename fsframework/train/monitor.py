@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from fsframework.checkpoints import RunDir
+
 console = Console()
 
 
@@ -21,10 +23,11 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 class Monitor:
-    def __init__(self, run_dir: Path, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
+    def __init__(self, run_dir: Path | RunDir, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
                  tensorboard: bool):
+        run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.enabled = enabled
-        self.metrics_path = run_dir / "metrics.jsonl"
+        self.metrics_path = run.metrics
         self.writer = None
         self.progress = None
         if not enabled:
@@ -33,7 +36,7 @@ class Monitor:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
+            self.writer = SummaryWriter(log_dir=str(run.tensorboard), purge_step=start_step + 1)
         if progress:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),

@@ -15,13 +15,14 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework.config import Config, to_yaml
-from fsframework.parallel.groups import check_layout, init_groups
+from fsframework.checkpoints import CheckpointError, RunDir, find_latest, initial_weights
+from fsframework.config import Config, check_world_size, to_yaml
+from fsframework.parallel.groups import init_groups
 from fsframework.parallel.health import FaultInjector, init_health_group, reraise_naming_rank
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
-from fsframework.train.distributed import DistInfo, init_distributed
+from fsframework.train.distributed import DistInfo, barrier, init_distributed
 from fsframework.train.monitor import Monitor, console
 from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
@@ -59,15 +60,15 @@ def cut_sequences(batch: dict[str, torch.Tensor], length: int) -> dict[str, torc
 
 
 def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str, torch.Tensor]:
-    """One micro-batch of the copy warmup (`train.copy_warmup_*`): repeated random passages with
+    """One micro-batch of the copy warmup (`research.copy_warmup_*`): repeated random passages with
     as many tokens as a data micro-batch. Drawn from a generator seeded by (seed, step, micro
     batch, rank), so a resumed run sees the same batches and ranks see different ones."""
-    from fsframework.eval.copying import repeat_batch
+    from fsframework.data.synthetic import repeat_batch
 
-    t = cfg.train
-    gen = torch.Generator().manual_seed(((t.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)
-    rows = cfg.data.micro_batch_size * cfg.data.seq_len // t.copy_warmup_seq_len
-    tokens, _, _ = repeat_batch(gen, rows, t.copy_warmup_seq_len, t.copy_warmup_draw, t.copy_warmup_max_passage)
+    r = cfg.research
+    gen = torch.Generator().manual_seed(((cfg.train.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)
+    rows = cfg.data.micro_batch_size * cfg.data.seq_len // r.copy_warmup_seq_len
+    tokens, _, _ = repeat_batch(gen, rows, r.copy_warmup_seq_len, r.copy_warmup_draw, r.copy_warmup_max_passage)
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
 
@@ -89,10 +90,11 @@ def _memory_mb(device: torch.device) -> float:
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.run = RunDir(Path(cfg.run_dir))
+        self.run_dir = self.run.root
+        self.ckpt_root = self.run.checkpoints
         self.dist: DistInfo = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
-        self.dp_size = check_layout(self.dist.world_size, cfg.parallel.sp)
+        self.dp_size = check_world_size(self.dist.world_size, cfg.parallel.sp)
         self.groups = init_groups(cfg.parallel.sp, cfg.parallel.timeout_s)
         init_health_group(cfg.parallel.timeout_s)
         self.faults = FaultInjector.from_env(self.dist.rank)
@@ -111,20 +113,20 @@ class Trainer:
         if self.dist.is_main:
             self.tokenizer = ckpt_io.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+            self.run.config.write_text(to_yaml(cfg))
             data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
-        ckpt_io.barrier()
+        barrier()
         streams = data_streams(cfg, "train", build=False)
         check_shard_files([location for location, _ in streams])
 
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
         if cfg.train.init_from:
-            weights = ckpt_io.initial_weights(cfg.train.init_from)
+            weights = initial_weights(cfg.train.init_from)
             try:
                 model.load_state_dict(weights)
             except RuntimeError as exc:  # names every missing, unexpected or mis-shaped tensor
-                raise ckpt_io.CheckpointError(f"train.init_from={cfg.train.init_from} does not fit model "
+                raise CheckpointError(f"train.init_from={cfg.train.init_from} does not fit model "
                                               f"{cfg.model.name}: {exc}") from None
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
@@ -140,13 +142,13 @@ class Trainer:
         self.model = model
         dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                          seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
-                                         local_cache=str(self.run_dir / "data_cache"))
+                                         local_cache=str(self.run.data_cache))
         self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
                                   recall=cfg.loss if cfg.loss.recall_weighting else None,
                                   locations=[location for location, _ in streams])
 
     def maybe_resume(self) -> None:
-        found = ckpt_io.find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
+        found = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if found is None:
             return
         ckpt_io.load_engine(self.engine, found)
@@ -182,7 +184,8 @@ class Trainer:
         pre_step_norm = None
         t = self.cfg.train
         short = t.short_seq_len if self.state.step < t.short_seq_steps else 0
-        warmup = self.state.step < t.copy_warmup_steps  # the data stream is not read during the copy warmup
+        # the data stream is not read during the copy warmup
+        warmup = self.state.step < self.cfg.research.copy_warmup_steps
         for micro in range(self.cfg.parallel.grad_accum):
             if warmup:
                 batch = copy_warmup_batch(self.cfg, self.state.step, micro, self.dist.rank)
@@ -205,7 +208,7 @@ class Trainer:
         if grad_norm is None:
             grad_norm = pre_step_norm
         metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                   "seq_len": t.copy_warmup_seq_len if warmup else short or self.cfg.data.seq_len,
+                   "seq_len": self.cfg.research.copy_warmup_seq_len if warmup else short or self.cfg.data.seq_len,
                    "copy_warmup": int(warmup)}
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
@@ -216,7 +219,7 @@ class Trainer:
         self.build()
         self.maybe_resume()
         tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
-        monitor = Monitor(self.run_dir, total_steps=cfg.train.max_steps, start_step=self.state.step,
+        monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
         self.engine.train()
         try:

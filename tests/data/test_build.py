@@ -8,8 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fsframework.cli_data import data_app
-from fsframework.data.build import DataBuildError, build_shards
+from fsframework.cli.data import data_app
+from fsframework.data.build import DataBuildError, build_shards, tokenize_files
 from fsframework.data.inspect_shards import ShardError, inspect
 
 EOS = 256
@@ -114,6 +114,24 @@ def test_mixed_inputs_keep_order_and_count_skips(tmp_path):
     assert stats["documents"] == 3
     assert stats["skipped"] == {"empty": 4, "invalid_utf8": 3}
     check_samples(read_back(tmp_path / "out"), DOCS[:3], 8)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tokenize_files_yields_every_document_in_order_without_writing(tmp_path, workers):
+    (tmp_path / "a.txt").write_text(DOCS[0])
+    lines = [json.dumps({"text": DOCS[1]}), "", '{"text": 5}', json.dumps({"text": DOCS[2]})]
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    chunks = list(tokenize_files([tmp_path / "a.txt", str(tmp_path / "b.jsonl")], workers=workers))
+    records = [record for _, result in chunks for record in result]
+    assert [(fi, line, status) for fi, line, status, _ in records] == [
+        (0, 1, "ok"), (1, 1, "ok"), (1, 2, "skip"), (1, 3, "error"), (1, 4, "ok")]
+    ok = [value for _, _, status, value in records if status == "ok"]
+    assert all(v.dtype == np.int32 for v in ok)  # token ids without the EOS that packing appends
+    assert [bytes(v.astype(np.uint8)).decode() for v in ok] == DOCS[:3]
+    assert records[2][3] == "empty" and "field 'text' is int" in records[3][3]
+    # progress: the chunks cover every input byte
+    assert sum(size for size, _ in chunks) == (tmp_path / "a.txt").stat().st_size + (tmp_path / "b.jsonl").stat().st_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.jsonl"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -235,6 +253,6 @@ def test_cli(tmp_path):
     assert res.exit_code == 0, res.output
     assert "samples" in res.output and "sample 2" in res.output
     res = runner.invoke(app, ["data", "build", str(path), "--out", str(tmp_path / "o2"), "--seq-len", "8"])
-    assert res.exit_code == 1 and "d.jsonl, line 1: no field 'text'" in res.output
+    assert res.exit_code == 2 and "d.jsonl, line 1: no field 'text'" in res.output
     res = runner.invoke(app, ["data", "inspect", str(out), "--sample", "10000"])
-    assert res.exit_code == 1 and "out of range" in res.output
+    assert res.exit_code == 2 and "out of range" in res.output

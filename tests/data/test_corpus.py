@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from fsframework.config import load_config
-from fsframework.data.corpus import build_embedded_corpus, retrieval_document, stdlib_prose
+from fsframework.data.corpus import build_embedded_corpus, retrieval_document
 from fsframework.data.loader import TokenLoader, make_streaming_dataset, prepare_data_dir
 from fsframework.data.shards import pack_documents
+from fsframework.data.stdlib_text import stdlib_prose
 from fsframework.data.tokenizers import ByteTokenizer, load_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""Recall / switch masks (SPEC 1.10): each rule on crafted sequences, then the vectorized
+"""Recall / switch masks (docs/freesolo.md §1.10): each rule on crafted sequences, then the vectorized
 version against the literal loop on random sequences."""
 
 import time

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from fsframework.config import ModelConfig
+from fsframework.data.templates import NIAH_NOISE
 from fsframework.data.tokenizers import load_tokenizer
 from fsframework.eval.decoding import greedy_generate
 from fsframework.eval.ffact import FACT, effective_guard, ffact_samples
 from fsframework.eval.passkey import PASSKEY_DEPTHS, passkey_samples
-from fsframework.eval.ruler import NOISE, RULER_TASKS, PromptTooLong, niah_samples, spread_depths
+from fsframework.eval.ruler import RULER_TASKS, PromptTooLong, niah_samples, spread_depths
 from fsframework.eval.scoring import (passkey_match, postprocess_pred, sample_match_all, string_match_all,
                                       string_match_part)
 from fsframework.models.registry import build_model
@@ -67,7 +68,7 @@ def test_niah_prompts_fit_and_hold_their_needles(task):
         else:
             assert len(keys) == cfg["keys"] * cfg["values"]
         if cfg["haystack"] == "noise":
-            assert NOISE in context
+            assert NIAH_NOISE in context
         if cfg["type_v"] == "uuids":
             assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", s.answers[0])
         else:

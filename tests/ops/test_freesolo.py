@@ -1,5 +1,5 @@
-"""FreeSolo long-range ops against brute-force dense definitions (SPEC §1.3-§1.6) and the
-properties of SPEC §1.11. Brute-force helpers build full score matrices and `N x N` masks,
+"""FreeSolo long-range ops against brute-force dense definitions (docs/freesolo.md §1.3-§1.6) and the
+properties of docs/freesolo.md §1.11. Brute-force helpers build full score matrices and `N x N` masks,
 so they only run at small N."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def randn(*shape, seed=0, dtype=F64):
 
 
 def dense_scores(q, k, *, variant, s, blk, sigma, lam, W=0, P=0, gate_one=False):
-    """Full routing scores `[Bt, N, H, C]` and availability mask, straight from the SPEC."""
+    """Full routing scores `[Bt, N, H, C]` and availability mask, straight from the definitions (docs/freesolo.md)."""
     bsz, seq, heads, dim = q.shape
     cells = seq // s
     kbar = torch.stack([k[:, c * s:(c + 1) * s].mean(1) for c in range(cells)], 1)  # Bt C H d

@@ -82,7 +82,7 @@ def test_sp2_zero3_resume_is_exact(sp_zero3, tmp_path, data_cache):
 def test_sp2_zero3_checkpoint_consolidates_and_evaluates(sp_zero3, tmp_path):
     import torch
 
-    from fsframework.train.checkpoint import consolidated_state_dict, resolve_checkpoint, write_fp32_model
+    from fsframework.checkpoints import consolidated_state_dict, resolve_checkpoint, write_fp32_model
 
     merged = consolidated_state_dict(resolve_checkpoint(sp_zero3))  # from the ZeRO-3 shards
     out = write_fp32_model(sp_zero3)

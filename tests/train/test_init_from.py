@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from fsframework.checkpoints import consolidated_state_dict, read_config, resolve_checkpoint
 from fsframework.config import load_config
 from fsframework.models.registry import build_model
-from fsframework.train.checkpoint import consolidated_state_dict, resolve_checkpoint
 from tests.utils import REPO, TINY_DATA, run_fsf
 
 FS_TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.attention.cell_size=4",
@@ -27,7 +27,7 @@ def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
     assert [r["step"] for r in records] == [1, 2], "a fresh run, not a resume of the FS steps"
     assert records[0]["lr"] == records[1]["lr"] / 2, "the schedule restarts at its warmup"
     # the FS weights load into the FS-L model exactly (same parameters, pruning is routing only)
-    cfg = load_config(fsl_run / "config.yaml")
+    cfg = read_config(fsl_run / "config.yaml")
     model = build_model(cfg.model)
     model.load_state_dict(consolidated_state_dict(resolve_checkpoint(fs_run)), strict=True)
 
@@ -37,7 +37,7 @@ def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
 
 
 def test_init_from_a_plain_weights_file(tmp_path, data_cache):
-    """A state dict saved outside the trainer (as `tools/copy_drill.py --save` writes it: under
+    """A state dict saved outside the trainer (as `experiments/copy_drill.py --save` writes it: under
     "model") starts a run with exactly those weights; a file that does not fit is named."""
     import torch
 

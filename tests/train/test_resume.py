@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fsframework.train.checkpoint import CRASH_ENV, CheckpointError, find_latest, resolve_checkpoint, verify
+from fsframework.checkpoints import CheckpointError, find_latest, resolve_checkpoint, verify
+from fsframework.train.checkpoint import CRASH_ENV
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
 STEPS = 20

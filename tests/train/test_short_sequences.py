@@ -50,11 +50,11 @@ def test_copy_warmup_batches_fill_a_micro_batch_and_are_reproducible():
     from fsframework.train.trainer import copy_warmup_batch
 
     cfg = load_config(REPO / "yamls/quickstart.yaml", ["model.name=tfpp", "data.seq_len=64", "data.micro_batch_size=2",
-                                                         "train.copy_warmup_steps=4", "train.copy_warmup_seq_len=32"])
+                                                         "research.copy_warmup_steps=4", "research.copy_warmup_seq_len=32"])
     batch = copy_warmup_batch(cfg, step=3, micro=0, rank=0)
     assert batch["inputs"].shape == batch["targets"].shape == (4, 32)
     assert torch.equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
-    assert int(batch["inputs"].max()) < cfg.train.copy_warmup_draw
+    assert int(batch["inputs"].max()) < cfg.research.copy_warmup_draw
     again = copy_warmup_batch(cfg, step=3, micro=0, rank=0)
     assert torch.equal(batch["inputs"], again["inputs"])
     for other in (copy_warmup_batch(cfg, 4, 0, 0), copy_warmup_batch(cfg, 3, 1, 0), copy_warmup_batch(cfg, 3, 0, 1)):
@@ -62,22 +62,22 @@ def test_copy_warmup_batches_fill_a_micro_batch_and_are_reproducible():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["data.seq_len=64", "data.micro_batch_size=1", "train.copy_warmup_seq_len=48"], "must divide the tokens"),
-    (["train.copy_warmup_seq_len=32", "train.copy_warmup_max_passage=17"], "half of"),
-    (["train.copy_warmup_draw=100000"], "exceeds model.vocab_size"),
+    (["data.seq_len=64", "data.micro_batch_size=1", "research.copy_warmup_seq_len=48"], "must divide the tokens"),
+    (["research.copy_warmup_seq_len=32", "research.copy_warmup_max_passage=17"], "half of"),
+    (["research.copy_warmup_draw=100000"], "exceeds model.vocab_size"),
     (["parallel.sp=2"], "parallel.sp=1"),
     (["model.name=fs", "model.attention.block_size=64", "model.attention.cell_size=16",
-      "train.copy_warmup_seq_len=32"], "multiple of model.attention.block_size=64"),
+      "research.copy_warmup_seq_len=32"], "multiple of model.attention.block_size=64"),
 ])
 def test_bad_copy_warmup_settings_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(REPO / "yamls/quickstart.yaml", ["train.copy_warmup_steps=5", *overrides])
+        load_config(REPO / "yamls/quickstart.yaml", ["research.copy_warmup_steps=5", *overrides])
 
 
 def test_copy_warmup_comes_first_and_resumes_exactly(tmp_path, data_cache):
     common = [f"data.cache_dir={data_cache}", *TINY_DATA, *TINY_MODEL, "model.name=tfpp", "train.max_steps=4",
-              "train.copy_warmup_steps=2", "train.copy_warmup_seq_len=32", "train.copy_warmup_max_passage=8",
-              "train.copy_warmup_draw=200", "train.progress=false", "train.tensorboard=false"]
+              "research.copy_warmup_steps=2", "research.copy_warmup_seq_len=32",
+              "research.copy_warmup_max_passage=8", "research.copy_warmup_draw=200", "train.progress=false", "train.tensorboard=false"]
     whole, split = tmp_path / "whole", tmp_path / "split"
     run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={whole}", "train.ckpt_every=4", *common)
     # stopped inside the warmup and resumed: the warmup batches and the data stream line up again

@@ -1,4 +1,4 @@
-"""FreeSolo selected-cell readout: joint softmax over the chosen cells, then RMSNorm (SPEC §1.6)."""
+"""FreeSolo selected-cell readout: joint softmax over the chosen cells, then RMSNorm (docs/freesolo.md §1.6)."""
 
 from fsf_kernels.cell_readout.cell_readout import (
     CellReadoutFunction,

@@ -1,4 +1,4 @@
-"""FreeSolo selected-cell readout (SPEC §1.6, Eq. 9) in Triton, forward and backward.
+"""FreeSolo selected-cell readout (docs/freesolo.md §1.6, Eq. 9) in Triton, forward and backward.
 
 Work is grouped by cell: a program owns a tile of BM queries of one head and
 walks the sorted, de-duplicated list of cells that any of them selected. Each

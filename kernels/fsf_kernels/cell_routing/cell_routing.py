@@ -1,4 +1,4 @@
-"""FreeSolo cell routing (SPEC §1.3-§1.6) in Triton: FS and FS-L top-K selection.
+"""FreeSolo cell routing (docs/freesolo.md §1.3-§1.6) in Triton: FS and FS-L top-K selection.
 
 Three kernels: a summary pre-pass (mean key, largest key norm per complete
 cell), the FS-L retention scan (top-P cells by norm per query block, kept

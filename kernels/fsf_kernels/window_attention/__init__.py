@@ -1,4 +1,4 @@
-"""Sliding-window causal attention with RoPE (SPEC §1.2)."""
+"""Sliding-window causal attention with RoPE (docs/freesolo.md §1.2)."""
 
 from fsf_kernels.window_attention.window_attention import (
     WindowAttentionFunction,

@@ -1,4 +1,4 @@
-"""Sliding-window causal attention with RoPE (SPEC §1.2) in Triton.
+"""Sliding-window causal attention with RoPE (docs/freesolo.md §1.2) in Triton.
 
 Query i attends to keys j with 0 <= i - j <= window. FlashAttention-style:
 the forward keeps an online softmax per query tile and visits only the key

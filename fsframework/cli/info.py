@@ -54,3 +54,8 @@ def print_info(info: dict[str, str]) -> None:
     for key, value in info.items():
         table.add_row(key, value)
     Console().print(table)
+
+
+def info() -> None:
+    """Versions of the engines, devices, and whether Triton kernels can run."""
+    print_info(collect_info())

@@ -1,19 +1,18 @@
-"""Does a model copy from its context? Repeated random passages and the loss on their copies.
+"""Synthetic token batches: repeated passages of random tokens, the purest copying signal.
 
-A passage of uniformly random tokens followed by itself again is the purest signal for
-induction (copying) heads: the first copy is unpredictable, every token of the second
-copy but its first is predictable ONLY by finding the earlier occurrence of the current
-token and reading what followed it. Retrieval (passkey, NIAH) is this skill at a longer
-distance, so a model whose second-copy loss equals its first-copy loss cannot retrieve
-at any length. Used by `tools/copy_drill.py` (how many steps until a model copies).
+A passage of uniformly random tokens followed by itself again is what makes induction
+(copying) heads form: the first copy is unpredictable, every token of the second copy
+but its first is predictable ONLY by finding the earlier occurrence of the current
+token and reading what followed it. The training loop's copy warmup
+(`train.copy_warmup_*`) trains on these batches before the data stream starts, and
+copy probes measure the loss on their two copies.
 
-Legend: B batch, T time, V vocab.
+Legend: B batch, T time.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def repeat_batch(gen: torch.Generator, batch: int, seq_len: int, draw: int, max_passage: int,
@@ -59,18 +58,3 @@ def repeat_batch_with_sources(gen: torch.Generator, batch: int, seq_len: int, dr
         seconds.append(second[1:seq_len + 1])
         sources.append(source[1:seq_len + 1])
     return torch.tensor(rows), torch.tensor(firsts), torch.tensor(seconds), torch.tensor(sources)
-
-
-def copy_losses(logits: torch.Tensor, targets: torch.Tensor, first: torch.Tensor,
-                second: torch.Tensor) -> tuple[float, float]:
-    """Mean next-token loss over the first-copy and the predictable second-copy targets."""
-    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
-    return float(nll[first].mean()), float(nll[second].mean())
-
-
-def copying_onset(records: list[dict], ratio: float = 0.5) -> int | None:
-    """First step whose second-copy loss is below `ratio` x its first-copy loss, else None."""
-    for record in records:
-        if record["second"] < ratio * record["first"]:
-            return record["step"]
-    return None

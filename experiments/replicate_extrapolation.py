@@ -1,17 +1,18 @@
 """Tiny-scale replication of the length-extrapolation claim, on a CPU.
 
 Trains TF++ (RoPE), SWA, FS and FS-L models of the same size on the same embedded
-corpus at a short training length (`yamls/replicate-extrapolation.yaml`, FreeSolo
-sizes s, B, w, K scaled down with the length), then evaluates passkey retrieval and
-RULER `niah_single_1` at 1x, 2x, 4x, 8x and 16x the training length, and prints one
+corpus at a short training length (`experiments/yamls/replicate-extrapolation.yaml`,
+FreeSolo sizes s, B, w, K scaled down with the length), then evaluates passkey retrieval
+and RULER `niah_single_1` at 1x, 2x, 4x, 8x and 16x the training length, and prints one
 table (also written as JSON and markdown under the output directory).
 
-    .venv/bin/python tools/replicate_extrapolation.py [--models tfpp,swa,fs,fsl] [--steps N]
+    .venv/bin/python experiments/replicate_extrapolation.py [--models tfpp,swa,fs,fsl] [--steps N]
 
-`--config yamls/replicate-extrapolation-128.yaml` trains at 128 tokens instead of 512, where
-the copy drill's models cross the induction plateau on a CPU; `--init-from
-runs/drill/{model}.pt` starts each model from weights the drill saved (`tools/copy_drill.py
---save`, same model flags), so the corpus steps begin from a model that already copies.
+`--config experiments/yamls/replicate-extrapolation-128.yaml` trains at 128 tokens instead
+of 512, where the copy drill's models cross the induction plateau on a CPU; `--init-from
+runs/drill/{model}.pt` starts each model from weights the drill saved
+(`experiments/copy_drill.py --save`, same model flags), so the corpus steps begin from a
+model that already copies.
 
 Expected shape (paper): the FS family keeps retrieving past the training length; TF++
 falls to near 0 beyond it; SWA cannot retrieve beyond its window.
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "yamls" / "replicate-extrapolation.yaml"
+CONFIG = REPO / "experiments" / "yamls" / "replicate-extrapolation.yaml"
 TASKS = ["passkey", "niah_single_1"]
 # Generation budgets in tokens: room for a space and the 5-digit passkey or the 7-digit value
 # even with a byte tokenizer (the BPE of the replication config needs 3-5 tokens).
@@ -61,7 +62,7 @@ def copy_probe(model, tokenizer, train_len: int, num_docs: int = 20) -> tuple[fl
 
     import torch
 
-    from fsframework.data.corpus import stdlib_prose
+    from fsframework.data.stdlib_text import stdlib_prose
     from fsframework.data.retrieval_docs import REPEAT_AGAIN, REPEAT_INTRO, key_words, random_passage
 
     prose = stdlib_prose(300_000)
@@ -81,9 +82,9 @@ def copy_probe(model, tokenizer, train_len: int, num_docs: int = 20) -> tuple[fl
 def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> dict:
     import torch
 
+    from fsframework.checkpoints import load_model
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
-    from fsframework.train.checkpoint import load_model
 
     model, cfg = load_model(run_dir)
     torch.set_grad_enabled(False)
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="training config overrides, e.g. optim.lr=1e-3")
     args = parser.parse_args()
 
+    from fsframework.checkpoints import RunDir
     from fsframework.config import load_config
 
     config = Path(args.config).resolve()
@@ -168,7 +170,7 @@ def main() -> None:
         if not args.skip_train:
             init = [f"train.init_from={Path(args.init_from.format(model=model)).resolve()}"] if args.init_from else []
             timing[model] = train(config, model, run_dir, [*extra, *init])
-        result = evaluate(run_dir, lengths, args.num_samples, run_dir / "eval" / "extrapolation.json")
+        result = evaluate(run_dir, lengths, args.num_samples, RunDir(run_dir).eval_dir / "extrapolation.json")
         table[model], copies[model] = result["scores"], result["copy_probe"]
         beyond[model] = beyond_reach(result["samples"], reach)
     summary = {"config": str(config), "init_from": args.init_from, "train_len": train_len, "lengths": lengths,

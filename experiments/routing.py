@@ -3,7 +3,7 @@
 FreeSolo's readout always attends over the same K selected cells (K * s tokens) and its local
 branch over the same window, whatever the sequence length, so the one part of the model that
 sees more at a longer length is routing: top-K of all eligible cells by
-`q . kbar / sqrt(d) + lam * a * erf(D / 2 sigma)` (SPEC §1.4). A copy from beyond the window
+`q . kbar / sqrt(d) + lam * a * erf(D / 2 sigma)` (docs/freesolo.md §1.4). A copy from beyond the window
 can only be read through the long-range branch, and only when routing selected the cell that
 holds the token to copy. This module measures how often it does, per layer:
 
@@ -12,7 +12,8 @@ holds the token to copy. This module measures how often it does, per layer:
 
 for the best single head and for any head, next to the chance rate `K / |eligible cells|` of
 a routing that picks K of the eligible cells at random (for FS-L too: its pruning keeps a
-cell available only by key norm, which knows nothing of the copy). Used by `tools/copy_drill.py --routing`.
+cell available only by key norm, which knows nothing of the copy). Used by `experiments/copy_drill.py
+--routing`.
 
 The source's cell is the strictest target. Two looser ones say what a routing that rarely
 hits it does select instead, each with its own chance rate (`1 - C(E - m, K) / C(E, K)` for m
@@ -24,7 +25,7 @@ of the E eligible cells in the span):
 
 `routing_ablation(model, "random" | "off")` replaces the learned routing of every FreeSolo
 layer, in the full-sequence forward (not the decode cache or the sequence-parallel path):
-K random eligible cells, or none (the long-range branch then outputs 0, SPEC §1.6). If a
+K random eligible cells, or none (the long-range branch then outputs 0, docs/freesolo.md §1.6). If a
 model copies as well with random routing as with its own, its copies do not come through
 routing.
 
@@ -66,7 +67,7 @@ def routing_recall(model: torch.nn.Module, tokens: torch.Tensor, source: torch.T
 @torch.no_grad()
 def readout_source_weight(model: torch.nn.Module, tokens: torch.Tensor, source: torch.Tensor) -> list[dict]:
     """Per FreeSolo layer: when routing did select the source's cell, how much of the readout's
-    softmax (NoPE logits `q . k / sqrt(d)` over the K * s selected tokens, SPEC §1.6) lands on
+    softmax (NoPE logits `q . k / sqrt(d)` over the K * s selected tokens, docs/freesolo.md §1.6) lands on
     the source token itself? Routing can find the right cell and the readout still average it
     away. Same queries as `routing_recall`. Returns one dict per layer with `pairs` (query-head
     pairs whose selection holds the source), `best_head` (the highest per-head mean weight),

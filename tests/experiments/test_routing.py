@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from experiments.routing import (eligible_cells, first_copy_start, freesolo_layers, readout_source_weight,
+                                 routing_ablation, routing_recall, routing_report)
 from fsframework.config import AttentionConfig, ModelConfig
-from fsframework.eval.copying import repeat_batch_with_sources
-from fsframework.eval.routing import (eligible_cells, first_copy_start, freesolo_layers, readout_source_weight,
-                                     routing_ablation, routing_recall, routing_report)
+from fsframework.data.synthetic import repeat_batch_with_sources
 from fsframework.models.registry import build_model
 
 WINDOW, CELL, BLOCK, TOP_K = 8, 4, 8, 2

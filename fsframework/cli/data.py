@@ -7,13 +7,10 @@ from typing import List, Optional
 
 import typer
 
+from fsframework.cli.common import fail
+
 data_app = typer.Typer(help="Build MDS training shards from .txt/.jsonl/.jsonl.gz/.parquet files and inspect them.",
                        no_args_is_help=True)
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(1)
 
 
 @data_app.command()
@@ -34,7 +31,7 @@ def build(
         build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
                      text_field=text_field, compression=compression, overwrite=overwrite)
     except (DataBuildError, FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @data_app.command()
@@ -50,7 +47,7 @@ def inspect(
     try:
         run_inspect(directory, tokenizer, sample, max_chars=chars or 0)
     except (ShardError, FileNotFoundError, ValueError, IndexError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 @data_app.command()
@@ -67,7 +64,7 @@ def tokenizer(
     if inputs:
         missing = [str(p) for p in inputs if not p.is_file()]
         if missing:
-            _fail(f"input files not found: {', '.join(missing)}")
+            fail(f"input files not found: {', '.join(missing)}")
         texts = (p.read_text(encoding="utf-8", errors="replace") for p in inputs)
     else:
         from fsframework.data.corpus import embedded_documents
@@ -76,5 +73,5 @@ def tokenizer(
     try:
         tok = train_bpe_tokenizer(texts, vocab_size, out)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(f"wrote {out}: vocab {tok.vocab_size}, EOS id {tok.eos_id}")

@@ -1,4 +1,4 @@
-"""`tools/replicate_extrapolation.py` end to end at toy size: tokenizer, training, copy probe, table."""
+"""`experiments/replicate_extrapolation.py` end to end at toy size: tokenizer, training, copy probe, table."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tests.utils import REPO
 
 def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
     tok = tmp_path / "bpe" / "tokenizer.json"
-    cmd = [sys.executable, "tools/replicate_extrapolation.py", "--models", "tfpp,fsl", "--steps", "2",
+    cmd = [sys.executable, "experiments/replicate_extrapolation.py", "--models", "tfpp,fsl", "--steps", "2",
            "--num-samples", "2", "--multiples", "1,2", "--out", str(tmp_path / "rep"),
            "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=512",
            f"data.tokenizer={tok}", f"data.cache_dir={tmp_path / 'data'}", "data.seq_len=128",
@@ -37,7 +37,7 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 
     # another config, each model starting from the weights of the run above ('{model}' filled in)
     small = [a for a in cmd[cmd.index("model.d_model=32"):] if not a.startswith("model.attention")]
-    again = [sys.executable, "tools/replicate_extrapolation.py", "--config", "yamls/replicate-extrapolation-128.yaml",
+    again = [sys.executable, "experiments/replicate_extrapolation.py", "--config", "experiments/yamls/replicate-extrapolation-128.yaml",
              "--models", "tfpp", "--steps", "1", "--num-samples", "2", "--multiples", "1",
              "--init-from", str(tmp_path / "rep" / "{model}"), "--out", str(tmp_path / "again"), *small]
     proc = subprocess.run(again, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -48,7 +48,7 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 
     # the checkpoint carries its tokenizer: it still loads once the configured file is gone
     from fsframework.data.tokenizers import load_tokenizer
-    from fsframework.train.checkpoint import load_model
+    from fsframework.checkpoints import load_model
 
     text = "The passkey is 12345."
     expected = load_tokenizer(str(tok)).encode(text)
@@ -60,7 +60,7 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 def test_beyond_reach_scores_only_the_needles_the_windows_cannot_reach():
     import runpy
 
-    script = runpy.run_path(str(REPO / "tools" / "replicate_extrapolation.py"))
+    script = runpy.run_path(str(REPO / "experiments" / "replicate_extrapolation.py"))
     rows = [{"needle_tokens_back": back, "score": score} for back, score in ((8, 100.0), (40, 0.0), (90, 100.0))]
     samples = {"passkey": {"128": rows}, "niah_single_1": {"128": rows[:1]}}
     beyond = script["beyond_reach"](samples, reach=32)

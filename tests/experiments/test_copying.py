@@ -1,4 +1,4 @@
-"""Repeated-passage batches, copy losses and the copy drill tool."""
+"""Copy losses on repeated-passage batches, the copying onset and the copy drill experiment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch
+from experiments.copying import copy_losses, copying_onset
+from fsframework.data.synthetic import repeat_batch
 from tests.utils import REPO
 
 
@@ -44,15 +45,6 @@ def test_batches_pack_passages_twice_and_mask_the_predictable_targets():
     assert int(first.sum()) > int(second.sum()) > 0.6 * int(first.sum())
 
 
-def test_same_seed_same_batch_and_passage_bounds_checked():
-    a = repeat_batch(torch.Generator().manual_seed(3), 2, 40, draw=50, max_passage=8)
-    b = repeat_batch(torch.Generator().manual_seed(3), 2, 40, draw=50, max_passage=8)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert int(a[0].max()) < 50
-    with pytest.raises(ValueError, match="passage lengths"):
-        repeat_batch(torch.Generator(), 1, 40, draw=50, max_passage=1)
-
-
 def test_onset_is_the_first_step_copying_halves_the_loss():
     records = [{"step": 0, "first": 5.5, "second": 5.6}, {"step": 100, "first": 5.5, "second": 3.0},
                {"step": 200, "first": 5.5, "second": 2.0}, {"step": 300, "first": 5.5, "second": 0.5}]
@@ -69,7 +61,7 @@ def test_copy_drill_tool_trains_and_writes_records(tmp_path, model):
             "--heads", "2", "--vocab", "256", "--draw", "64", "--seq-len", "64", "--max-passage", "12",
             "--batch-tokens", "256", "--window", "16", "--cell-size", "8", "--block-size", "16",
             "--retained-cells", "2", "--recent-cells", "1", "--out", str(out)]
-    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
+    runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"](argv)
     result = json.loads(out.read_text())
     steps = [r["step"] for r in result["records"]]
     assert steps == [0, 2, 4]
@@ -85,22 +77,22 @@ def test_copy_drill_schedule_grows_the_length_and_probes_first_and_last(tmp_path
     argv = ["--model", "tfpp", "--schedule", "32:2,64:2", "--every", "2", "--d-model", "32", "--layers", "2",
             "--heads", "2", "--vocab", "256", "--draw", "64", "--min-passage", "4", "--batch-tokens", "256",
             "--window", "16", "--cell-size", "8", "--block-size", "16", "--out", str(out)]
-    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
+    runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"](argv)
     records = json.loads(out.read_text())["records"]
     assert [(r["step"], r["seq_len"]) for r in records] == [(0, 32), (2, 64), (4, 64)]
     assert set(records[0]["by_length"]) == {"32", "64"}
     # the onset fields follow the longest probe length
     assert records[-1]["first"] == records[-1]["by_length"]["64"]["first"]
     with pytest.raises(SystemExit, match="LENGTH:STEPS"):
-        runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--schedule", "64-2"])
+        runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"](["--schedule", "64-2"])
     with pytest.raises(SystemExit, match="need a FreeSolo model"):
-        runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](["--model", "tfpp", "--routing"])
+        runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"](["--model", "tfpp", "--routing"])
 
 
 def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
     import runpy
 
-    main = runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"]
+    main = runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"]
     small = ["--model", "tfpp", "--d-model", "32", "--layers", "2", "--heads", "2", "--vocab", "256",
              "--draw", "64", "--seq-len", "64", "--max-passage", "12", "--batch-tokens", "256", "--every", "2",
              "--window", "16", "--cell-size", "8", "--block-size", "16"]
@@ -171,7 +163,7 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
             "--vocab", "256", "--draw", "64", "--seq-len", "32", "--max-passage", "8", "--batch-tokens", "128",
             "--probe-lengths", "32,128", "--window", "4", "--cell-size", "4", "--block-size", "8", "--routing",
             "--out", str(out)]
-    runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"](argv)
+    runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"](argv)
     records = json.loads(out.read_text())["records"]
     # the trained length is probed once; the untrained one with scaled and with training passages
     assert set(records[-1]["by_length"]) == {"32", "128"}
@@ -193,7 +185,7 @@ def test_copy_drill_probes_untrained_lengths_at_scaled_and_at_training_distances
     assert readout["readout_chance"] == 1 / 16 and readout["readout_pairs"] > 0
     assert 0 < readout["readout_mean"] <= readout["readout_best_head"] <= 1
     # --set-lam 0: the same probes routed by content alone (no norm prior) give other losses
-    main = runpy.run_path(str(REPO / "tools" / "copy_drill.py"))["main"]
+    main = runpy.run_path(str(REPO / "experiments" / "copy_drill.py"))["main"]
     main([*argv[:argv.index("--out")], "--steps", "0", "--set-lam", "0", "--out", str(tmp_path / "lam0.json")])
     content_only = json.loads((tmp_path / "lam0.json").read_text())["records"][0]
     assert content_only["by_length"]["128"] != json.loads(out.read_text())["records"][0]["by_length"]["128"]

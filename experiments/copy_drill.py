@@ -2,14 +2,14 @@
 
 Trains a model of the registry (or, as an independent control, torch's own
 `nn.TransformerEncoder`) on repeated passages of random tokens
-(`fsframework.eval.copying`) and prints, every `--every` steps, the mean loss on the
+(`fsframework.data.synthetic`) and prints, every `--every` steps, the mean loss on the
 first copies (unpredictable) and on the predictable tokens of the second copies. The
 onset of copying is the first step where the second-copy loss falls below half the
 first-copy loss. Retrieval at any length needs this skill first, so this is the cheap
-check to run before a long-context replication (tools/replicate_extrapolation.py).
+check to run before a long-context replication (experiments/replicate_extrapolation.py).
 
-    .venv/bin/python tools/copy_drill.py --model tfpp --steps 2000
-    .venv/bin/python tools/copy_drill.py --model torch   # the control: no fsframework model code
+    .venv/bin/python experiments/copy_drill.py --model tfpp --steps 2000
+    .venv/bin/python experiments/copy_drill.py --model torch   # the control: no fsframework model code
 
 `--schedule 64:500,128:250,256:250,512:300` trains in stages of growing sequence length
 (LENGTH:STEPS each; passages of `--min-passage`..LENGTH/4 tokens) and probes at the first
@@ -47,9 +47,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fsframework.config import COMBINE_MODES, FREESOLO_MODELS  # noqa: E402
-from fsframework.eval.copying import copy_losses, copying_onset, repeat_batch, repeat_batch_with_sources  # noqa: E402
-from fsframework.eval.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_report  # noqa: E402
+from experiments.copying import copy_losses, copying_onset  # noqa: E402
+from experiments.routing import ABLATIONS, freesolo_layers, routing_ablation, routing_report  # noqa: E402
+from fsframework.config import COMBINE_MODES  # noqa: E402
+from fsframework.models.registry import FREESOLO_MODELS  # noqa: E402
+from fsframework.data.synthetic import repeat_batch, repeat_batch_with_sources  # noqa: E402
 
 
 class TorchEncoderLM(nn.Module):
@@ -297,8 +299,8 @@ def main(argv: list[str] | None = None) -> None:
                              "both have, keep the rest at their initialisation")
     parser.add_argument("--routing", action="store_true",
                         help="FreeSolo models: at every probe, how often routing selects the cell a copy reads "
-                             "(fsframework.eval.routing)")
-    # FreeSolo sizes, scaled like yamls/replicate-extrapolation.yaml
+                             "(experiments/routing.py)")
+    # FreeSolo sizes, scaled like experiments/yamls/replicate-extrapolation.yaml
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--cell-size", type=int, default=16)
     parser.add_argument("--block-size", type=int, default=64)

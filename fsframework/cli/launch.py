@@ -8,6 +8,8 @@ from typing import List, Optional
 
 import typer
 
+from fsframework.cli.common import fail, load_job_config
+
 
 def launch_command(
     config: Path = typer.Argument(..., help="YAML job file"),
@@ -30,13 +32,11 @@ def launch_command(
     cpus_per_task: Optional[int] = typer.Option(None, "--cpus-per-task", help="SLURM CPUs per node (default 8 per GPU)"),
 ) -> None:
     """Launch training of CONFIG on --nodes x --gpus-per-node ranks, from a snapshot of the code and config."""
-    # Imported here: fsframework.cli imports this module, so a top-level import would be circular.
-    from fsframework.cli import _fail, _load
     from fsframework.launcher.errors import LaunchError
     from fsframework.launcher.launch import LaunchOptions, launch
     from fsframework.launcher.scripts import SlurmOptions
 
-    cfg = _load(config, overrides)
+    cfg = load_job_config(config, overrides)
     options = LaunchOptions(nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher, hostfile=hostfile,
                             master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
                             slurm=slurm, dry_run=dry_run,
@@ -47,6 +47,6 @@ def launch_command(
                                                            "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
                                                            "--launcher", launcher]))
     except LaunchError as exc:
-        _fail(str(exc))
-    if code:
+        fail(str(exc))
+    if code:  # the launched job's own exit code
         raise typer.Exit(code)

@@ -1,0 +1,382 @@
+"""Run directories and checkpoints: the names of their files, and the read side.
+
+A run directory (`RunDir`) holds:
+
+    config.yaml              the resolved config of the run (schema_version recorded)
+    metrics.jsonl            one JSON record per logged step
+    tensorboard/             tensorboard scalars
+    data_cache/              the streaming datasets' local cache
+    eval/scores.json         `fsf eval` scores (and plots next to it)
+    checkpoints/             see below
+
+Layout of `<run_dir>/checkpoints/`:
+
+    step_00000020/           one complete checkpoint (`Checkpoint`)
+        ds/                  DeepSpeed engine state (model, optimizer, schedule; ZeRO shards)
+        client_rank0.pt      loop state of rank 0: step, tokens, data-loader position, RNG states
+        config.yaml          the resolved config that produced it
+        tokenizer.json       the run's file tokenizer, when it has one (.json or .model)
+        model_fp32.pt        consolidated fp32 weights, once `fsf convert` wrote them
+        MANIFEST.json        every file with its size; written last, its presence marks completeness
+    latest                   name of the newest complete checkpoint (replaced atomically)
+    .tmp-step_00000030/      a checkpoint being written (ignored, cleaned up on the next save)
+
+Writing checkpoints (atomic save, manifest, pruning) is `fsframework.train.checkpoint`'s;
+this module resolves a path to one verified checkpoint, reads its config (migrated to the
+current schema) and consolidates its weights into one fp32 state dict, each once.
+Torch and DeepSpeed are imported where they are used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from fsframework.config import Config
+
+MANIFEST = "MANIFEST.json"
+CONFIG_FILE = "config.yaml"  # in a run directory and in every checkpoint
+ENGINE_TAG = "ds"  # DeepSpeed's tag: the engine state lives in `<checkpoint>/ds/`
+FP32_FILE = "model_fp32.pt"
+LATEST = "latest"
+STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+# A file tokenizer is saved in every checkpoint under this stem (suffix kept: .json or .model).
+TOKENIZER_STEM = "tokenizer"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def client_state_name(rank: int) -> str:
+    return f"client_rank{rank}.pt"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one run directory (paths only; nothing is created)."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def data_cache(self) -> Path:
+        return self.root / "data_cache"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def scores(self) -> Path:
+        return self.eval_dir / "scores.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def latest(self) -> Path:
+        return self.checkpoints / LATEST
+
+    def step(self, step: int) -> Path:
+        return self.checkpoints / step_name(step)
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: Path) -> "RunDir":
+        """The run directory a checkpoint directory belongs to (`<run>/checkpoints/step_N`)."""
+        ckpt = Path(ckpt)
+        return cls(ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent)
+
+    @classmethod
+    def holding_config(cls, path: Path) -> Optional["RunDir"]:
+        """The run directory whose saved config.yaml `path` is (one with a checkpoints/ folder),
+        else None: such a file is read with `read_config` (migrated), not as a job file."""
+        path = Path(path)
+        run = cls(path.parent)
+        return run if path.name == CONFIG_FILE and run.checkpoints.is_dir() else None
+
+
+def read_config(path: str | Path, overrides: Optional[list[str]] = None) -> "Config":
+    """A config.yaml saved by a run (run directory or checkpoint), older schema versions migrated;
+    `path` may name the run or checkpoint directory instead of the file."""
+    from fsframework.config import load_run_config
+
+    path = Path(path)
+    return load_run_config(path / CONFIG_FILE if path.is_dir() else path, overrides)
+
+
+def verify(ckpt: Path) -> None:
+    """Raise CheckpointError naming what is wrong with checkpoint directory `ckpt`."""
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"checkpoint {ckpt} is incomplete: {MANIFEST} is missing")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST} ({exc})") from None
+    for rel, size in files.items():
+        path = ckpt / rel
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {ckpt}: file {rel} is missing")
+        if path.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {ckpt}: file {rel} has {path.stat().st_size} bytes, expected {size}")
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete-looking checkpoint directories, oldest first."""
+    if not ckpt_root.is_dir():
+        return []
+    return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX))
+
+
+def find_latest(ckpt_root: Path, log: Callable[[str], Any] = print) -> Optional[Path]:
+    """The checkpoint named by `latest` if it verifies, else the newest one that does."""
+    candidates = list_checkpoints(ckpt_root)
+    pointer = ckpt_root / LATEST
+    if pointer.is_file():
+        named = ckpt_root / pointer.read_text().strip()
+        if named in candidates:
+            candidates.remove(named)
+            candidates.append(named)
+    for ckpt in reversed(candidates):
+        try:
+            verify(ckpt)
+            return ckpt
+        except CheckpointError as exc:
+            log(f"skipping checkpoint: {exc}")
+    return None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory, its checkpoints/ folder or one checkpoint -> one verified checkpoint dir."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path not found: {path}")
+    if (path / MANIFEST).is_file():
+        verify(path)
+        return path
+    for root in (RunDir(path).checkpoints, path):
+        found = find_latest(root, log=lambda _m: None)
+        if found is not None:
+            return found
+    raise CheckpointError(f"no complete checkpoint under {path}")
+
+
+def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:
+    """The tokenizer of checkpoint `ckpt` whose config names `spec`: the copy saved in the
+    checkpoint, else (checkpoints written before tokenizers were saved) `spec` itself."""
+    if spec == "byte":
+        return spec
+    saved = ckpt / f"{TOKENIZER_STEM}{Path(spec).suffix}"
+    return str(saved) if saved.is_file() else spec
+
+
+def _deepspeed_environment() -> None:
+    """As `fsframework.train.distributed.setup_environment`: on a CPU-only host tell DeepSpeed
+    before it is imported, so it never probes for CUDA extensions."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+def _has_full_module(ds_dir: Path) -> bool:
+    import torch
+
+    files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
+    if not files:
+        return False
+    module = torch.load(files[0], map_location="cpu", weights_only=False).get("module")
+    return bool(module) and all(t.numel() > 0 for t in module.values())
+
+
+@dataclass
+class Checkpoint:
+    """One resolved and verified checkpoint directory. Its weights are consolidated (ZeRO shards
+    merged) at most once per object: `state_dict()` caches them."""
+
+    path: Path
+    _state: Optional[dict] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Checkpoint":
+        """A run directory, its checkpoints/ folder or one checkpoint, resolved and verified."""
+        return cls(resolve_checkpoint(path))
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir.of_checkpoint(self.path)
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.path / ENGINE_TAG
+
+    @property
+    def fp32_file(self) -> Path:
+        return self.path / FP32_FILE
+
+    def client_state_file(self, rank: int) -> Path:
+        return self.path / client_state_name(rank)
+
+    def config(self, overrides: Optional[list[str]] = None) -> "Config":
+        """The checkpoint's config (migrated, `overrides` applied); `data.tokenizer` names the
+        checkpoint's saved copy of its tokenizer when it has one."""
+        cfg = read_config(self.config_file, overrides)
+        cfg.data.tokenizer = checkpoint_tokenizer(self.path, cfg.data.tokenizer)
+        return cfg
+
+    def engine_state_dict(self) -> dict[str, "torch.Tensor"]:
+        """fp32 model weights read from the engine state (any ZeRO stage), never from model_fp32.pt."""
+        import torch
+
+        _deepspeed_environment()
+        ds_dir = self.engine_dir
+        if any(ds_dir.glob("zero_pp_rank_*_mp_rank_*_optim_states.pt")) and not _has_full_module(ds_dir):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=ENGINE_TAG)
+        else:
+            files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
+            if not files:
+                raise CheckpointError(f"checkpoint {self.path}: no model states in {ds_dir}")
+            try:
+                state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint file {files[0]} is corrupt: {exc}") from None
+        return _plain_keys(state)
+
+    def state_dict(self) -> dict[str, "torch.Tensor"]:
+        """fp32 model weights, keys as in the plain model: model_fp32.pt when written, else the
+        engine state consolidated. Computed once."""
+        if self._state is None:
+            if self.fp32_file.is_file():
+                import torch
+
+                self._state = _plain_keys(torch.load(self.fp32_file, map_location="cpu", weights_only=True))
+            else:
+                self._state = self.engine_state_dict()
+        return self._state
+
+    def load_model(self, device: Any = "cpu", overrides: Optional[list[str]] = None):
+        """(model, config): the model of the checkpoint's config with its weights, fp32, eval mode."""
+        from fsframework.models.registry import build_model
+
+        cfg = self.config(overrides)
+        model = build_model(cfg.model)
+        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight") or not cfg.model.tie_embeddings]
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint {self.path} does not match model {cfg.model.name}: "
+                                  f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model.to(device).eval(), cfg
+
+    def write_fp32(self) -> Path:
+        """Write `state_dict()` to `<checkpoint>/model_fp32.pt` atomically; return its path."""
+        import torch
+
+        state = self.state_dict()
+        out = self.fp32_file
+        tmp = out.with_name(out.name + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, out)
+        return out
+
+
+def _plain_keys(state: dict) -> dict:
+    prefix = "model."  # the engine wraps the model in the loss module
+    return {k[len(prefix):] if k.startswith(prefix) else k: v.float() for k, v in state.items()}
+
+
+def consolidated_state_dict(ckpt: Path) -> dict[str, "torch.Tensor"]:
+    """fp32 model weights of checkpoint directory `ckpt` (any ZeRO stage), keys as in the plain model."""
+    return Checkpoint(Path(ckpt)).state_dict()
+
+
+def load_model(path: str | Path, device: Any = "cpu", overrides: Optional[list[str]] = None):
+    """(model, config) from a run directory or checkpoint, weights in fp32, eval mode. The
+    config's `data.tokenizer` names the checkpoint's saved copy of its tokenizer when it has one."""
+    return Checkpoint.open(path).load_model(device, overrides)
+
+
+def write_fp32_model(path: str | Path) -> Path:
+    """Consolidate a checkpoint (any ZeRO stage, any number of ranks) into `<ckpt>/model_fp32.pt`.
+
+    `path`: a run directory or checkpoint. The file holds the plain model's fp32
+    state dict (keys as in `build_model`), which `load_model` and `fsf eval` then read
+    directly instead of merging ZeRO shards each time. Written atomically.
+    """
+    return Checkpoint.open(path).write_fp32()
+
+
+def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, float]:
+    """Write `<ckpt>/model_fp32.pt` (any ZeRO stage) and return it with the largest absolute
+    logit difference between the engine-state weights and the written file (must be 0)."""
+    import torch
+
+    from fsframework.models.registry import build_model
+
+    ckpt = Checkpoint.open(path)
+    if ckpt.fp32_file.exists():
+        ckpt.fp32_file.unlink()  # the proof must read the engine state, not a previous conversion
+    source = ckpt.state_dict()  # the engine state, consolidated once
+    out = ckpt.write_fp32()
+    cfg = ckpt.config()
+    tokens = torch.randint(0, min(cfg.model.vocab_size, 256), (1, proof_tokens),
+                           generator=torch.Generator().manual_seed(0))
+    logits = []
+    for state in (source, torch.load(out, map_location="cpu", weights_only=True)):
+        model = build_model(cfg.model).eval()
+        model.load_state_dict(state, strict=not cfg.model.tie_embeddings)
+        with torch.no_grad():
+            logits.append(model(tokens))
+    return out, float((logits[0] - logits[1]).abs().max())
+
+
+def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
+    """Weights for `train.init_from`: a run directory or checkpoint (as `resolve_checkpoint`), or
+    one `.pt` file holding a plain state dict, bare or under "model", so a model trained outside
+    the trainer can start a run."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        return Checkpoint.open(path).state_dict()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"weights file {path} is not a readable torch file: {exc}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"weights file {path} holds no state dict (name -> tensor)")
+    return {k: v.float() for k, v in state.items()}

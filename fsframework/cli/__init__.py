@@ -1,0 +1,39 @@
+"""`fsf`: the command line of fsframework. Each command builds its inputs and calls one function.
+
+One module per command group registers its commands here; they share `fsframework.cli.common`
+(the error helper, the exit codes and the config loader) and import nothing from each other.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from fsframework.cli import config as _config
+from fsframework.cli import convert as _convert
+from fsframework.cli import eval as _eval
+from fsframework.cli import info as _info
+from fsframework.cli import launch as _launch
+from fsframework.cli import train as _train
+from fsframework.cli.data import data_app
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention).")
+
+app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.")
+app.command("train")(_train.train)
+app.command("eval")(_eval.evaluate)
+app.command("run")(_train.run)
+app.command("convert")(_convert.convert)
+app.command("info")(_info.info)
+app.command("config")(_config.config)
+app.command("launch")(_launch.launch_command)
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

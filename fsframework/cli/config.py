@@ -1,0 +1,18 @@
+"""`fsf config`: validate a job file and print the resolved config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from fsframework.cli.common import load_job_config
+
+
+def config(config: Path = typer.Argument(..., help="YAML job file"),
+           overrides: Optional[List[str]] = typer.Argument(None)) -> None:
+    """Validate CONFIG with overrides and print the resolved YAML."""
+    from fsframework.config import to_yaml
+
+    typer.echo(to_yaml(load_job_config(config, overrides)))

@@ -1,0 +1,50 @@
+"""`fsf train` and `fsf run`: train a config (and evaluate it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional, TypeVar
+
+import typer
+
+from fsframework.cli.common import EXIT_RUN_FAILED, fail, load_job_config
+
+T = TypeVar("T")
+
+
+def guarded(step: Callable[[], T]) -> T:
+    """Run `step` (training, evaluation), mapping its errors to the exit codes: bad input
+    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank 1."""
+    from fsframework.checkpoints import CheckpointError
+    from fsframework.data.inspect_shards import ShardError
+    from fsframework.parallel.health import RankFailure
+
+    try:
+        return step()
+    except RankFailure as exc:  # a rank failed while training
+        fail(str(exc), code=EXIT_RUN_FAILED)
+    except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input
+        fail(str(exc))
+
+
+def train(config: Path = typer.Argument(..., help="YAML job file"),
+          overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
+    """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG."""
+    cfg = load_job_config(config, overrides)
+    from fsframework.train.trainer import train as run_training
+
+    guarded(lambda: run_training(cfg))
+
+
+def run(config: Path = typer.Argument(..., help="YAML job file"),
+        overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
+    """The main job: train CONFIG, evaluate the result, print a summary table."""
+    cfg = load_job_config(config, overrides)
+    from fsframework.eval.runner import evaluate_checkpoint, summary_table
+    from fsframework.train.trainer import train as run_training
+
+    guarded(lambda: run_training(cfg))
+    scores = guarded(lambda: evaluate_checkpoint(
+        Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,
+        batch_size=None, seed=cfg.train.seed, out=None, overrides=[]))
+    summary_table(Path(cfg.run_dir), scores)

@@ -1,0 +1,95 @@
+"""The `fsf` package: one exit-code convention (2 bad input, 1 failed run) and its import graph."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fsframework.cli import app
+from fsframework.cli.common import EXIT_BAD_INPUT, EXIT_RUN_FAILED
+from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
+
+runner = CliRunner()
+
+
+def test_exit_codes():
+    assert (EXIT_BAD_INPUT, EXIT_RUN_FAILED) == (2, 1)
+
+
+def test_fail_prints_the_message_and_exits_with_the_code():
+    import typer
+
+    from fsframework.cli.common import fail
+
+    demo = typer.Typer()
+
+    @demo.command()
+    def go(code: int = 2) -> None:
+        fail("bad [/thing]", code=code)
+
+    for code in (EXIT_BAD_INPUT, EXIT_RUN_FAILED):
+        res = runner.invoke(demo, ["--code", str(code)])
+        assert res.exit_code == code and "error: bad [/thing]" in res.output
+
+
+@pytest.mark.parametrize("command", ["eval", "convert"])
+def test_a_missing_or_empty_checkpoint_is_bad_input(command, tmp_path):
+    res = runner.invoke(app, [command, str(tmp_path / "nowhere")])
+    assert res.exit_code == EXIT_BAD_INPUT and "checkpoint path not found" in res.output
+    res = runner.invoke(app, [command, str(tmp_path)])
+    assert res.exit_code == EXIT_BAD_INPUT and "no complete checkpoint under" in res.output
+
+
+def test_a_config_error_is_bad_input_for_every_config_command(tmp_path):
+    for command in (["train"], ["run"], ["config"], ["launch", "--dry-run"]):
+        res = runner.invoke(app, [*command, str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={tmp_path}",
+                                  "optim.lrr=1"])
+        assert res.exit_code == EXIT_BAD_INPUT and "optim.lrr" in res.output, command
+    res = runner.invoke(app, ["config", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == EXIT_BAD_INPUT and "config file not found" in res.output
+
+
+def test_a_conversion_that_does_not_reproduce_its_logits_is_a_failed_run(tmp_path, monkeypatch):
+    import fsframework.checkpoints as checkpoints
+
+    monkeypatch.setattr(checkpoints, "convert_to_fp32", lambda path: (tmp_path / "model_fp32.pt", 0.5))
+    res = runner.invoke(app, ["convert", str(tmp_path)])
+    assert res.exit_code == EXIT_RUN_FAILED and "do not reproduce" in res.output
+
+
+def test_a_failing_rank_is_a_failed_run(tmp_path, data_cache):
+    proc = run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={tmp_path / 'run'}",
+                   f"data.cache_dir={data_cache}", *TINY_DATA, *TINY_MODEL, "model.name=tfpp", "train.max_steps=2",
+                   "train.progress=false", "train.tensorboard=false", env={"FSF_FAULT": "raise:0:1"}, check=False)
+    assert proc.returncode == EXIT_RUN_FAILED and "injected fault at step 1" in proc.stderr
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imports_any(paths, prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(f"{path.relative_to(REPO)}: {name}" for path in paths for name in _imports(path)
+                  if name.startswith(prefixes))
+
+
+def test_import_graph_of_the_cli_checkpoints_and_eval():
+    pkg = REPO / "fsframework"
+    # the launcher is below the CLI; the command modules share only cli.common
+    assert _imports_any(sorted((pkg / "launcher").glob("*.py")), ("fsframework.cli",)) == []
+    commands = [p for p in sorted((pkg / "cli").glob("*.py")) if p.name not in ("__init__.py", "common.py")]
+    assert [name for name in _imports_any(commands, ("fsframework.cli",)) if "fsframework.cli.common" not in name] == []
+    # checkpoints sit below eval: no train, eval, cli, data or parallel
+    assert _imports_any([pkg / "checkpoints.py"], tuple(f"fsframework.{layer}" for layer in
+                                                        ("train", "eval", "cli", "data", "parallel"))) == []
+    assert _imports_any(sorted((pkg / "eval").glob("*.py")), ("fsframework.train", "fsframework.cli")) == []

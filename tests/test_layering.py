@@ -1,0 +1,127 @@
+"""Imports point down the layers (docs/architecture.md), function-level imports included.
+
+    fsf_kernels < ops < config < models < data, parallel < checkpoints < eval < train < cli
+
+`data` and `parallel` are peers and import neither each other. The one import that
+goes up is `config` reading the table of model kinds (`fsframework.models.registry`,
+which imports no torch) to validate `model.name`. Library code imports nothing of
+`experiments/`, and the user tools in `tools/` import no private names.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = {
+    "fsf_kernels": 0,
+    "fsframework.ops": 1,
+    "fsframework.config": 2,
+    "fsframework.models": 3,
+    "fsframework.data": 4,
+    "fsframework.parallel": 4,
+    "fsframework.checkpoints": 5,
+    "fsframework.eval": 6,
+    "fsframework.train": 7,
+    "fsframework.cli": 8,
+    "fsframework.launcher": 8,
+    "fsframework.info": 8,
+    "fsframework.__main__": 8,
+    "fsframework": 8,  # the package's own __init__
+}
+PEERS = {"fsframework.data", "fsframework.parallel"}
+ALLOWED_UPWARD = {("fsframework.config", "fsframework.models.registry")}
+
+
+def layer_of(module: str) -> str | None:
+    """The longest LAYERS key that `module` is or lies inside."""
+    best = None
+    for key in LAYERS:
+        if (module == key or module.startswith(key + ".")) and (best is None or len(key) > len(best)):
+            best = key
+    return best
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT / "kernels" if path.is_relative_to(ROOT / "kernels") else ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.append((node.lineno, module))
+            # `from fsframework import eval` imports a subpackage: each name may be a module
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def library_files() -> list[Path]:
+    return sorted((ROOT / "fsframework").rglob("*.py")) + sorted((ROOT / "kernels" / "fsf_kernels").rglob("*.py"))
+
+
+def upward_imports() -> list[str]:
+    problems = []
+    for path in library_files():
+        me = module_name(path)
+        mine = layer_of(me)
+        assert mine is not None, f"{me} belongs to no layer: add it to LAYERS in {Path(__file__).name}"
+        for line, target in imports(path):
+            theirs = layer_of(target)
+            where = f"{path.relative_to(ROOT)}:{line} ({me} -> {target})"
+            if target.split(".")[0] == "experiments":
+                problems.append(f"{where}: library code imports experiments")
+            if theirs is None or theirs == mine:
+                continue
+            if mine == "fsf_kernels":
+                problems.append(f"{where}: the kernels import torch and triton only")
+            elif any(mine == a and (target == b or target.startswith(b + ".")) for a, b in ALLOWED_UPWARD):
+                continue
+            elif LAYERS[theirs] > LAYERS[mine] or {mine, theirs} == PEERS:
+                problems.append(f"{where}: {mine} may not import {theirs}")
+    return problems
+
+
+def test_imports_point_down():
+    problems = upward_imports()
+    assert not problems, "upward imports:\n" + "\n".join(problems)
+
+
+def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
+    # the scan must catch what a careless change would add: an import inside a function
+    source = "def f():\n    from fsframework.train import trainer\n    from . import losses\n"
+    path = ROOT / "fsframework" / "models" / "_layering_probe.py"
+    path.write_text(source)
+    try:
+        found = dict((m, line) for line, m in imports(path))
+        assert "fsframework.train" in found and "fsframework.models.losses" in found
+        assert any("_layering_probe.py:2" in p and "may not import fsframework.train" in p for p in upward_imports())
+    finally:
+        path.unlink()
+
+
+def test_tools_use_public_names_only():
+    problems = []
+    for path in sorted((ROOT / "tools").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fsframework"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private or any(part.startswith("_") for part in node.module.split(".")):
+                    problems.append(f"{path.name}:{node.lineno} imports {node.module}: {private}")
+    assert not problems, "tools import private names:\n" + "\n".join(problems)

@@ -1,0 +1,79 @@
+"""Run directories written before schema_version 2 keep working: their config.yaml (no
+schema_version, model.max_seq_len and train.copy_warmup_* present) is migrated when resumed,
+evaluated, converted or used as `train.init_from`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fsframework.checkpoints import RunDir, read_config, resolve_checkpoint
+from fsframework.train.checkpoint import _write_manifest
+from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
+
+COMMON = [*TINY_DATA, *TINY_MODEL, "model.name=tfpp", "train.progress=false", "train.tensorboard=false",
+          "optim.warmup_steps=1"]
+WARMUP = ["research.copy_warmup_steps=1", "research.copy_warmup_seq_len=32", "research.copy_warmup_max_passage=8",
+          "research.copy_warmup_draw=200"]
+
+
+def as_version_1(text: str) -> str:
+    """A current config.yaml rewritten as the code before schema_version 2 saved it (as the
+    fixtures tests/fixtures/config_v1_*.yaml, which that code wrote)."""
+    data = yaml.safe_load(text)
+    assert data.pop("schema_version") == 2
+    data["model"]["max_seq_len"] = 4096
+    data["train"].update({f"copy_warmup_{key}": data["research"][f"copy_warmup_{key}"]
+                          for key in ("steps", "seq_len", "max_passage", "draw")})
+    del data["research"]
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.fixture(scope="module")
+def old_run(tmp_path_factory, data_cache) -> Path:
+    run = RunDir(tmp_path_factory.mktemp("old") / "run")
+    run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run.root}", f"data.cache_dir={data_cache}",
+            *COMMON, *WARMUP, "train.max_steps=2", "train.ckpt_every=2")
+    ckpt = resolve_checkpoint(run.root)
+    for path in (run.config, ckpt / "config.yaml"):
+        path.write_text(as_version_1(path.read_text()))
+    (ckpt / "MANIFEST.json").unlink()
+    _write_manifest(ckpt)  # the checkpoint's config.yaml changed size
+    fixture_keys = set(yaml.safe_load((REPO / "tests/fixtures/config_v1_default.yaml").read_text()))
+    assert set(yaml.safe_load(run.config.read_text())) == fixture_keys, "shaped like the saved fixture"
+    return run.root
+
+
+def test_old_config_reads_migrated(old_run):
+    cfg = read_config(old_run)
+    assert cfg.schema_version == 2 and cfg.research.copy_warmup_steps == 1 and cfg.research.copy_warmup_draw == 200
+
+
+def test_eval_and_convert_of_an_old_run(old_run, tmp_path):
+    out = tmp_path / "scores.json"
+    run_fsf("eval", str(old_run), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2", "--out", str(out))
+    assert set(json.loads(out.read_text())["scores"]["perplexity"]) == {"64"}
+    proc = run_fsf("convert", str(old_run))
+    assert "max |logit difference| vs the engine checkpoint: 0" in proc.stdout
+
+
+def test_init_from_an_old_run(old_run, tmp_path, data_cache):
+    proc = run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={tmp_path / 'next'}",
+                   f"data.cache_dir={data_cache}", *COMMON, f"train.init_from={old_run}", "train.max_steps=1")
+    assert "initialised weights from" in proc.stdout
+
+
+def test_resume_an_old_run_from_its_own_config(old_run, tmp_path, data_cache):
+    import shutil
+
+    run = RunDir(tmp_path / "resumed")
+    shutil.copytree(old_run, run.root)
+    proc = run_fsf("train", str(run.config), f"run_dir={run.root}", "train.max_steps=3")
+    assert "resumed from step_00000002" in proc.stdout
+    steps = [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    rewritten = yaml.safe_load(run.config.read_text())
+    assert rewritten["schema_version"] == 2 and rewritten["research"]["copy_warmup_steps"] == 1
