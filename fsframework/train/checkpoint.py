@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from fsframework.checkpoints import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
-                                     CheckpointError, client_state_name, list_checkpoints, step_name)
+                                     CheckpointError, client_state_name, file_digest, list_checkpoints, step_name,
+                                     verify)
 from fsframework.train.distributed import barrier
 
 # Fault injection for tests: die after the engine state is written, before the rename.
@@ -62,17 +63,44 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _write_manifest(ckpt: Path) -> None:
-    files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
-    for p in ckpt.rglob("*"):
+    """Size and xxh64 digest of every file, written last: its presence marks a complete checkpoint."""
+    files = {}
+    for p in sorted(ckpt.rglob("*")):
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+            files[str(p.relative_to(ckpt))] = {"size": p.stat().st_size, "xxh64": file_digest(p)}
     atomic_write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1))
 
 
+def prune(ckpt_root: Path, keep: int, protect: Optional[Path] = None) -> list[Path]:
+    """Delete old checkpoints; return what was deleted. Kept: the newest `keep` checkpoints that
+    verify (a damaged one never counts towards `keep`, so it can never push out a good one),
+    `protect` (the checkpoint this run resumed from), and anything newer than the oldest kept one
+    (a damaged newer checkpoint stays for inspection; the next save at its step replaces it)."""
+    checkpoints = list_checkpoints(ckpt_root)
+    good = []
+    for ckpt in reversed(checkpoints):
+        if len(good) == keep:
+            break
+        try:
+            verify(ckpt)
+            good.append(ckpt)
+        except CheckpointError:
+            pass
+    if len(good) < keep:  # fewer good checkpoints than asked for: delete nothing
+        return []
+    oldest_kept = good[-1]
+    doomed = [c for c in checkpoints if c < oldest_kept and c != protect]
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+    return doomed
+
+
 def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], config_yaml: str, *, rank: int,
-         keep: int, tokenizer: Optional[tuple[str, bytes]] = None) -> Path:
-    """Write checkpoint `step` atomically (collective: every rank calls it). `tokenizer`, from
+         keep: int, tokenizer: Optional[tuple[str, bytes]] = None, protect: Optional[Path] = None) -> Path:
+    """Write checkpoint `step` atomically (collective: every rank calls it), then prune to the
+    newest `keep` verified checkpoints, never deleting `protect` (see `prune`). `tokenizer`, from
     `read_tokenizer`, is written in too."""
     name = step_name(step)
     tmp = ckpt_root / f"{TMP_PREFIX}{name}"
@@ -97,8 +125,7 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
         os.replace(tmp, final)
         _fsync_dir(ckpt_root)
         atomic_write_text(ckpt_root / LATEST, name)
-        for old in list_checkpoints(ckpt_root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(ckpt_root, keep, protect)
     barrier()
     return final
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from rich.markup import escape
@@ -99,6 +99,7 @@ class Trainer:
         init_health_group(cfg.parallel.timeout_s)
         self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
+        self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
@@ -156,12 +157,13 @@ class Trainer:
         self.state = TrainState(**client["train_state"])
         self.loader.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
+        self.resumed_from = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}")
 
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
         ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
-                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.tokenizer)
+                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.tokenizer, protect=self.resumed_from)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
