@@ -37,10 +37,10 @@ VARIANTS: dict[str, list[str]] = {
     "fs-g0.03": ["model.name=fs", "model.attention.readout_gain=0.03"],
     "fs-g0": ["model.name=fs", "model.attention.readout_gain=0.0"],
     "fs-gate-g1": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=1.0"],
-    "fs-gate-g0.1": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=0.1"],
-    "fs-lam0-g0.1": ["model.name=fs", "model.attention.lam=0.0", "model.attention.readout_gain=0.1"],
+    "fs-gate-g0.03": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=0.03"],
+    "fs-lam0-g0.03": ["model.name=fs", "model.attention.lam=0.0", "model.attention.readout_gain=0.03"],
     "fsl-g1": ["model.name=fsl", "model.attention.readout_gain=1.0"],
-    "fsl-g0.1": ["model.name=fsl", "model.attention.readout_gain=0.1"],
+    "fsl-g0.03": ["model.name=fsl", "model.attention.readout_gain=0.03"],
     "fs": ["model.name=fs"],  # whatever the default is
     "fsl": ["model.name=fsl"],
 }
@@ -73,7 +73,8 @@ def run_one(name: str, overrides: list[str], seed: int, out: Path, steps: int, t
             "--out", str(scores_file), threads=threads, log=run_dir / "log.txt")
         (run_dir / "wall_s.txt").write_text(f"{time.time() - t0:.0f}\n")
     ppl = json.loads(scores_file.read_text())["scores"]["perplexity"]
-    return {"variant": name, "seed": seed, "ppl": [float(ppl[str(n)]) for n in LENGTHS], "run_dir": str(run_dir)}
+    return {"variant": name, "seed": seed, "ppl": [float(ppl[str(n)]) for n in LENGTHS], "run_dir": str(run_dir),
+            "wall_s": float((run_dir / "wall_s.txt").read_text())}
 
 
 def build_data(threads: int) -> None:
@@ -91,7 +92,7 @@ def readout_gains(run_dir: Path) -> list[float] | None:
     from fsframework.checkpoints import load_model
 
     model, _ = load_model(run_dir, torch.device("cpu"))
-    gains = [float(layer.attn.lr_norm_weight.abs().mean()) for layer in model.layers
+    gains = [float(layer.attn.lr_norm_weight.detach().abs().mean()) for layer in model.layers
              if hasattr(layer.attn, "lr_norm_weight")]
     return gains or None
 
@@ -133,7 +134,8 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     (args.out / "table.md").write_text(text + "\n")
     print(text)
-    print(f"wall time {time.time() - t0:.0f} s for {len(jobs)} runs")
+    print(f"{len(jobs)} runs, {sum(r['wall_s'] for r in results) / 60:.0f} min of training and evaluation in all "
+          f"(this invocation: {time.time() - t0:.0f} s; finished runs are reused)")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ class AttentionConfig:
     recent_cells: int = 8  # W (FS-L)
     retained_cells: int = 64  # P (FS-L)
     combine: str = "sum"  # sum | gate | separate_wo
-    readout_gain: float = 1.0  # initial value of the long-range readout's per-head RMSNorm gain
+    # initial value of the long-range readout's RMSNorm gain (docs/freesolo.md §1.6): the read
+    # starts quiet next to the local branch; at 1 it drowns it and FS trains worse than SWA
+    readout_gain: float = 0.03
 
 
 @dataclass
