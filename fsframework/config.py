@@ -42,6 +42,9 @@ class AttentionConfig:
     recent_cells: int = 8  # W (FS-L)
     retained_cells: int = 64  # P (FS-L)
     combine: str = "sum"  # sum | gate | separate_wo
+    # initial value of the long-range readout's RMSNorm gain (docs/freesolo.md §1.6): the read
+    # starts quiet next to the local branch; at 1 it drowns it and FS trains worse than SWA
+    readout_gain: float = 0.03
     # FS-B read path (model.name=fsb, inference only; docs/freesolo.md §1.8)
     fsb_top_k: int = 4  # K cells read per query, whatever top_k the checkpoint trained with
     fsb_beam_width: int = 16  # Wb, per forest; >= fsb_top_k
@@ -335,6 +338,7 @@ def validate(cfg: Config) -> Config:
         _positive(key, getattr(obj, rest[-1]))
     for key, value in (("model.attention.window", a.window), ("model.attention.recent_cells", a.recent_cells),
                        ("model.attention.retained_cells", a.retained_cells), ("model.attention.lam", a.lam),
+                       ("model.attention.readout_gain", a.readout_gain),
                        ("optim.weight_decay", cfg.optim.weight_decay), ("optim.warmup_steps", cfg.optim.warmup_steps),
                        ("optim.grad_clip", cfg.optim.grad_clip), ("data.num_workers", cfg.data.num_workers)):
         _positive(key, value, zero_ok=True)

@@ -34,7 +34,7 @@ class FreeSoloAttention(QKVAttention):
     FS and FS-L checkpoints load into it).
 
     Parameters: `wq, wk, wv, wo` (D x D, no bias), `lr_norm_weight` `[H, Dh]` (readout
-    RMSNorm gain, one per layer and head, init 1); `w_gate` (D -> H, with bias) for
+    RMSNorm gain, one per layer and head, init `model.attention.readout_gain`); `w_gate` (D -> H, with bias) for
     combine="gate"; `wo_lr` (D x D) for combine="separate_wo". Buffers `sigma`, `lam`
     `[H]` (erf prior width and weight, persistent, never trained). FS-B: buffer `tau` `[H]`
     (Ftau's key-norm threshold, not saved: set from the checkpoint's calibration file by
@@ -66,7 +66,7 @@ class FreeSoloAttention(QKVAttention):
     def reset_extra_parameters(self) -> None:
         """Re-initialise what the model-wide normal init must not touch or scales differently."""
         a = self.cfg.attention
-        self.lr_norm_weight.fill_(1.0)
+        self.lr_norm_weight.fill_(float(a.readout_gain))
         self.sigma.fill_(float(a.sigma))
         self.lam.fill_(float(a.lam))
         if a.combine == "gate":

@@ -46,7 +46,7 @@ def test_initialisation_and_buffers(name):
     for layer in model.layers:
         attn = layer.attn
         assert isinstance(attn, FreeSoloAttention)
-        assert torch.equal(attn.lr_norm_weight, torch.ones(2, 16))
+        assert torch.equal(attn.lr_norm_weight, torch.full((2, 16), 0.03))  # model.attention.readout_gain
         assert torch.equal(attn.w_gate.bias, torch.zeros(2))
         assert torch.equal(attn.sigma, torch.full((2,), 3.0)) and torch.equal(attn.lam, torch.ones(2))
         assert not attn.sigma.requires_grad
@@ -106,3 +106,35 @@ def test_sigma_and_lam_get_no_gradient_and_steer_routing():
 def test_non_freesolo_name_is_rejected():
     with pytest.raises(ValueError, match="model.name"):
         FreeSoloAttention(tiny("fs").__class__(name="tfpp"), 0)
+
+
+def test_readout_gain_sets_the_initial_gain_and_zero_makes_fs_the_swa_model():
+    """The long-range read is added after its RMSNorm gain: at gain 0 an FS model computes
+    exactly what SWA computes with the same weights, at any other gain it does not."""
+    cfg_fs = tiny("fs", **{"model.attention.readout_gain": 0.0})
+    torch.manual_seed(0)
+    fs = build_model(cfg_fs).double()
+    assert all(torch.equal(layer.attn.lr_norm_weight, torch.zeros(2, 16)) for layer in fs.layers)
+    swa = build_model(tiny("swa")).double()
+    missing, unexpected = swa.load_state_dict(fs.state_dict(), strict=False)
+    assert not missing and all(k.endswith(("lr_norm_weight", "sigma", "lam")) for k in unexpected)
+    tokens = torch.randint(0, 256, (2, 40))
+    torch.testing.assert_close(fs(tokens), swa(tokens), rtol=0, atol=1e-12)
+    with torch.no_grad():
+        for layer in fs.layers:
+            layer.attn.lr_norm_weight.fill_(0.03)
+    assert (fs(tokens) - swa(tokens)).abs().max() > 1e-6
+
+
+def test_negative_readout_gain_is_refused():
+    with pytest.raises(ValueError, match="model.attention.readout_gain"):
+        tiny("fs", **{"model.attention.readout_gain": -0.1})
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "fs-340m", "fsl-340m-cpt"])
+def test_recipes_start_the_read_at_the_default_gain(recipe):
+    from fsframework.config import AttentionConfig
+    from tests.utils import REPO
+
+    cfg = load_config(REPO / "yamls" / f"{recipe}.yaml")
+    assert cfg.model.attention.readout_gain == AttentionConfig().readout_gain
