@@ -44,6 +44,22 @@ class AttentionConfig:
 
 
 @dataclass
+class ArgrcConfig:
+    """AR-GRC, the log-depth recurrent LM (model.name=argrc, docs/argrc.md): `model.d_model` is
+    the embedding width E, `d_state` the scan width D."""
+
+    d_state: int = 0  # D; 0: model.d_model
+    post_embed_mlp_hidden: int = 0  # residual position-wise MLP after Linear(E -> D); 0: none
+    post_merge_mlp_hidden: int = 0  # residual MLP after each composition; 0: none
+    cell: str = "grc"  # grc (gated recursive cell) | mlp (the MLP-operator ablation)
+    identity: str = "learned"  # the root value of the down-sweep: learned | zeros
+
+
+ARGRC_CELLS = ("grc", "mlp")
+ARGRC_IDENTITIES = ("learned", "zeros")
+
+
+@dataclass
 class ModelConfig:
     name: str = "tfpp"  # a kind of fsframework.models.registry
     vocab_size: int = 260
@@ -54,7 +70,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
+    dropout: float = 0.0  # on the embeddings and every residual branch (AR-GRC: embeddings, MLPs, scan output)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    argrc: ArgrcConfig = field(default_factory=ArgrcConfig)  # model.name=argrc only
 
     @property
     def head_dim(self) -> int:
@@ -266,6 +284,17 @@ def _check_copy_warmup(cfg: Config) -> None:
     _check_shorter_sequences(cfg, "research.copy_warmup_seq_len", r.copy_warmup_seq_len)
 
 
+def _check_argrc(cfg: Config) -> None:
+    """AR-GRC keys (docs/argrc.md), and the model-wide dropout."""
+    g = cfg.model.argrc
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.model.dropout} must lie in [0, 1)")
+    _choice("model.argrc.cell", g.cell, ARGRC_CELLS)
+    _choice("model.argrc.identity", g.identity, ARGRC_IDENTITIES)
+    for key in ("d_state", "post_embed_mlp_hidden", "post_merge_mlp_hidden"):
+        _positive(f"model.argrc.{key}", getattr(g, key), zero_ok=True)
+
+
 def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:
     """The data-parallel size of `world_size` ranks in sequence-parallel groups of `sp`; raise
     ConfigError when `world_size` is not a multiple of `sp`. The one copy of this check (the
@@ -341,6 +370,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
     _check_short_sequences(cfg)
     _check_copy_warmup(cfg)
+    _check_argrc(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg
