@@ -144,8 +144,14 @@ class ARGRCLanguageModel(nn.Module):
         stands there. `model.attention.impl` picks the Triton tree kernel or the reference."""
         padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
         identity = self.identity.to(h.dtype)
-        kernel = kernel_for("grc_scan", "grc_exclusive_scan", self.cfg.attention.impl, h)
-        if kernel is not None and isinstance(self.cell, GRCCell):
+        impl = self.cfg.attention.impl
+        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
+        fused = isinstance(self.cell, GRCCell) and self.cell.post is None  # what the kernel implements
+        if kernel is not None and not fused and impl == "triton":
+            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell without "
+                             "a post-merge network; use impl=auto or reference with model.argrc.cell=mlp or "
+                             "model.argrc.post_merge_mlp_hidden > 0")
+        if kernel is not None and fused:
             return kernel(padded, self.cell, identity)[:, 1:]
         return exclusive_scan(padded, self.combine, identity)[:, 1:]
 

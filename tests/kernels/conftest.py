@@ -29,6 +29,7 @@ _KERNEL_MODULES = (
     "fsf_kernels.window_attention.window_attention",
     "fsf_kernels.cell_routing.cell_routing",
     "fsf_kernels.cell_readout.cell_readout",
+    "fsf_kernels.grc_scan.cell",
 )
 
 
