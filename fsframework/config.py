@@ -164,6 +164,12 @@ class TrainConfig:
     # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
     short_seq_len: int = 0
     short_seq_steps: int = 0
+    # validation perplexity on the held-out split every `eval_every` steps (0: never), over
+    # `eval_batches` micro-batches; early stopping after `early_stop_patience` evaluations
+    # in a row without a new best (0: never stop early)
+    eval_every: int = 0
+    eval_batches: int = 4
+    early_stop_patience: int = 0
 
 
 @dataclass
@@ -284,6 +290,16 @@ def _check_copy_warmup(cfg: Config) -> None:
     _check_shorter_sequences(cfg, "research.copy_warmup_seq_len", r.copy_warmup_seq_len)
 
 
+def _check_validation(cfg: Config) -> None:
+    t = cfg.train
+    _positive("train.eval_every", t.eval_every, zero_ok=True)
+    _positive("train.eval_batches", t.eval_batches)
+    _positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
+    if t.early_stop_patience and not t.eval_every:
+        raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
+                          "(early stopping counts validation evaluations)")
+
+
 def _check_argrc(cfg: Config) -> None:
     """AR-GRC keys (docs/argrc.md), and the model-wide dropout."""
     g = cfg.model.argrc
@@ -371,6 +387,7 @@ def validate(cfg: Config) -> Config:
     _check_short_sequences(cfg)
     _check_copy_warmup(cfg)
     _check_argrc(cfg)
+    _check_validation(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg

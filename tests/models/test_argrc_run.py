@@ -28,3 +28,22 @@ def test_train_resume_and_evaluate(tmp_path, data_cache):
     perplexity = json.loads(out.read_text())["scores"]["perplexity"]
     assert set(perplexity) == {"32", "96"}
     assert all(1.0 < value < 300.0 for value in perplexity.values()), perplexity  # finite, about uniform (3 steps)
+
+
+def test_validation_perplexity_and_early_stopping(tmp_path, data_cache):
+    """Shared by every model: evaluations every step; a learning rate too small to change the
+    weights makes no evaluation an improvement, so patience 2 stops the run at step 3 of 6."""
+    run = tmp_path / "stop"
+    args = [str(REPO / "yamls/argrc-wt2.yaml"), f"run_dir={run}", f"data.cache_dir={data_cache}", *TINY_DATA,
+            *ARGRC_TINY, "data.source=embedded", "data.tokenizer=byte", "model.vocab_size=260", "model.dropout=0.0",
+            "train.max_steps=6", "train.ckpt_every=6", "train.eval_every=1", "train.eval_batches=2",
+            "train.early_stop_patience=2", "optim.lr=1e-30"]
+    proc = run_fsf("train", *args)
+    assert "early stop at step 3" in proc.stdout
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["val_ppl"] > 1.0 for r in records)
+    assert (run / "checkpoints" / "step_00000003").is_dir()
+    again = run_fsf("train", *args)  # resuming a run that stopped early trains no further
+    assert "early stop" not in again.stdout
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
