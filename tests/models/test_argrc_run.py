@@ -47,3 +47,15 @@ def test_validation_perplexity_and_early_stopping(tmp_path, data_cache):
     again = run_fsf("train", *args)  # resuming a run that stopped early trains no further
     assert "early stop" not in again.stdout
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_eval_lengths_take_the_papers_range():
+    import pytest
+
+    from fsframework.cli.eval import parse_lengths
+
+    assert parse_lengths("32:2976:128") == list(range(32, 2977, 128)) and parse_lengths("32:2976:128")[-1] == 2976
+    assert parse_lengths("64, 100:300:100") == [64, 100, 200, 300]
+    for bad in ("12:a", "300:100:10", "0", "5:9"):
+        with pytest.raises(ValueError, match="--lengths"):
+            parse_lengths(bad)
