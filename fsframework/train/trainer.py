@@ -132,8 +132,9 @@ class Trainer:
                                               f"{cfg.model.name}: {exc}") from None
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
-        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters, "
-                 f"{cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads")
+        shape = (f", {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads"
+                 if hasattr(model, "layers") else f", d_model {cfg.model.d_model}")  # AR-GRC has no layers
+        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
         optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(

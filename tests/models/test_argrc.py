@@ -110,3 +110,16 @@ def test_aligned_blocks_cut_a_range_into_dyadic_blocks():
 def test_bad_keys_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, ["model.name=argrc", override])
+
+
+def test_cached_decoding_of_every_variant():
+    from fsframework.models.decode_cache import decode_cache
+
+    model = _tiny(cell="mlp", identity="zeros", post_merge_mlp_hidden=6, post_embed_mlp_hidden=7)
+    tokens = torch.randint(0, 50, (2, 21))
+    with torch.no_grad():
+        full = model(tokens)
+        with decode_cache(model) as cache:
+            pieces = [cache.forward(tokens[:, :1])] + [cache.forward(tokens[:, t:t + 1]) for t in range(1, 21)]
+            assert len(cache.blocks) == bin(21).count("1")  # the stack: one root per set bit of the length
+    torch.testing.assert_close(model.lm_head(torch.cat(pieces, dim=1)), full, rtol=1e-9, atol=1e-9)
