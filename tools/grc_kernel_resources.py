@@ -16,6 +16,7 @@ from triton.compiler import ASTSource
 
 from fsf_kernels.grc_scan import cell
 
+PAIR_STRIDES = {name: "i32" for name in ("ROWS", "stride_ab", "stride_am", "stride_bb", "stride_bm")}
 SHARED_LIMIT = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
 
 
@@ -27,7 +28,7 @@ def compile_all(width: int, arch: int, dtype: str) -> dict[str, int]:
     block_d = triton.next_power_of_2(width)
     results = {}
     matmul_sig = {name: ptr for name in ("a_ptr", "a2_ptr", "b_ptr", "c_ptr", "bias_ptr", "z_ptr", "pre_ptr")}
-    matmul_sig.update({name: "i32" for name in ("M", "N", "K", "K_SPLIT", "stride_am", "stride_ak", "stride_a2m",
+    matmul_sig.update({name: "i32" for name in ("M", "N", "K", "K_SPLIT", "ROWS", "stride_ab", "stride_a2b", "stride_am", "stride_ak", "stride_a2m",
                                                 "stride_a2k", "stride_bk", "stride_bn", "stride_cm", "stride_cn")})
     for label, flags in (("matmul W1 + GELU (pair)", dict(HAS_BIAS=True, PAIR=True, EPILOGUE=cell.GELU, STORE_PRE=True)),
                          ("matmul W2", dict(HAS_BIAS=True, PAIR=False, EPILOGUE=cell.PLAIN, STORE_PRE=False)),
@@ -41,12 +42,12 @@ def compile_all(width: int, arch: int, dtype: str) -> dict[str, int]:
         results[label] = compiled.metadata.shared
     row_consts = dict(BLOCK_M=cell.ROW_BLOCK, BLOCK_D=block_d)
     fwd_sig = {n: ptr for n in ("a_ptr", "b_ptr", "y_ptr", "w_ptr", "beta_ptr", "m_ptr")}
-    fwd_sig.update(M="i32", D="i32", eps="fp32", BLOCK_M="constexpr", BLOCK_D="constexpr")
+    fwd_sig.update(M="i32", D="i32", eps="fp32", **PAIR_STRIDES, BLOCK_M="constexpr", BLOCK_D="constexpr")
     compiled = triton.compile(ASTSource(cell.gates_ln_fwd_kernel, fwd_sig, row_consts), target=target)
     results["gates + LayerNorm forward"] = compiled.metadata.shared
     bwd_sig = {n: ptr for n in ("a_ptr", "b_ptr", "y_ptr", "w_ptr", "dm_ptr", "dy_ptr")}
-    bwd_sig.update(dab_ptr="*fp32", xh_ptr="*fp32", M="i32", D="i32", eps="fp32", BLOCK_M="constexpr",
-                   BLOCK_D="constexpr")
+    bwd_sig.update(dab_ptr="*fp32", xh_ptr="*fp32", M="i32", D="i32", eps="fp32", **PAIR_STRIDES,
+                   BLOCK_M="constexpr", BLOCK_D="constexpr")
     compiled = triton.compile(ASTSource(cell.gates_ln_bwd_kernel, bwd_sig, row_consts), target=target)
     results["gates + LayerNorm backward"] = compiled.metadata.shared
     return results

@@ -2,7 +2,8 @@
 
 For `M` pairs `(a, b)` of width `D` (all pairs of a level, every sequence of the batch):
 
-    z = [a; b] W1^T + b1                 [M, 4D]   matmul with the pair gathered in the K loop
+    z = [a; b] W1^T + b1                 [M, 4D]   matmul, the pair gathered in the K loop from
+                                                   the level itself (strided views, no copy)
     y = GELU(z) W2^T + b2                [M, 4D]   matmul
     [g_a, g_b, g_c, c] = y,  u = s(g_a) a + s(g_b) b + s(g_c) c,  m = LN(u) w + beta
 
@@ -35,7 +36,7 @@ PLAIN, GELU, GELU_GRAD = 0, 1, 2
 
 @triton.jit
 def matmul_kernel(a_ptr, a2_ptr, b_ptr, c_ptr, bias_ptr, z_ptr, pre_ptr,
-                   M, N, K, K_SPLIT,
+                   M, N, K, K_SPLIT, ROWS, stride_ab, stride_a2b,
                    stride_am, stride_ak, stride_a2m, stride_a2k, stride_bk, stride_bn, stride_cm, stride_cn,
                    HAS_BIAS: tl.constexpr, PAIR: tl.constexpr, EPILOGUE: tl.constexpr, STORE_PRE: tl.constexpr,
                    DT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -52,9 +53,10 @@ def matmul_kernel(a_ptr, a2_ptr, b_ptr, c_ptr, bias_ptr, z_ptr, pre_ptr,
         row_ok = rm[:, None] < M
         if PAIR:  # the pair [a; b] gathered in the K loop, never copied
             first = kk < K_SPLIT
-            a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :] * stride_ak,
+            batch, index = rm // ROWS, rm % ROWS  # row m of a level view [B, ROWS, D]
+            a = tl.load(a_ptr + (batch * stride_ab + index * stride_am)[:, None] + kk[None, :] * stride_ak,
                         mask=row_ok & first[None, :], other=0.0)
-            a += tl.load(a2_ptr + rm[:, None] * stride_a2m + (kk - K_SPLIT)[None, :] * stride_a2k,
+            a += tl.load(a2_ptr + (batch * stride_a2b + index * stride_a2m)[:, None] + (kk - K_SPLIT)[None, :] * stride_a2k,
                          mask=row_ok & (~first & (kk < K))[None, :], other=0.0)
         else:
             a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :] * stride_ak,
@@ -80,14 +82,18 @@ def matmul_kernel(a_ptr, a2_ptr, b_ptr, c_ptr, bias_ptr, z_ptr, pre_ptr,
 
 @triton.jit
 def gates_ln_fwd_kernel(a_ptr, b_ptr, y_ptr, w_ptr, beta_ptr, m_ptr, M, D, eps,
-                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                        ROWS, stride_ab, stride_am, stride_bb, stride_bm,
+                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
     mask = (rm < M)[:, None] & (rd < D)[None, :]
     row = rm[:, None] * D + rd[None, :]
     yrow = rm[:, None] * (4 * D) + rd[None, :]
-    a = tl.load(a_ptr + row, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row, mask=mask, other=0.0).to(tl.float32)
+    batch, index = rm // ROWS, rm % ROWS  # a, b: rows of level views [B, ROWS, D]
+    a = tl.load(a_ptr + (batch * stride_ab + index * stride_am)[:, None] + rd[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + (batch * stride_bb + index * stride_bm)[:, None] + rd[None, :], mask=mask,
+                other=0.0).to(tl.float32)
     g_a = tl.load(y_ptr + yrow, mask=mask, other=0.0).to(tl.float32)
     g_b = tl.load(y_ptr + yrow + D, mask=mask, other=0.0).to(tl.float32)
     g_c = tl.load(y_ptr + yrow + 2 * D, mask=mask, other=0.0).to(tl.float32)
@@ -104,7 +110,8 @@ def gates_ln_fwd_kernel(a_ptr, b_ptr, y_ptr, w_ptr, beta_ptr, m_ptr, M, D, eps,
 
 @triton.jit
 def gates_ln_bwd_kernel(a_ptr, b_ptr, y_ptr, w_ptr, dm_ptr, dy_ptr, dab_ptr, xh_ptr, M, D, eps,
-                         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                        ROWS, stride_ab, stride_am, stride_bb, stride_bm,
+                        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """dy [M, 4D] (gate and candidate gradients), dab [M, 2D] (the direct gradients of a and b),
     xh [M, D] fp32 (the normalised u, for the LayerNorm weight gradient)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,8 +120,11 @@ def gates_ln_bwd_kernel(a_ptr, b_ptr, y_ptr, w_ptr, dm_ptr, dy_ptr, dab_ptr, xh_
     row = rm[:, None] * D + rd[None, :]
     yrow = rm[:, None] * (4 * D) + rd[None, :]
     abrow = rm[:, None] * (2 * D) + rd[None, :]
-    a = tl.load(a_ptr + row, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row, mask=mask, other=0.0).to(tl.float32)
+    batch, index = rm // ROWS, rm % ROWS  # a, b: rows of level views [B, ROWS, D]
+    a = tl.load(a_ptr + (batch * stride_ab + index * stride_am)[:, None] + rd[None, :], mask=mask,
+                other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + (batch * stride_bb + index * stride_bm)[:, None] + rd[None, :], mask=mask,
+                other=0.0).to(tl.float32)
     s_a = tl.sigmoid(tl.load(y_ptr + yrow, mask=mask, other=0.0).to(tl.float32))
     s_b = tl.sigmoid(tl.load(y_ptr + yrow + D, mask=mask, other=0.0).to(tl.float32))
     s_c = tl.sigmoid(tl.load(y_ptr + yrow + 2 * D, mask=mask, other=0.0).to(tl.float32))
@@ -142,22 +152,42 @@ BLOCK_M, BLOCK_N, BLOCK_K = 32, 64, 32
 ROW_BLOCK = 4  # rows per program of the gates/LayerNorm kernels (a row spans the whole D)
 
 
+def _level_view(x: torch.Tensor) -> tuple[int, int, int]:
+    """(rows per batch, batch stride, row stride) of `[M, D]` or of a level view `[B, rows, D]`
+    (e.g. every other position of a level), whose last axis must be contiguous."""
+    if x.stride(-1) != 1:
+        raise ValueError("the pair operands must be contiguous along D")
+    if x.dim() == 2:
+        return max(x.shape[0], 1), 0, x.stride(0)
+    return max(x.shape[1], 1), x.stride(0), x.stride(1)
+
+
 def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias=None, pair: torch.Tensor | None = None,
             epilogue: int = PLAIN, z: torch.Tensor | None = None, pre: torch.Tensor | None = None) -> torch.Tensor:
-    """out [M, N] = epilogue(A B + bias), A = a [M, K] (or [a, pair] along K), b [K, N] with any strides."""
-    m = a.shape[0]
-    k_split = a.shape[1]
-    k = k_split + (pair.shape[1] if pair is not None else 0)
+    """out [M, N] = epilogue(A B + bias), A = a [M, K] (or [a, pair] along K, both `[M, D]` or
+    level views `[B, rows, D]`, read in place), b [K, N] with any strides."""
+    m = out.shape[0]
+    k_split = a.shape[-1]
+    k = k_split + (pair.shape[-1] if pair is not None else 0)
     n = b.shape[1]
     a2 = pair if pair is not None else a
+    rows, stride_ab, stride_am = _level_view(a) if pair is not None else (max(m, 1), 0, a.stride(0))
+    _, stride_a2b, stride_a2m = _level_view(a2) if pair is not None else (0, 0, a.stride(0))
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
     matmul_kernel[grid](a, a2, b, out, bias if bias is not None else out, z if z is not None else out,
-                         pre if pre is not None else out, m, n, k, k_split,
-                         a.stride(0), a.stride(1), a2.stride(0), a2.stride(1), b.stride(0), b.stride(1),
-                         out.stride(0), out.stride(1),
-                         HAS_BIAS=bias is not None, PAIR=pair is not None, EPILOGUE=epilogue,
-                         STORE_PRE=pre is not None, **dot_args(a.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+                        pre if pre is not None else out, m, n, k, k_split, rows, stride_ab, stride_a2b,
+                        stride_am, a.stride(-1), stride_a2m, a2.stride(-1), b.stride(0), b.stride(1),
+                        out.stride(0), out.stride(1),
+                        HAS_BIAS=bias is not None, PAIR=pair is not None, EPILOGUE=epilogue,
+                        STORE_PRE=pre is not None, **dot_args(a.dtype), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                        BLOCK_K=BLOCK_K)
     return out
+
+
+def _pair_args(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int, int]:
+    rows, stride_ab, stride_am = _level_view(a)
+    _, stride_bb, stride_bm = _level_view(b)
+    return rows, stride_ab, stride_am, stride_bb, stride_bm
 
 
 def cell_params(cell, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -167,7 +197,8 @@ def cell_params(cell, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
 
 
 def _hidden(a, b, w1, b1, w2, b2, keep_pre: bool):
-    m, d = a.shape
+    d = a.shape[-1]
+    m = a.numel() // d
     g = torch.empty((m, 4 * d), device=a.device, dtype=a.dtype)
     z = torch.empty_like(g) if keep_pre else None
     _matmul(a, w1.t(), g, bias=b1, pair=b, epilogue=GELU, pre=z)
@@ -177,13 +208,15 @@ def _hidden(a, b, w1, b1, w2, b2, keep_pre: bool):
 
 
 def grc_cell_fwd(a: torch.Tensor, b: torch.Tensor, params, eps: float) -> torch.Tensor:
-    """op(a, b) `[M, D]` for contiguous `a, b` `[M, D]`."""
+    """op(a, b) `[M, D]` for `a, b` `[M, D]` or level views `[B, rows, D]` (read in place:
+    e.g. the even and odd positions of a level), rows in batch-major order."""
     w1, b1, w2, b2, ln_w, ln_b = params
-    m, d = a.shape
+    d = a.shape[-1]
+    m = a.numel() // d
     y, _, _ = _hidden(a, b, w1, b1, w2, b2, keep_pre=False)
-    out = torch.empty_like(a)
-    gates_ln_fwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, ln_b, out, m, d, eps,
-                                                       BLOCK_M=ROW_BLOCK, BLOCK_D=triton.next_power_of_2(d))
+    out = torch.empty((m, d), device=a.device, dtype=a.dtype)
+    gates_ln_fwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, ln_b, out, m, d, eps, *_pair_args(a, b),
+                                                      BLOCK_M=ROW_BLOCK, BLOCK_D=triton.next_power_of_2(d))
     return out
 
 
@@ -191,13 +224,15 @@ def grc_cell_bwd(a: torch.Tensor, b: torch.Tensor, dm: torch.Tensor, params, eps
     """(da, db, [dW1, db1, dW2, db2, dln_w, dln_b]) for `m = op(a, b)`, the `4D` activations
     recomputed. Parameter gradients in fp32."""
     w1, b1, w2, b2, ln_w, ln_b = params
-    m, d = a.shape
+    d = a.shape[-1]
+    m = a.numel() // d
     y, g, z = _hidden(a, b, w1, b1, w2, b2, keep_pre=True)
     dy = torch.empty_like(y)
     dab = torch.empty((m, 2 * d), device=a.device, dtype=torch.float32)
     xh = torch.empty((m, d), device=a.device, dtype=torch.float32)
-    gates_ln_bwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, dm.contiguous(), dy, dab, xh, m, d, eps,
-                                                       BLOCK_M=ROW_BLOCK, BLOCK_D=triton.next_power_of_2(d))
+    gates_ln_bwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, dm.reshape(m, d).contiguous(), dy, dab, xh, m,
+                                                      d, eps, *_pair_args(a, b), BLOCK_M=ROW_BLOCK,
+                                                      BLOCK_D=triton.next_power_of_2(d))
     dz = torch.empty_like(y)
     _matmul(dy, w2, dz, epilogue=GELU_GRAD, z=z)  # (dy W2) * GELU'(z)
     dx = torch.empty((m, 2 * d), device=a.device, dtype=torch.float32)
@@ -206,8 +241,8 @@ def grc_cell_bwd(a: torch.Tensor, b: torch.Tensor, dm: torch.Tensor, params, eps
     dw2 = torch.empty((4 * d, 4 * d), device=a.device, dtype=torch.float32)
     _matmul(dy.t(), g, dw2)
     dw1 = torch.empty((4 * d, 2 * d), device=a.device, dtype=torch.float32)
-    x = torch.cat((a, b), dim=1)
+    x = torch.cat((a.reshape(m, d), b.reshape(m, d)), dim=1)  # the one copy of the pair, for dW1
     _matmul(dz.t(), x, dw1)
-    dmf = dm.float()
+    dmf = dm.reshape(m, d).float()
     grads = [dw1, dz.float().sum(0), dw2, dy.float().sum(0), (dmf * xh).sum(0), dmf.sum(0)]
-    return dx[:, :d].to(a.dtype), dx[:, d:].to(b.dtype), grads
+    return dx[:, :d].to(a.dtype).view(a.shape), dx[:, d:].to(b.dtype).view(b.shape), grads

@@ -16,15 +16,12 @@ import torch
 from fsf_kernels.grc_scan.cell import cell_params, grc_cell_bwd, grc_cell_fwd
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1]).contiguous()
-
-
 class GRCTreeScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, identity, eps, *params):
+        x = x.contiguous()
         batch, n, d = x.shape
-        cell = lambda a, b: grc_cell_fwd(_rows(a), _rows(b), params, eps).view(a.shape)  # noqa: E731
+        cell = lambda a, b: grc_cell_fwd(a, b, params, eps).view(a.shape)  # noqa: E731  (views read in place)
         ups = [x]
         while ups[-1].shape[1] >= 2:
             pairs = ups[-1].shape[1] // 2
@@ -52,7 +49,7 @@ class GRCTreeScan(torch.autograd.Function):
         param_grads = [torch.zeros(p.shape, device=p.device, dtype=torch.float32) for p in params]
 
         def cell_backward(a, b, dm):
-            da, db, grads = grc_cell_bwd(_rows(a), _rows(b), _rows(dm).to(a.dtype), params, eps)
+            da, db, grads = grc_cell_bwd(a, b, dm.to(a.dtype), params, eps)
             for total, g in zip(param_grads, grads):
                 total += g
             return da.view(a.shape).float(), db.view(b.shape).float()
