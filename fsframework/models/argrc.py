@@ -146,11 +146,10 @@ class ARGRCLanguageModel(nn.Module):
         identity = self.identity.to(h.dtype)
         impl = self.cfg.attention.impl
         kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
-        fused = isinstance(self.cell, GRCCell) and self.cell.post is None  # what the kernel implements
+        fused = isinstance(self.cell, GRCCell)  # what the kernel implements
         if kernel is not None and not fused and impl == "triton":
-            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell without "
-                             "a post-merge network; use impl=auto or reference with model.argrc.cell=mlp or "
-                             "model.argrc.post_merge_mlp_hidden > 0")
+            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "
+                             "use impl=auto or reference with model.argrc.cell=mlp")
         if kernel is not None and fused:
             return kernel(padded, self.cell, identity)[:, 1:]
         return exclusive_scan(padded, self.combine, identity)[:, 1:]

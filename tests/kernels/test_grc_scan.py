@@ -16,18 +16,18 @@ from fsframework.ops.scan import exclusive_scan
 D = 12  # not a power of two: every row kernel masks its tail
 
 
-def _cell(device) -> GRCCell:
+def _cell(device, post_merge: int = 0) -> GRCCell:
     torch.manual_seed(0)
-    cell = GRCCell(D, 0, 1e-6).to(device)
+    cell = GRCCell(D, post_merge, 1e-6).to(device)
     with torch.no_grad():  # visible biases and LayerNorm affine, so their gradients matter
         for p in cell.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return cell
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_cell_forward_and_backward(dtype, device):
-    cell = _cell(device)
+@pytest.mark.parametrize("dtype, post_merge", [(torch.float32, 0), (torch.bfloat16, 0), (torch.float32, 20)])
+def test_one_cell_forward_and_backward(dtype, post_merge, device):
+    cell = _cell(device, post_merge)
     a, b, dm = (torch.randn(7, D, device=device) for _ in range(3))
     ref_a, ref_b = a.clone().requires_grad_(), b.clone().requires_grad_()
     want = cell(ref_a, ref_b)
@@ -38,15 +38,17 @@ def test_one_cell_forward_and_backward(dtype, device):
     da, db, grads = grc_cell_bwd(a.to(dtype), b.to(dtype), dm.to(dtype), params, 1e-6)
     assert_close(da, ref_a.grad, dtype, "da")
     assert_close(db, ref_b.grad, dtype, "db")
-    for (name, p), g in zip([("w1.weight", cell.w1.weight), ("w1.bias", cell.w1.bias), ("w2.weight", cell.w2.weight),
-                             ("w2.bias", cell.w2.bias), ("norm.weight", cell.norm.weight),
-                             ("norm.bias", cell.norm.bias)], grads):
-        assert_close(g, p.grad, dtype, name)
+    names = ["w1.weight", "w1.bias", "w2.weight", "w2.bias", "norm.weight", "norm.bias"]
+    names += ["post.fc1.weight", "post.fc1.bias", "post.fc2.weight", "post.fc2.bias"] if post_merge else []
+    assert len(grads) == len(names)
+    for name, g in zip(names, grads):
+        assert_close(g, cell.get_parameter(name).grad, dtype, name)
 
 
-@pytest.mark.parametrize("dtype, n, per_sequence_identity", [(torch.float32, 11, False), (torch.bfloat16, 6, True)])
-def test_tree_scan_forward_and_every_gradient(dtype, n, per_sequence_identity, device):
-    cell = _cell(device)
+@pytest.mark.parametrize("dtype, n, per_sequence_identity, post_merge",
+                         [(torch.float32, 11, False, 0), (torch.bfloat16, 6, True, 0), (torch.float32, 7, False, 20)])
+def test_tree_scan_forward_and_every_gradient(dtype, n, per_sequence_identity, post_merge, device):
+    cell = _cell(device, post_merge)
     torch.manual_seed(1)
     x = torch.randn(2, n, D, device=device)
     identity = torch.randn(2, D, device=device) if per_sequence_identity else torch.randn(D, device=device)
@@ -68,12 +70,6 @@ def test_tree_scan_forward_and_every_gradient(dtype, n, per_sequence_identity, d
         assert_close(got[3][name], want[3][name], dtype, name)
 
 
-def test_a_post_merge_network_is_refused_by_name():
-    cell = GRCCell(D, 8, 1e-6)
-    with pytest.raises(ValueError, match="post-merge"):
-        grc_exclusive_scan(torch.randn(1, 3, D), cell, torch.zeros(D))
-
-
 def test_the_model_runs_the_kernel_under_impl_triton(device):
     from fsframework.config import ArgrcConfig, AttentionConfig, ModelConfig
     from fsframework.models import build_model
@@ -89,5 +85,5 @@ def test_the_model_runs_the_kernel_under_impl_triton(device):
     reference.loss(tokens, tokens).backward()
     assert_close(fused(tokens), reference(tokens), torch.float32, "logits")
     assert_close(fused.in_proj.weight.grad, reference.in_proj.weight.grad, torch.float32, "in_proj gradient")
-    with pytest.raises(ValueError, match="post-merge"):
-        model("triton", post_merge_mlp_hidden=4)(tokens)
+    with pytest.raises(ValueError, match="GRC cell only"):
+        model("triton", cell="mlp")(tokens)

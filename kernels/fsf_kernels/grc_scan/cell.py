@@ -8,8 +8,9 @@ For `M` pairs `(a, b)` of width `D` (all pairs of a level, every sequence of the
     [g_a, g_b, g_c, c] = y,  u = s(g_a) a + s(g_b) b + s(g_c) c,  m = LN(u) w + beta
 
 Three kernel launches: the first matmul (GELU in its epilogue), the second matmul, and a row
-kernel for the gates and the LayerNorm (a LayerNorm needs whole rows of `D`). The `4D`-wide
-activations are transient: the backward recomputes them from `a` and `b`.
+kernel for the gates and the LayerNorm (a LayerNorm needs whole rows of `D`); a post-merge
+network `m + fc2(GELU(fc1 m))` adds two matmul launches. The `4D`-wide activations are
+transient: the backward recomputes them from `a` and `b`.
 
 Backward, with `xh = (u - mean) * rstd`:
 
@@ -191,9 +192,12 @@ def _pair_args(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int, int, in
 
 
 def cell_params(cell, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """(W1, b1, W2, b2, ln weight, ln bias) of a GRC cell module, in the activations' dtype."""
-    return tuple(p.to(dtype) for p in (cell.w1.weight, cell.w1.bias, cell.w2.weight, cell.w2.bias,
-                                       cell.norm.weight, cell.norm.bias))
+    """(W1, b1, W2, b2, ln weight, ln bias[, fc1 W, fc1 b, fc2 W, fc2 b]) of a GRC cell module
+    (the last four: its post-merge network, when it has one), in the activations' dtype."""
+    params = [cell.w1.weight, cell.w1.bias, cell.w2.weight, cell.w2.bias, cell.norm.weight, cell.norm.bias]
+    if cell.post is not None:
+        params += [cell.post.fc1.weight, cell.post.fc1.bias, cell.post.fc2.weight, cell.post.fc2.bias]
+    return tuple(p.to(dtype) for p in params)
 
 
 def _hidden(a, b, w1, b1, w2, b2, keep_pre: bool):
@@ -207,32 +211,70 @@ def _hidden(a, b, w1, b1, w2, b2, keep_pre: bool):
     return y, g, z
 
 
-def grc_cell_fwd(a: torch.Tensor, b: torch.Tensor, params, eps: float) -> torch.Tensor:
-    """op(a, b) `[M, D]` for `a, b` `[M, D]` or level views `[B, rows, D]` (read in place:
-    e.g. the even and odd positions of a level), rows in batch-major order."""
-    w1, b1, w2, b2, ln_w, ln_b = params
+def _merge(a, b, y, ln_w, ln_b, eps: float) -> torch.Tensor:
+    """m = LayerNorm(gated sum) `[M, D]` from the pair and `y`."""
     d = a.shape[-1]
     m = a.numel() // d
-    y, _, _ = _hidden(a, b, w1, b1, w2, b2, keep_pre=False)
     out = torch.empty((m, d), device=a.device, dtype=a.dtype)
     gates_ln_fwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, ln_b, out, m, d, eps, *_pair_args(a, b),
                                                       BLOCK_M=ROW_BLOCK, BLOCK_D=triton.next_power_of_2(d))
     return out
 
 
+def _post_hidden(merged, fc1_w, fc1_b, keep_pre: bool):
+    """GELU(m fc1^T + b) of the post-merge network (and its pre-activation when asked)."""
+    h = torch.empty((merged.shape[0], fc1_w.shape[0]), device=merged.device, dtype=merged.dtype)
+    pre = torch.empty_like(h) if keep_pre else None
+    _matmul(merged, fc1_w.t(), h, bias=fc1_b, epilogue=GELU, pre=pre)
+    return h, pre
+
+
+def grc_cell_fwd(a: torch.Tensor, b: torch.Tensor, params, eps: float) -> torch.Tensor:
+    """op(a, b) `[M, D]` for `a, b` `[M, D]` or level views `[B, rows, D]` (read in place:
+    e.g. the even and odd positions of a level), rows in batch-major order."""
+    w1, b1, w2, b2, ln_w, ln_b = params[:6]
+    y, _, _ = _hidden(a, b, w1, b1, w2, b2, keep_pre=False)
+    merged = _merge(a, b, y, ln_w, ln_b, eps)
+    if len(params) == 6:
+        return merged
+    fc1_w, fc1_b, fc2_w, fc2_b = params[6:]
+    h, _ = _post_hidden(merged, fc1_w, fc1_b, keep_pre=False)
+    out = torch.empty_like(merged)
+    _matmul(h, fc2_w.t(), out, bias=fc2_b)
+    return out + merged  # residual post-merge network
+
+
+def _post_bwd(merged, dout, fc1_w, fc1_b, fc2_w):
+    """(d merged in fp32, [dfc1 W, dfc1 b, dfc2 W, dfc2 b]) through `m + fc2(GELU(fc1 m))`."""
+    h, pre = _post_hidden(merged, fc1_w, fc1_b, keep_pre=True)
+    dpre = torch.empty_like(h)
+    _matmul(dout, fc2_w, dpre, epilogue=GELU_GRAD, z=pre)  # (dout fc2) * GELU'(pre)
+    dmerged = torch.empty(merged.shape, device=merged.device, dtype=torch.float32)
+    _matmul(dpre, fc1_w, dmerged)
+    dmerged += dout.float()
+    dfc2 = torch.empty(fc2_w.shape, device=merged.device, dtype=torch.float32)
+    _matmul(dout.t(), h, dfc2)
+    dfc1 = torch.empty(fc1_w.shape, device=merged.device, dtype=torch.float32)
+    _matmul(dpre.t(), merged, dfc1)
+    return dmerged, [dfc1, dpre.float().sum(0), dfc2, dout.float().sum(0)]
+
+
 def grc_cell_bwd(a: torch.Tensor, b: torch.Tensor, dm: torch.Tensor, params, eps: float):
-    """(da, db, [dW1, db1, dW2, db2, dln_w, dln_b]) for `m = op(a, b)`, the `4D` activations
-    recomputed. Parameter gradients in fp32."""
-    w1, b1, w2, b2, ln_w, ln_b = params
+    """(da, db, parameter gradients in the order of `cell_params`, fp32) for `out = op(a, b)`
+    and its gradient `dm`; the `4D` activations (and the post-merge hidden ones) recomputed."""
+    w1, b1, w2, b2, ln_w, ln_b = params[:6]
     d = a.shape[-1]
     m = a.numel() // d
     y, g, z = _hidden(a, b, w1, b1, w2, b2, keep_pre=True)
+    dm = dm.reshape(m, d).contiguous()
+    post_grads = []
+    if len(params) > 6:
+        dm, post_grads = _post_bwd(_merge(a, b, y, ln_w, ln_b, eps), dm, params[6], params[7], params[8])
     dy = torch.empty_like(y)
     dab = torch.empty((m, 2 * d), device=a.device, dtype=torch.float32)
     xh = torch.empty((m, d), device=a.device, dtype=torch.float32)
-    gates_ln_bwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, dm.reshape(m, d).contiguous(), dy, dab, xh, m,
-                                                      d, eps, *_pair_args(a, b), BLOCK_M=ROW_BLOCK,
-                                                      BLOCK_D=triton.next_power_of_2(d))
+    gates_ln_bwd_kernel[(triton.cdiv(m, ROW_BLOCK),)](a, b, y, ln_w, dm, dy, dab, xh, m, d, eps, *_pair_args(a, b),
+                                                      BLOCK_M=ROW_BLOCK, BLOCK_D=triton.next_power_of_2(d))
     dz = torch.empty_like(y)
     _matmul(dy, w2, dz, epilogue=GELU_GRAD, z=z)  # (dy W2) * GELU'(z)
     dx = torch.empty((m, 2 * d), device=a.device, dtype=torch.float32)
@@ -243,6 +285,6 @@ def grc_cell_bwd(a: torch.Tensor, b: torch.Tensor, dm: torch.Tensor, params, eps
     dw1 = torch.empty((4 * d, 2 * d), device=a.device, dtype=torch.float32)
     x = torch.cat((a.reshape(m, d), b.reshape(m, d)), dim=1)  # the one copy of the pair, for dW1
     _matmul(dz.t(), x, dw1)
-    dmf = dm.reshape(m, d).float()
-    grads = [dw1, dz.float().sum(0), dw2, dy.float().sum(0), (dmf * xh).sum(0), dmf.sum(0)]
+    dmf = dm.float()
+    grads = [dw1, dz.float().sum(0), dw2, dy.float().sum(0), (dmf * xh).sum(0), dmf.sum(0), *post_grads]
     return dx[:, :d].to(a.dtype).view(a.shape), dx[:, d:].to(b.dtype).view(b.shape), grads

@@ -37,14 +37,15 @@ class GRCTreeScan(torch.autograd.Function):
             if count % 2:
                 right = torch.cat((right, values[:, -1:]), dim=1)
             values = torch.stack((values[:, :(count + 1) // 2], right), dim=2).flatten(1, 2)[:, :count]
-        ctx.eps, ctx.n, ctx.identity_shape, ctx.levels = eps, n, identity.shape, len(ups)
+        ctx.eps, ctx.n, ctx.identity_shape, ctx.levels, ctx.n_params = eps, n, identity.shape, len(ups), len(params)
         ctx.save_for_backward(*params, *ups, *downs)
         return values
 
     @staticmethod
     def backward(ctx, grad):
         saved = ctx.saved_tensors
-        params, ups, downs = saved[:6], saved[6:6 + ctx.levels], saved[6 + ctx.levels:]
+        k = ctx.n_params
+        params, ups, downs = saved[:k], saved[k:k + ctx.levels], saved[k + ctx.levels:]
         eps, n = ctx.eps, ctx.n
         param_grads = [torch.zeros(p.shape, device=p.device, dtype=torch.float32) for p in params]
 
@@ -79,11 +80,8 @@ class GRCTreeScan(torch.autograd.Function):
 
 
 def grc_exclusive_scan(x: torch.Tensor, cell, identity: torch.Tensor) -> torch.Tensor:
-    """`fsframework.ops.scan.exclusive_scan(x, cell, identity)` for a GRC cell module without a
-    post-merge network: `x` `[B, N, D]`, `identity` `[D]` or `[B, D]` -> `[B, N, D]`."""
-    if getattr(cell, "post", None) is not None:
-        raise ValueError("the Triton GRC scan has no post-merge network: run the reference "
-                         "(model.attention.impl=reference) with model.argrc.post_merge_mlp_hidden > 0")
+    """`fsframework.ops.scan.exclusive_scan(x, cell, identity)` for a GRC cell module (with or
+    without its post-merge network): `x` `[B, N, D]`, `identity` `[D]` or `[B, D]` -> `[B, N, D]`."""
     if x.shape[1] == 0:
         return x
     return GRCTreeScan.apply(x, identity, cell.norm.eps, *cell_params(cell, x.dtype))
