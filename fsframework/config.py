@@ -58,6 +58,22 @@ class AttentionConfig:
 
 
 @dataclass
+class ArgrcConfig:
+    """AR-GRC, the log-depth recurrent LM (model.name=argrc, docs/argrc.md): `model.d_model` is
+    the embedding width E, `d_state` the scan width D."""
+
+    d_state: int = 0  # D; 0: model.d_model
+    post_embed_mlp_hidden: int = 0  # residual position-wise MLP after Linear(E -> D); 0: none
+    post_merge_mlp_hidden: int = 0  # residual MLP after each composition; 0: none
+    cell: str = "grc"  # grc (gated recursive cell) | mlp (the MLP-operator ablation)
+    identity: str = "learned"  # the root value of the down-sweep: learned | zeros
+
+
+ARGRC_CELLS = ("grc", "mlp")
+ARGRC_IDENTITIES = ("learned", "zeros")
+
+
+@dataclass
 class ModelConfig:
     name: str = "tfpp"  # a kind of fsframework.models.registry
     vocab_size: int = 260
@@ -68,7 +84,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
+    dropout: float = 0.0  # on the embeddings and every residual branch (AR-GRC: embeddings, MLPs, scan output)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    argrc: ArgrcConfig = field(default_factory=ArgrcConfig)  # model.name=argrc only
 
     @property
     def head_dim(self) -> int:
@@ -160,6 +178,12 @@ class TrainConfig:
     # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
     short_seq_len: int = 0
     short_seq_steps: int = 0
+    # validation perplexity on the held-out split every `eval_every` steps (0: never), over
+    # `eval_batches` micro-batches; early stopping after `early_stop_patience` evaluations
+    # in a row without a new best (0: never stop early)
+    eval_every: int = 0
+    eval_batches: int = 4
+    early_stop_patience: int = 0
 
 
 @dataclass
@@ -288,6 +312,31 @@ def _check_fsb(a: AttentionConfig) -> None:
     if a.fsb_beam_width < a.fsb_top_k:
         raise ConfigError(f"model.attention.fsb_beam_width={a.fsb_beam_width} must be >= "
                           f"model.attention.fsb_top_k={a.fsb_top_k}")
+def _check_validation(cfg: Config) -> None:
+    t = cfg.train
+    _positive("train.eval_every", t.eval_every, zero_ok=True)
+    _positive("train.eval_batches", t.eval_batches)
+    _positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
+    if t.early_stop_patience and not t.eval_every:
+        raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
+                          "(early stopping counts validation evaluations)")
+
+
+def _check_argrc(cfg: Config) -> None:
+    """AR-GRC keys (docs/argrc.md), and the model-wide dropout."""
+    g = cfg.model.argrc
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={cfg.model.dropout} must lie in [0, 1)")
+    _choice("model.argrc.cell", g.cell, ARGRC_CELLS)
+    _choice("model.argrc.identity", g.identity, ARGRC_IDENTITIES)
+    for key in ("d_state", "post_embed_mlp_hidden", "post_merge_mlp_hidden"):
+        _positive(f"model.argrc.{key}", getattr(g, key), zero_ok=True)
+    if cfg.model.name == "argrc" and cfg.parallel.sp > 1 and cfg.parallel.zero_stage == 3:
+        # ranks of an SP group apply the cell different numbers of times (their slices hold different
+        # trees), and ZeRO-3 gathers a module's parameters with a world collective at every call
+        raise ConfigError("parallel.zero_stage=3 with parallel.sp > 1 is not supported for model.name=argrc "
+                          "(ranks apply the cell different numbers of times; ZeRO-3 gathers its parameters "
+                          "at every application): use parallel.zero_stage <= 2")
 
 
 def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:
@@ -372,6 +421,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"data.eval_fraction={cfg.data.eval_fraction} must lie in [0, 1)")
     _check_short_sequences(cfg)
     _check_copy_warmup(cfg)
+    _check_argrc(cfg)
+    _check_validation(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg

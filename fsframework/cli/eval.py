@@ -12,7 +12,8 @@ from fsframework.cli.common import fail
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),
              tasks: str = typer.Option("perplexity", help="comma-separated task names"),
-             lengths: Optional[str] = typer.Option(None, help="comma-separated lengths (default: eval.lengths)"),
+             lengths: Optional[str] = typer.Option(None, help="comma-separated lengths or FIRST:LAST:STEP ranges, "
+                                                   "LAST included: 32:2976:128 (default: eval.lengths)"),
              num_samples: int = typer.Option(10, help="samples per task and length"),
              batch_size: int = typer.Option(0, help="0: eval.batch_size of the checkpoint's config"),
              seed: int = typer.Option(0),
@@ -24,8 +25,29 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
 
     try:
         evaluate_checkpoint(checkpoint, tasks=[t.strip() for t in tasks.split(",") if t.strip()],
-                            lengths=[int(x) for x in lengths.split(",")] if lengths else None,
+                            lengths=parse_lengths(lengths) if lengths else None,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
                             overrides=overrides or [])
     except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
+
+
+def parse_lengths(text: str) -> list[int]:
+    """`--lengths`: comma-separated lengths and `FIRST:LAST:STEP` ranges (LAST included when the
+    steps land on it): "32:2976:128" is 32, 160, ..., 2976 (the AR-GRC paper's protocol)."""
+    found = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        pieces = item.split(":")
+        try:
+            numbers = [int(p) for p in pieces]
+        except ValueError:
+            raise ValueError(f"--lengths item {item!r} is not a length or a FIRST:LAST:STEP range") from None
+        if len(numbers) == 1:
+            found.extend(numbers)
+        elif len(numbers) == 3 and numbers[2] > 0 and numbers[0] <= numbers[1]:
+            found.extend(range(numbers[0], numbers[1] + 1, numbers[2]))
+        else:
+            raise ValueError(f"--lengths range {item!r} must be FIRST:LAST:STEP with FIRST <= LAST and STEP > 0")
+    if not found or min(found) < 1:
+        raise ValueError(f"--lengths {text!r} must list positive lengths")
+    return found

@@ -36,6 +36,11 @@ class SwiGLU(nn.Module):
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
+def dropout(p: float) -> nn.Module:
+    """`model.dropout` as a module: Identity when 0, so a model without dropout draws no random numbers."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 def sinusoidal_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Vaswani et al. absolute position table `[T, dim]` for integer positions `[T]`."""
     half = dim // 2

@@ -69,6 +69,9 @@ def supports_decode_cache(model: nn.Module) -> bool:
     """True for registry language models that are not sequence parallel."""
     from fsframework.models.attention import QKVAttention
 
+    if hasattr(model, "make_decode_cache"):  # a language model with a cached form of its own (AR-GRC)
+        return getattr(model, "_sp", None) is None
+
     layers = getattr(model, "layers", None)
     return (layers is not None and hasattr(model, "hidden_states") and getattr(model, "_sp", None) is None
             and all(isinstance(layer.attn, QKVAttention) for layer in layers))
@@ -80,4 +83,4 @@ def decode_cache(model: nn.Module) -> Iterator[DecodeCache]:
     if not supports_decode_cache(model):
         raise TypeError(f"{type(model).__name__} has no cached decoding form (needs a registry language model "
                         "that is not sequence parallel)")
-    yield DecodeCache(model)
+    yield model.make_decode_cache() if hasattr(model, "make_decode_cache") else DecodeCache(model)

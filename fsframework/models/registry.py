@@ -30,14 +30,21 @@ class AttentionKind:
     freesolo: bool = False  # a FreeSolo model: query blocks, cells, routing (model.attention.*)
     trainable: bool = True  # False: a read path over another kind's weights (`fsf train` refuses it)
     trained_as: str = ""  # for a kind that is not trainable: the kind to train instead
+    # a whole language model of its own ("package.module:Class", built from the ModelConfig) instead
+    # of a TransformerLM around `module`; it brings its own cached decoding and sequence parallelism
+    language_model: Optional[str] = None
 
     def key_span(self, attention: AttentionConfig) -> Optional[int]:
         """How many keys before its queries the offset form reads: None for the whole prefix."""
         return attention.window if self.keys == "window" else None
 
     def module_class(self) -> type:
-        path, _, cls = self.module.partition(":")
-        return getattr(importlib.import_module(path), cls)
+        return _import(self.module)
+
+
+def _import(target: str) -> type:
+    path, _, cls = target.partition(":")
+    return getattr(importlib.import_module(path), cls)
 
 
 _ATTENTION = "fsframework.models.attention"
@@ -55,6 +62,9 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   freesolo=True, trainable=False, trained_as="fs"),
     AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
                   "runway-rewired causal attention, RoPE (docs/rewired.md)"),
+    # AR-GRC has no attention (no module, no keys): a learned cell composed by a tree scan
+    AttentionKind("argrc", "", "", "AR-GRC: log-depth recurrent LM, a gated cell over a Blelloch scan",
+                  language_model="fsframework.models.argrc:ARGRCLanguageModel"),
 )}
 
 MODEL_NAMES = tuple(KINDS)
@@ -81,6 +91,8 @@ def build_model(cfg: ModelConfig):
     from fsframework.models.transformer import TransformerLM
 
     kind = attention_kind(cfg.name)
+    if kind.language_model is not None:
+        return _import(kind.language_model)(cfg)
     cls, span = kind.module_class(), kind.key_span(cfg.attention)
     return TransformerLM(cfg, lambda c, i: cls(c, i, span), absolute_positions=kind.absolute_positions)
 

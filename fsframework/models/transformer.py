@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fsframework.config import ModelConfig
-from fsframework.models.blocks import RMSNorm, SwiGLU, sinusoidal_table
+from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.models.losses import lm_losses
 
@@ -24,10 +24,11 @@ class DecoderBlock(nn.Module):
         self.attn = attention
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.ffn_hidden)
+        self.drop = dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), source)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.drop(self.attn(self.attn_norm(x), source))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
 class TransformerLM(nn.Module):
@@ -37,6 +38,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.absolute_positions = absolute_positions
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed_drop = dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderBlock(cfg, attention_factory(cfg, i)) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -72,6 +74,7 @@ class TransformerLM(nn.Module):
         if self.absolute_positions:
             pos = torch.arange(source.start, source.start + tokens.shape[1], device=tokens.device)
             x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
+        x = self.embed_drop(x)
         for layer in self.layers:
             x = layer(x, source)
         return self.norm(x)

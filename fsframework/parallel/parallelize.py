@@ -43,6 +43,18 @@ class SPLanguageModel:
         return sequence_parallel_losses(self(tokens), targets, weights, self._sp)[0]
 
 
+class SPOwnLanguageModel(SPLanguageModel):
+    """A language model with a sequence-parallel form of its own (`sharded_hidden_states`,
+    e.g. AR-GRC's scan, docs/argrc.md §6): the model computes, this layer communicates."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        from fsframework.parallel.scan import root_gatherer
+
+        sp: SPContext = self._sp
+        sp.begin(tokens.shape[1])
+        return self.lm_head(self.sharded_hidden_states(tokens, sp.slices, sp.rank, root_gatherer(sp)))
+
+
 _SWAPPED: dict[type, type] = {}
 
 
@@ -68,17 +80,18 @@ def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups]
         return model
     if getattr(model, "_sp", None) is not None:
         raise ValueError("model is already parallelized")
-    if not isinstance(model, TransformerLM):
+    own_form = hasattr(model, "sharded_hidden_states")
+    if not (own_form or isinstance(model, TransformerLM)):
         raise TypeError(f"sequence parallelism supports the registry's language models, got {type(model).__name__}")
     groups = groups or init_groups(sp_size)
     if groups.sp != sp_size:
         raise ValueError(f"process groups were made for sp={groups.sp}, parallel.sp={sp_size}")
     sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size)
-    for layer in model.layers:
+    for layer in [] if own_form else model.layers:
         if not isinstance(layer.attn, QKVAttention):
             raise TypeError(f"attention {type(layer.attn).__name__} is not in the offset form of "
                             "fsframework.models.attention, so it cannot take keys from other ranks")
-    _swap(model, SPLanguageModel, sp)
+    _swap(model, SPOwnLanguageModel if own_form else SPLanguageModel, sp)
     return model
 
 

@@ -32,6 +32,8 @@ from fsframework.train.schedule import lr_factor
 class TrainState:
     step: int = 0  # optimizer steps taken
     tokens: int = 0  # training tokens consumed (all ranks)
+    best_val_ppl: float = float("inf")  # validation perplexity (train.eval_every), best so far
+    evals_since_best: int = 0  # evaluations in a row without a new best (early stopping)
 
 
 class LanguageModelingLoss(nn.Module):
@@ -131,8 +133,9 @@ class Trainer:
                                               f"{cfg.model.name}: {exc}") from None
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
-        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters, "
-                 f"{cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads")
+        shape = (f", {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads"
+                 if hasattr(model, "layers") else f", d_model {cfg.model.d_model}")  # AR-GRC has no layers
+        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
         optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -216,6 +219,50 @@ class Trainer:
             metrics["plain_loss"] = float(both[1])
         return metrics
 
+    def validation_perplexity(self) -> float:
+        """Perplexity on the first `train.eval_batches` micro-batches of the held-out split (the
+        same windows at every evaluation), through the training loss path: the same for every
+        model, sequence parallelism and ZeRO stage; averaged over all ranks."""
+        from fsframework.data.loader import data_streams
+        from fsframework.eval.perplexity import heldout_tokens
+
+        cfg = self.cfg
+        if not hasattr(self, "_val_windows"):
+            length, rows = cfg.data.seq_len, cfg.train.eval_batches * cfg.data.micro_batch_size
+            stream = torch.from_numpy(heldout_tokens(data_streams(cfg, "eval", build=False)[0][0], rows * (length + 1)))
+            count = min(rows, len(stream) // (length + 1))
+            if count == 0:
+                raise ValueError(f"train.eval_every: the held-out split has no window of data.seq_len + 1 = "
+                                 f"{length + 1} tokens")
+            self._val_windows = stream[:count * (length + 1)].view(count, length + 1)
+        windows, dev = self._val_windows, self.engine.device
+        self.engine.eval()
+        losses = []
+        with torch.no_grad():
+            for start in range(0, len(windows), cfg.data.micro_batch_size):
+                batch = windows[start:start + cfg.data.micro_batch_size].to(dev)
+                self.engine(batch[:, :-1], batch[:, 1:])
+                losses.append(self.engine.module.last_plain_loss)
+        self.engine.train()
+        loss = torch.stack(losses).mean().float()
+        if self.dist.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(loss)
+            loss /= self.dist.world_size
+        return float(torch.exp(loss))
+
+    def early_stop(self, ppl: float) -> bool:
+        """Record a validation perplexity; True when `train.early_stop_patience` evaluations in a
+        row brought no new best. An improvement must beat the best by more than one part in a
+        million (float noise is no progress)."""
+        if ppl < self.state.best_val_ppl * (1 - 1e-6):
+            self.state.best_val_ppl, self.state.evals_since_best = ppl, 0
+        else:
+            self.state.evals_since_best += 1
+        patience = self.cfg.train.early_stop_patience
+        return bool(patience) and self.state.evals_since_best >= patience
+
     def fit(self) -> TrainState:
         cfg = self.cfg
         self.build()
@@ -226,6 +273,8 @@ class Trainer:
         self.engine.train()
         try:
             last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
+            if cfg.train.early_stop_patience and self.state.evals_since_best >= cfg.train.early_stop_patience:
+                last = self.state.step  # a resumed run that had already stopped early
             while self.state.step < last:
                 start = time.perf_counter()
                 self.faults.maybe_fail(self.state.step + 1)
@@ -234,14 +283,24 @@ class Trainer:
                 elapsed = time.perf_counter() - start
                 self.state.step += 1
                 self.state.tokens += tokens_per_step
-                if self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps:
+                stop = False
+                if cfg.train.eval_every and self.state.step % cfg.train.eval_every == 0:
+                    metrics["val_ppl"] = self.validation_perplexity()
+                    stop = self.early_stop(metrics["val_ppl"])
+                    metrics["best_val_ppl"] = self.state.best_val_ppl
+                if (self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps
+                        or "val_ppl" in metrics):
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens,
                                  "tokens_per_s": tokens_per_step / elapsed,
                                  "memory_mb": _memory_mb(self.dist.device)})
                 else:
                     monitor.advance(self.state.step)
-                if self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last:
+                if self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last or stop:
                     self.save()
+                if stop:
+                    self.log(f"early stop at step {self.state.step}: validation perplexity has not improved on "
+                             f"{self.state.best_val_ppl:.3f} for {cfg.train.early_stop_patience} evaluations")
+                    break
         finally:
             monitor.close()
         return self.state

@@ -30,6 +30,7 @@ _KERNEL_MODULES = (
     "fsf_kernels.cell_routing.cell_routing",
     "fsf_kernels.cell_readout.cell_readout",
     "fsf_kernels.rewired_attention.rewired_attention",
+    "fsf_kernels.grc_scan.cell",
 )
 
 

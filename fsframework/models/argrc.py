@@ -1,0 +1,292 @@
+"""AR-GRC: the log-depth recurrent language model (docs/argrc.md).
+
+tokens -> embedding (E) -> LayerNorm -> Linear(E -> D) -> optional residual MLP -> leaves
+`h` (D); an exclusive tree scan (`fsframework.ops.scan`) composes the leaves with a learned
+cell from a root value `e` (learned or zeros); the prefix covering tokens `0..t` is
+projected by Linear(D -> E) and decoded with the (tied) embedding matrix to predict token
+`t + 1`. No positional encoding: the tree is the only notion of order.
+
+Legend: B batch, T time, E embedding width (`model.d_model`), D scan width
+(`model.argrc.d_state`), V vocab, M rows of one cell call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fsframework.config import ModelConfig
+from fsframework.models.blocks import dropout
+from fsframework.models.losses import lm_losses
+from fsframework.ops.dispatch import kernel_for
+from fsframework.ops.scan import down_sweep, exclusive_scan, up_sweep
+
+
+class ResidualMLP(nn.Module):
+    """`x + W2 GELU(W1 x + b1) + b2`, position-wise (docs/argrc.md §1, §3)."""
+
+    def __init__(self, dim: int, hidden: int, p: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+class GRCCell(nn.Module):
+    """The gated recursive cell `op(a, b)` (docs/argrc.md §3):
+
+        [g_a, g_b, g_c, c] = W2 GELU(W1 [a; b] + b1) + b2
+        m = LayerNorm(sigmoid(g_a) a + sigmoid(g_b) b + sigmoid(g_c) c)
+        op(a, b) = m + PostMLP(m)   (m alone without a post-merge network)
+
+    No dropout inside: the cell is the same function wherever it runs (the scan, the
+    decode cache, the levels that sequence-parallel ranks compute redundantly).
+    """
+
+    def __init__(self, dim: int, post_merge_hidden: int, eps: float):
+        super().__init__()
+        self.dim = dim
+        self.w1 = nn.Linear(2 * dim, 4 * dim)
+        self.w2 = nn.Linear(4 * dim, 4 * dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.post = ResidualMLP(dim, post_merge_hidden) if post_merge_hidden else None
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a, b `[M, D]` -> `[M, D]`."""
+        g_a, g_b, g_c, c = self.w2(F.gelu(self.w1(torch.cat((a, b), dim=-1)))).chunk(4, dim=-1)
+        m = self.norm(torch.sigmoid(g_a) * a + torch.sigmoid(g_b) * b + torch.sigmoid(g_c) * c)
+        return self.post(m) if self.post is not None else m
+
+
+class MLPCell(nn.Module):
+    """The MLP-operator ablation (docs/argrc.md §3, our reading of an unpublished form):
+    `LayerNorm(W2 GELU(W1 [a; b] + b1) + b2)`, `W1: 2D -> 4D`, `W2: 4D -> D`, then the same
+    post-merge network as the GRC."""
+
+    def __init__(self, dim: int, post_merge_hidden: int, eps: float):
+        super().__init__()
+        self.w1 = nn.Linear(2 * dim, 4 * dim)
+        self.w2 = nn.Linear(4 * dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.post = ResidualMLP(dim, post_merge_hidden) if post_merge_hidden else None
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        m = self.norm(self.w2(F.gelu(self.w1(torch.cat((a, b), dim=-1)))))
+        return self.post(m) if self.post is not None else m
+
+
+class ARGRCLanguageModel(nn.Module):
+    """`model.name=argrc`. `forward(tokens [B, T]) -> logits [B, T, V]`, logits at `t` from the
+    prefix covering tokens `0..t` (the exclusive prefix at `t + 1`); the prefix at 0 (the root
+    value alone) is never scored (docs/argrc.md §4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        g = cfg.argrc
+        width, state = cfg.d_model, g.d_state or cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, width)
+        self.embed_drop = dropout(cfg.dropout)
+        self.in_norm = nn.LayerNorm(width, eps=cfg.norm_eps)
+        self.in_proj = nn.Linear(width, state)
+        self.post_embed = ResidualMLP(state, g.post_embed_mlp_hidden, cfg.dropout) if g.post_embed_mlp_hidden else None
+        cell = GRCCell if g.cell == "grc" else MLPCell
+        self.cell = cell(state, g.post_merge_mlp_hidden, cfg.norm_eps)
+        if g.identity == "learned":
+            self.identity = nn.Parameter(torch.empty(state))
+        else:  # not in the state dict: nothing to learn or load
+            self.register_buffer("identity", torch.zeros(state), persistent=False)
+        self.out_drop = dropout(cfg.dropout)
+        self.out_proj = nn.Linear(state, width)
+        self.lm_head = nn.Linear(width, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """Linear/Embedding weights N(0, init_std), zero biases, LayerNorms at identity; a learned
+        root value N(0, 1), the scale of a LayerNorm output like every composed value."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        if isinstance(self.identity, nn.Parameter):
+            with torch.no_grad():
+                self.identity.normal_()
+
+    # --- the pieces, shared by the full pass, the decode cache and sequence parallelism ---
+
+    @property
+    def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return self.cell
+
+    def leaves(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens `[B, n]` -> scan inputs `[B, n, D]` (position-wise: any slice of a sequence)."""
+        h = self.in_proj(self.in_norm(self.embed_drop(self.embed(tokens))))
+        return self.post_embed(h) if self.post_embed is not None else h
+
+    def readout(self, prefixes: torch.Tensor) -> torch.Tensor:
+        """Prefix states `[B, n, D]` -> final hidden states `[B, n, E]` (the lm_head's input)."""
+        return self.out_proj(self.out_drop(prefixes))
+
+    def inclusive_prefixes(self, h: torch.Tensor) -> torch.Tensor:
+        """`[B, T, D]` -> `[B, T, D]`: row `t` covers leaves `0..t`. The exclusive scan of `T + 1`
+        rows, dropping row 0; row `T` of an exclusive scan never reads leaf `T`, so a zero row
+        stands there. `model.attention.impl` picks the Triton tree kernel or the reference."""
+        padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
+        identity = self.identity.to(h.dtype)
+        impl = self.cfg.attention.impl
+        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
+        fused = isinstance(self.cell, GRCCell)  # what the kernel implements
+        if kernel is not None and not fused and impl == "triton":
+            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "
+                             "use impl=auto or reference with model.argrc.cell=mlp")
+        if kernel is not None and fused:
+            return kernel(padded, self.cell, identity)[:, 1:]
+        return exclusive_scan(padded, self.combine, identity)[:, 1:]
+
+    # --- the language-model interface of the registry's models ---
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens `[B, T]` -> final hidden states `[B, T, E]`."""
+        return self.readout(self.inclusive_prefixes(self.leaves(tokens)))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens `[B, T]` -> logits `[B, T, V]`."""
+        return self.lm_head(self.hidden_states(tokens))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        return lm_losses(self(tokens), targets, weights)[0]
+
+    def make_decode_cache(self) -> "ScanDecodeCache":
+        """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it)."""
+        return ScanDecodeCache(self)
+
+    def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
+                              gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
+        """Sequence parallelism (docs/argrc.md §6): this rank's hidden states `[B, e - s, E]` for
+        its slice `(s, e) = slices[rank]` of the tokens `[B, N]`, equal to the single-process ones.
+
+        gather_roots: `[K, B, D]` (this rank's block roots) -> the list over ranks of every
+        rank's `[K_r, B, D]` (the communication, supplied by `fsframework.parallel`).
+        """
+        start, end = slices[rank]
+        h = self.leaves(tokens[:, start:end])
+        return self.readout(sharded_inclusive_prefixes(h, self.combine, self.identity.to(h.dtype), slices, rank,
+                                                       gather_roots))
+
+
+# --- sequence parallelism: the math; the communication is the caller's ---
+
+def aligned_blocks(start: int, end: int) -> list[tuple[int, int]]:
+    """`[start, end)` as the fewest aligned dyadic blocks `(first, size)`, left to right
+    (`size` a power of two dividing `first`): at most `2 log2(end - start) + 2` of them."""
+    blocks, pos = [], start
+    while pos < end:
+        size = pos & -pos if pos else 1 << (end - 1).bit_length()
+        while pos + size > end:
+            size //= 2
+        blocks.append((pos, size))
+        pos += size
+    return blocks
+
+
+def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor, slices: list[tuple[int, int]],
+                               rank: int, gather_roots) -> torch.Tensor:
+    """`inclusive_prefixes` of the slice `slices[rank]` of a sequence from its leaves `h` only
+    (docs/argrc.md §6). Each rank cuts its slice into aligned blocks and reduces them; ranks
+    exchange those roots (D numbers per block and sequence); every root of a larger aligned
+    block before the slice is then computed redundantly from them, the prefix at each local
+    block start is the fold over its dyadic blocks, and the down-sweep inside a block is local.
+    """
+    start, end = slices[rank]
+    local = aligned_blocks(start, end)
+    levels = [up_sweep(h[:, first - start:first - start + size], combine) for first, size in local]
+    own_roots = torch.stack([lv[-1][:, 0] for lv in levels]) if levels else h.new_zeros(0, h.shape[0], h.shape[2])
+    gathered = gather_roots(own_roots)
+    known: dict[tuple[int, int], torch.Tensor] = {}
+    for r, (s, e) in enumerate(slices):
+        # this rank's own roots too come from the gather: every rank's backward then runs the
+        # gather's backward, which returns the other ranks' gradients on its roots
+        for i, block in enumerate(aligned_blocks(s, e)):
+            known[block] = gathered[r][i]
+
+    def root(first: int, size: int) -> torch.Tensor:
+        if (first, size) not in known:  # a block over several ranks' blocks: from its halves
+            half = size // 2
+            known[(first, size)] = combine(root(first, half), root(first + half, half))
+        return known[(first, size)]
+
+    def prefix(position: int) -> torch.Tensor:
+        value, first = identity.expand(h.shape[0], -1), 0
+        for bit in reversed(range(position.bit_length())):
+            if position >> bit & 1:
+                value = combine(value, root(first, 1 << bit))
+                first += 1 << bit
+        return value
+
+    parts = [down_sweep(lv, combine, prefix(first)) for lv, (first, _) in zip(levels, local)]
+    exclusive = torch.cat(parts + [prefix(end)[:, None]], dim=1)  # exclusive prefixes at start .. end
+    return exclusive[:, 1:]
+
+
+class ScanDecodeCache:
+    """Cached decoding for AR-GRC (docs/argrc.md §5): the roots of the completed dyadic blocks
+    of the tokens seen so far, largest first (a binary counter: at most log2(T) + 1 of them).
+    A new token pushes its leaf and merges equal-sized blocks; its prefix is the fold of the
+    cell over the stack from the root value. O(log T) cell calls and memory per token.
+
+    Same interface as `fsframework.models.decode_cache.DecodeCache`: `forward(tokens [B, n])`
+    at positions `[length, length + n)` -> final hidden states `[B, n, E]`.
+    """
+
+    def __init__(self, model: ARGRCLanguageModel):
+        self.model = model
+        self.length = 0
+        self.blocks: list[tuple[int, torch.Tensor]] = []  # (size, root [B, D]), sizes decreasing
+
+    @property
+    def start(self) -> int:
+        return self.length
+
+    def _push(self, leaf: torch.Tensor) -> None:
+        self.blocks.append((1, leaf))
+        while len(self.blocks) >= 2 and self.blocks[-1][0] == self.blocks[-2][0]:
+            (size, right), (_, left) = self.blocks.pop(), self.blocks.pop()
+            self.blocks.append((2 * size, self.model.combine(left, right)))
+
+    def _state(self, batch: int) -> torch.Tensor:
+        value = self.model.identity.expand(batch, -1)
+        for _, root in self.blocks:
+            value = self.model.combine(value, root.to(value.dtype))
+        return value
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.ndim != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must be [B, n] with n >= 1, got {tuple(tokens.shape)}")
+        h = self.model.leaves(tokens)
+        if self.length == 0:  # prefill: the full scan, and the stack read off its up-sweep
+            prefixes = self.model.inclusive_prefixes(h)
+            levels, first, n = up_sweep(h, self.model.combine), 0, h.shape[1]
+            for bit in reversed(range(n.bit_length())):
+                if n >> bit & 1:
+                    self.blocks.append((1 << bit, levels[bit][:, first >> bit]))
+                    first += 1 << bit
+        else:
+            states = []
+            for t in range(h.shape[1]):
+                self._push(h[:, t])
+                states.append(self._state(h.shape[0]))
+            prefixes = torch.stack(states, dim=1)
+        self.length += tokens.shape[1]
+        return self.model.readout(prefixes)

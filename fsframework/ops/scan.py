@@ -1,0 +1,89 @@
+"""Exclusive prefix scan over a balanced binary tree with an arbitrary (learned) combine.
+
+The Blelloch scan of docs/argrc.md §2: an up-sweep combines adjacent pairs level by
+level and keeps every level; a down-sweep starts from the identity at the root, a left
+child receiving its parent's value and a right child `combine(parent value, up-sweep
+value of its left sibling)`. The combine need not be associative, so the tree is part
+of the definition: the row at `t` is `combine(...combine(combine(e, S_1), S_2)..., S_m)`
+over the dyadic blocks `S_1 .. S_m` of `t` (largest first), each block reduced by its
+own balanced tree. The tree is aligned at position 0 and only complete blocks are ever
+formed, so a row depends on neither the total length nor anything after it, and any
+length works without padding.
+
+Legend: B batch, N positions, D width, M rows handed to one combine call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _checked(combine: Combine, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`combine(a, b)` on `[B, m, D]` operands as one batched call on `[B * m, D]` rows."""
+    batch, m, width = a.shape
+    out = combine(a.reshape(batch * m, width), b.reshape(batch * m, width))
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (batch * m, width):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"combine must map two [M, D] = [{batch * m}, {width}] tensors to [M, D], returned {got}")
+    return out.reshape(batch, m, width)
+
+
+def up_sweep(x: torch.Tensor, combine: Combine) -> list[torch.Tensor]:
+    """Every level of the up-sweep: level `l` `[B, N // 2**l, D]` holds the roots of the
+    complete aligned blocks of `2**l` positions (level 0 is `x`). One combine call per level."""
+    levels = [x]
+    while levels[-1].shape[1] >= 2:
+        below = levels[-1]
+        pairs = below.shape[1] // 2
+        levels.append(_checked(combine, below[:, 0:2 * pairs:2], below[:, 1:2 * pairs:2]))
+    return levels
+
+
+def down_sweep(levels: list[torch.Tensor], combine: Combine, initial: torch.Tensor) -> torch.Tensor:
+    """The exclusive prefixes `[B, N, D]` from the up-sweep `levels` of `N` positions, the
+    root receiving `initial` `[B, D]`. One combine call per level."""
+    n = levels[0].shape[1]
+    height = max(n - 1, 0).bit_length()  # the root block 2**height covers [0, n)
+    values = initial[:, None, :]  # values of the nodes at level `height` that start before n
+    for level in range(height - 1, -1, -1):
+        count = -(-n // 2**level)  # nodes of this level starting before n
+        rights = count // 2  # right children: their left siblings are complete blocks
+        right_values = _checked(combine, values[:, :rights], levels[level][:, 0:2 * rights:2])
+        if count % 2:  # the last node is a left child without a right sibling
+            right_values = torch.cat((right_values, values[:, -1:]), dim=1)
+        values = torch.stack((values[:, :(count + 1) // 2], right_values), dim=2).flatten(1, 2)[:, :count]
+    return values
+
+
+def exclusive_scan(x: torch.Tensor, combine: Combine, identity: torch.Tensor) -> torch.Tensor:
+    """Exclusive tree prefixes of `x` `[B, N, D]` under `combine` (docs/argrc.md §2).
+
+    combine: maps two `[M, D]` tensors to `[M, D]`; called once per tree level on all the
+    pairs of that level (`2 * ceil(log2 N)` calls in all, `O(N)` rows).
+    identity: `[D]` (the value at the root, e.g. a learned vector), or `[B, D]` (one per
+    sequence: the prefix of the positions before this slice under sequence parallelism).
+    Returns `[B, N, D]`; row `t` covers positions `< t` (row 0 is the identity).
+    """
+    if x.ndim != 3:
+        raise ValueError(f"x must be [B, N, D], got shape {tuple(x.shape)}")
+    batch, _, width = x.shape
+    if identity.shape == (width,):
+        identity = identity.expand(batch, width)
+    elif identity.shape != (batch, width):
+        raise ValueError(f"identity must be [D] = [{width}] or [B, D] = [{batch}, {width}], "
+                         f"got shape {tuple(identity.shape)}")
+    if x.shape[1] == 0:
+        return x
+    return down_sweep(up_sweep(x, combine), combine, identity.to(x.dtype))
+
+
+def block_roots(x: torch.Tensor, combine: Combine) -> torch.Tensor:
+    """The root `[B, D]` of `x` `[B, 2**k, D]` reduced by its balanced tree."""
+    n = x.shape[1]
+    if n & (n - 1) or n == 0:
+        raise ValueError(f"a block root needs a power-of-two length, got {n}")
+    return up_sweep(x, combine)[-1][:, 0]
