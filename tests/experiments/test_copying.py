@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from fsframework.config import AttentionConfig
+
 from experiments.copying import copy_losses, copying_onset
 from fsframework.data.synthetic import repeat_batch
 from tests.utils import REPO
@@ -117,7 +119,8 @@ def test_copy_drill_saves_the_model_and_continues_from_it(tmp_path):
     main([*fs, "--steps", "0", "--init", str(tmp_path / "drill.pt"), "--init-shared", "--save", str(tmp_path / "fs.pt")])
     tfpp, upcycled = (torch.load(tmp_path / name, weights_only=True)["model"] for name in ("drill.pt", "fs.pt"))
     assert all(torch.equal(tensor, upcycled[name]) for name, tensor in tfpp.items())
-    assert set(upcycled) - set(tfpp) and all(torch.equal(upcycled[name], torch.ones_like(upcycled[name]))
+    initial_gain = AttentionConfig().readout_gain  # FreeSolo's own tensors keep their initial values
+    assert set(upcycled) - set(tfpp) and all(torch.equal(upcycled[name], torch.full_like(upcycled[name], initial_gain))
                                              for name in upcycled if name.endswith("lr_norm_weight"))
     with pytest.raises(SystemExit, match="does not have"):  # an FS model's extras do not fit TF++
         main([*small, "--steps", "0", "--init", str(tmp_path / "fs.pt"), "--init-shared"])
