@@ -169,18 +169,6 @@ def verify(ckpt: Path) -> None:
                                   "manifest's)")
 
 
-def verified_checkpoints(ckpt_root: Path, log: Callable[[str], Any] = print) -> list[Path]:
-    """The checkpoints of `ckpt_root` that verify, oldest first; each one skipped is logged."""
-    good = []
-    for ckpt in list_checkpoints(ckpt_root):
-        try:
-            verify(ckpt)
-            good.append(ckpt)
-        except CheckpointError as exc:
-            log(f"skipping checkpoint: {exc}")
-    return good
-
-
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete-looking checkpoint directories, oldest first."""
     if not ckpt_root.is_dir():
