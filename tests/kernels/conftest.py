@@ -26,6 +26,7 @@ if "TRITON_INTERPRET" not in os.environ:
 # the kernel modules whose fresh torch.empty outputs are poisoned below
 _KERNEL_MODULES = (
     "fsf_kernels.common.rope",
+    "fsf_kernels.common.softmax_bwd",
     "fsf_kernels.window_attention.window_attention",
     "fsf_kernels.cell_routing.cell_routing",
     "fsf_kernels.cell_readout.cell_readout",

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim
+from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
@@ -36,6 +37,18 @@ _TILE = 64  # query and key tile rows; halved for wide fp32 rows, see `tiles`
 def _softplus(x):
     # log(1 + e^x) without overflow
     return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+
+@triton.jit
+def _rewired_logits(a, b, ra, ub, diff, qk_scale, PREC: tl.constexpr):
+    """Base-2 logits `a b^T * qk_scale` with the runway bias `-softplus(tau)`, `tau = ra ub^T`,
+    where `diff = t - m >= 2` (the forward's `[BM, BN]` tiles, or the key-major `[BN, BM]` ones).
+    Returns (logits, tau, biased)."""
+    s = tl.dot(a, tl.trans(b), input_precision=PREC) * qk_scale
+    tau = tl.dot(ra, tl.trans(ub), input_precision=PREC)
+    biased = diff >= 2
+    s = s - tl.where(biased, _softplus(tau), 0.0) * 1.4426950408889634  # log2(e): the logits are base 2
+    return s, tau, biased
 
 
 @triton.jit
@@ -70,10 +83,8 @@ def rewired_fwd_kernel(
         b_k = tl.load(k + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
         b_v = tl.load(v + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
         b_u = tl.load(u + cols * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
-        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
-        tau = tl.dot(b_r, tl.trans(b_u), input_precision=PREC)
         diff = t[:, None] - o_n[None, :]
-        s = s - tl.where(diff >= 2, _softplus(tau), 0.0) * 1.4426950408889634
+        s, _, _ = _rewired_logits(b_q, b_k, b_r, b_u, diff, qk_scale, PREC)
         s = tl.where((diff >= 0) & m_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -86,21 +97,6 @@ def rewired_fwd_kernel(
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(o + (rows * H + h) * D + o_d[None, :], (acc / l_safe[:, None]).to(o.dtype.element_ty), mask=row_mask)
     tl.store(lse + (b * H + h) * n + o_m, m_i + tl.log2(l_safe), mask=m_m)
-
-
-@triton.jit
-def rewired_bwd_preprocess_kernel(o, do, delta, n, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
-    """delta_t = sum_d dO_td * O_td, the softmax-backward row term."""
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    o_m = pid_m * BM + tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
-    mask = (o_m[:, None] < n) & (o_d[None, :] < D)
-    off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
-    b_o = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    b_do = tl.load(do + off, mask=mask, other=0.0).to(tl.float32)
-    tl.store(delta + (b * H + h) * n + o_m, tl.sum(b_o * b_do, 1), mask=o_m < n)
 
 
 @triton.jit
@@ -141,11 +137,8 @@ def rewired_bwd_dkdvdu_kernel(
         b_lse = tl.load(lse + (b * H + h) * n + o_m, mask=m_m, other=0.0)
         b_delta = tl.load(delta + (b * H + h) * n + o_m, mask=m_m, other=0.0)
         # transposed tiles [BN, BM] so the key-side sums need no transpose back
-        sT = tl.dot(b_k, tl.trans(b_q), input_precision=PREC) * qk_scale
-        tauT = tl.dot(b_u, tl.trans(b_r), input_precision=PREC)
         diffT = t[None, :] - o_n[:, None]
-        biased = diffT >= 2
-        sT = sT - tl.where(biased, _softplus(tauT), 0.0) * 1.4426950408889634
+        sT, tauT, biased = _rewired_logits(b_k, b_q, b_u, b_r, diffT, qk_scale, PREC)
         valid = (diffT >= 0) & m_m[None, :] & m_n[:, None]
         pT = tl.where(valid, tl.exp2(sT - b_lse[None, :]), 0.0)
         b_dv += tl.dot(pT.to(DT), b_do, input_precision=PREC)
@@ -194,11 +187,8 @@ def rewired_bwd_dqdr_kernel(
         b_k = tl.load(k + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
         b_v = tl.load(v + (cols * H + h) * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
         b_u = tl.load(u + cols * D + o_d[None, :], mask=col_mask, other=0.0).to(DT)
-        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
-        tau = tl.dot(b_r, tl.trans(b_u), input_precision=PREC)
         diff = t[:, None] - o_n[None, :]
-        biased = diff >= 2
-        s = s - tl.where(biased, _softplus(tau), 0.0) * 1.4426950408889634
+        s, tau, biased = _rewired_logits(b_q, b_k, b_r, b_u, diff, qk_scale, PREC)
         valid = (diff >= 0) & m_n[None, :] & m_m[:, None]
         p = tl.where(valid, tl.exp2(s - b_lse[:, None]), 0.0)
         dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
@@ -245,10 +235,7 @@ def rewired_bwd(q, k, v, r, u, o, lse, do, q_start: int):
     meta = _meta(q)
     tile = meta["BM"]
     scale = 1.0 / math.sqrt(dim)
-    delta = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
-    rewired_bwd_preprocess_kernel[(triton.cdiv(n, tile), bsz * heads)](
-        o, do, delta, n, heads, D=dim, BD=meta["BD"], BM=tile,
-    )
+    delta = softmax_bwd_delta(o, do, tile)
     dq = torch.empty((bsz, n, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
     dv = torch.empty_like(v)

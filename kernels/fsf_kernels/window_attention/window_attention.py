@@ -21,6 +21,7 @@ import triton.language as tl
 from fsf_kernels.common.args import check_head_dim, check_window_args
 from fsf_kernels.common.rope import rope_apply
 from fsf_kernels.common.rope_tables import rope_tables
+from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
@@ -76,21 +77,6 @@ def window_attention_fwd_kernel(
     p_o = o + ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     tl.store(p_o, out.to(o.dtype.element_ty), mask=m_row[:, None] & m_d[None, :])
     tl.store(lse + (b * H + h) * T + o_m, m_i + tl.log2(l_safe), mask=m_row)
-
-
-@triton.jit
-def window_attention_bwd_preprocess_kernel(o, do, delta, T, H, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr):
-    """delta_i = sum_d dO_id * O_id, the softmax-backward row term."""
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    o_m = pid_m * BM + tl.arange(0, BM)
-    o_d = tl.arange(0, BD)
-    mask = (o_m[:, None] < T) & (o_d[None, :] < D)
-    off = ((b * T + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
-    b_o = tl.load(o + off, mask=mask, other=0.0).to(tl.float32)
-    b_do = tl.load(do + off, mask=mask, other=0.0).to(tl.float32)
-    tl.store(delta + (b * H + h) * T + o_m, tl.sum(b_o * b_do, 1), mask=o_m < T)
 
 
 @triton.jit
@@ -204,10 +190,7 @@ def window_attention_bwd(q, k, v, o, lse, do, window: int) -> tuple[torch.Tensor
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     bd = max(16, next_pow2(dim))  # tl.dot needs extents >= 16
     scale = 1.0 / math.sqrt(dim)
-    delta = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
-    window_attention_bwd_preprocess_kernel[(triton.cdiv(seq, _BM), bsz * heads)](
-        o, do, delta, seq, heads, D=dim, BD=bd, BM=_BM,
-    )
+    delta = softmax_bwd_delta(o, do, _BM)
     dq = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dv = torch.empty_like(v)
