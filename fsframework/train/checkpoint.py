@@ -73,18 +73,20 @@ def _write_manifest(ckpt: Path) -> None:
     atomic_write_text(ckpt / MANIFEST, json.dumps({"files": files}, indent=1))
 
 
-def prune(ckpt_root: Path, keep: int, protect: Optional[Path] = None) -> list[Path]:
+def prune(ckpt_root: Path, keep: int, protect: Optional[Path] = None, fresh: Optional[Path] = None) -> list[Path]:
     """Delete old checkpoints; return what was deleted. Kept: the newest `keep` checkpoints that
     verify (a damaged one never counts towards `keep`, so it can never push out a good one),
     `protect` (the checkpoint this run resumed from), and anything newer than the oldest kept one
-    (a damaged newer checkpoint stays for inspection; the next save at its step replaces it)."""
+    (a damaged newer checkpoint stays for inspection; the next save at its step replaces it).
+    `fresh`, the checkpoint just written with its manifest, counts as verified without re-reading it."""
     checkpoints = list_checkpoints(ckpt_root)
     good = []
     for ckpt in reversed(checkpoints):
         if len(good) == keep:
             break
         try:
-            verify(ckpt)
+            if ckpt != fresh:
+                verify(ckpt)
             good.append(ckpt)
         except CheckpointError:
             pass
@@ -125,7 +127,7 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
         os.replace(tmp, final)
         _fsync_dir(ckpt_root)
         atomic_write_text(ckpt_root / LATEST, name)
-        prune(ckpt_root, keep, protect)
+        prune(ckpt_root, keep, protect, fresh=final)
     barrier()
     return final
 
