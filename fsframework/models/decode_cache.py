@@ -69,11 +69,12 @@ def supports_decode_cache(model: nn.Module) -> bool:
     """True for registry language models that are not sequence parallel."""
     from fsframework.models.attention import QKVAttention
 
+    if getattr(model, "_sp", None) is not None:  # sequence parallel: each rank holds a slice only
+        return False
     if hasattr(model, "make_decode_cache"):  # a language model with a cached form of its own (AR-GRC)
-        return getattr(model, "_sp", None) is None
-
+        return True
     layers = getattr(model, "layers", None)
-    return (layers is not None and hasattr(model, "hidden_states") and getattr(model, "_sp", None) is None
+    return (layers is not None and hasattr(model, "hidden_states")
             and all(isinstance(layer.attn, QKVAttention) for layer in layers))
 
 
