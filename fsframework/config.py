@@ -331,12 +331,6 @@ def _check_argrc(cfg: Config) -> None:
     _choice("model.argrc.identity", g.identity, ARGRC_IDENTITIES)
     for key in ("d_state", "post_embed_mlp_hidden", "post_merge_mlp_hidden"):
         _positive(f"model.argrc.{key}", getattr(g, key), zero_ok=True)
-    if cfg.model.name == "argrc" and cfg.parallel.sp > 1 and cfg.parallel.zero_stage == 3:
-        # ranks of an SP group apply the cell different numbers of times (their slices hold different
-        # trees), and ZeRO-3 gathers a module's parameters with a world collective at every call
-        raise ConfigError("parallel.zero_stage=3 with parallel.sp > 1 is not supported for model.name=argrc "
-                          "(ranks apply the cell different numbers of times; ZeRO-3 gathers its parameters "
-                          "at every application): use parallel.zero_stage <= 2")
 
 
 def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:

@@ -12,7 +12,7 @@ Legend: B batch, T time, E embedding width (`model.d_model`), D scan width
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +81,52 @@ class MLPCell(nn.Module):
         return self.post(m) if self.post is not None else m
 
 
+class ShardOfSequence(NamedTuple):
+    """What a sequence-parallel rank's scan needs besides its leaves (docs/argrc.md §6)."""
+
+    slices: list[tuple[int, int]]  # every rank's `(start, end)` of the sequence
+    rank: int  # which of them is this rank's
+    gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]  # own `[K, B, D]` -> every rank's `[K_r, B, D]`
+
+
+class TreeScan(nn.Module):
+    """Every application of the cell in one forward pass, as one call of this module.
+
+    `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
+    leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism.
+
+    Why one module call: ZeRO-3 gathers a module's parameters at every call of it, with a
+    collective over all ranks. The ranks of a sequence-parallel group apply the cell different
+    numbers of times (their slices cut into different trees), so per-application gathers
+    would not pair up across ranks. DeepSpeed is told to treat this module as a leaf (the
+    registry entry's `zero3_leaf_modules`): the cell's parameters are gathered once when the scan starts and
+    once for its backward, the same calls on every rank. The Triton tree kernel reads the
+    cell's weights directly, which needs the same.
+    """
+
+    def __init__(self, cell: nn.Module, attention_cfg):
+        super().__init__()
+        self.cell = cell
+        self.attention_cfg = attention_cfg  # its `impl` picks the Triton tree kernel or the reference
+
+    def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None) -> torch.Tensor:
+        identity = identity.to(h.dtype)
+        if shard is not None:
+            return sharded_inclusive_prefixes(h, self.cell, identity, shard.slices, shard.rank, shard.gather_roots)
+        # the exclusive scan of T + 1 rows, dropping row 0; row T of an exclusive scan never
+        # reads leaf T, so a zero row stands there
+        padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
+        impl = self.attention_cfg.impl
+        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
+        fused = isinstance(self.cell, GRCCell)  # what the kernel implements
+        if kernel is not None and not fused and impl == "triton":
+            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "
+                             "use impl=auto or reference with model.argrc.cell=mlp")
+        if kernel is not None and fused:
+            return kernel(padded, self.cell, identity)[:, 1:]
+        return exclusive_scan(padded, self.cell, identity)[:, 1:]
+
+
 class ARGRCLanguageModel(nn.Module):
     """`model.name=argrc`. `forward(tokens [B, T]) -> logits [B, T, V]`, logits at `t` from the
     prefix covering tokens `0..t` (the exclusive prefix at `t + 1`); the prefix at 0 (the root
@@ -97,7 +143,7 @@ class ARGRCLanguageModel(nn.Module):
         self.in_proj = nn.Linear(width, state)
         self.post_embed = ResidualMLP(state, g.post_embed_mlp_hidden, cfg.dropout) if g.post_embed_mlp_hidden else None
         cell = GRCCell if g.cell == "grc" else MLPCell
-        self.cell = cell(state, g.post_merge_mlp_hidden, cfg.norm_eps)
+        self.scan = TreeScan(cell(state, g.post_merge_mlp_hidden, cfg.norm_eps), cfg.attention)
         if g.identity == "learned":
             self.identity = nn.Parameter(torch.empty(state))
         else:  # not in the state dict: nothing to learn or load
@@ -106,6 +152,7 @@ class ARGRCLanguageModel(nn.Module):
         self.out_proj = nn.Linear(state, width)
         self.lm_head = nn.Linear(width, cfg.vocab_size, bias=False)
         self.reset_parameters()
+        self.register_load_state_dict_pre_hook(_cell_under_scan)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
@@ -126,8 +173,13 @@ class ARGRCLanguageModel(nn.Module):
     # --- the pieces, shared by the full pass, the decode cache and sequence parallelism ---
 
     @property
+    def cell(self) -> nn.Module:
+        return self.scan.cell
+
+    @property
     def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        return self.cell
+        """One application of the cell (decoding folds it itself; training goes through `scan`)."""
+        return self.scan.cell
 
     def leaves(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens `[B, n]` -> scan inputs `[B, n, D]` (position-wise: any slice of a sequence)."""
@@ -139,20 +191,9 @@ class ARGRCLanguageModel(nn.Module):
         return self.out_proj(self.out_drop(prefixes))
 
     def inclusive_prefixes(self, h: torch.Tensor) -> torch.Tensor:
-        """`[B, T, D]` -> `[B, T, D]`: row `t` covers leaves `0..t`. The exclusive scan of `T + 1`
-        rows, dropping row 0; row `T` of an exclusive scan never reads leaf `T`, so a zero row
-        stands there. `model.attention.impl` picks the Triton tree kernel or the reference."""
-        padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
-        identity = self.identity.to(h.dtype)
-        impl = self.cfg.attention.impl
-        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
-        fused = isinstance(self.cell, GRCCell)  # what the kernel implements
-        if kernel is not None and not fused and impl == "triton":
-            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "
-                             "use impl=auto or reference with model.argrc.cell=mlp")
-        if kernel is not None and fused:
-            return kernel(padded, self.cell, identity)[:, 1:]
-        return exclusive_scan(padded, self.combine, identity)[:, 1:]
+        """`[B, T, D]` -> `[B, T, D]`: row `t` covers leaves `0..t`. `model.attention.impl` picks
+        the Triton tree kernel or the reference."""
+        return self.scan(h, self.identity)
 
     # --- the language-model interface of the registry's models ---
 
@@ -181,8 +222,13 @@ class ARGRCLanguageModel(nn.Module):
         """
         start, end = slices[rank]
         h = self.leaves(tokens[:, start:end])
-        return self.readout(sharded_inclusive_prefixes(h, self.combine, self.identity.to(h.dtype), slices, rank,
-                                                       gather_roots))
+        return self.readout(self.scan(h, self.identity, ShardOfSequence(slices, rank, gather_roots)))
+
+
+def _cell_under_scan(module, state_dict, prefix, *_) -> None:
+    """Weights saved before the cell moved under `scan` (`cell.*` -> `scan.cell.*`) still load."""
+    for key in [k for k in state_dict if k.startswith(prefix + "cell.")]:
+        state_dict[prefix + "scan." + key[len(prefix):]] = state_dict.pop(key)
 
 
 # --- sequence parallelism: the math; the communication is the caller's ---

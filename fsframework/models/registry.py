@@ -33,6 +33,9 @@ class AttentionKind:
     # a whole language model of its own ("package.module:Class", built from the ModelConfig) instead
     # of a TransformerLM around `module`; it brings its own cached decoding and sequence parallelism
     language_model: Optional[str] = None
+    # module classes ("package.module.Class") that ZeRO-3 gathers as a whole at each call instead of
+    # per submodule: a model whose ranks call a submodule different numbers of times needs it
+    zero3_leaf_modules: tuple[str, ...] = ()
 
     def key_span(self, attention: AttentionConfig) -> Optional[int]:
         """How many keys before its queries the offset form reads: None for the whole prefix."""
@@ -64,7 +67,8 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   "runway-rewired causal attention, RoPE (docs/rewired.md)"),
     # AR-GRC has no attention (no module, no keys): a learned cell composed by a tree scan
     AttentionKind("argrc", "", "", "AR-GRC: log-depth recurrent LM, a gated cell over a Blelloch scan",
-                  language_model="fsframework.models.argrc:ARGRCLanguageModel"),
+                  language_model="fsframework.models.argrc:ARGRCLanguageModel",
+                  zero3_leaf_modules=("fsframework.models.argrc.TreeScan",)),
 )}
 
 MODEL_NAMES = tuple(KINDS)

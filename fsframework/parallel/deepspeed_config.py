@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from fsframework.config import Config
+from fsframework.models.registry import attention_kind
 
 
 def use_bf16(cfg: Config) -> bool:
@@ -15,11 +16,15 @@ def use_bf16(cfg: Config) -> bool:
 
 
 def deepspeed_config(cfg: Config) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": cfg.parallel.zero_stage}
+    leaves = attention_kind(cfg.model.name).zero3_leaf_modules
+    if cfg.parallel.zero_stage == 3 and leaves:  # gathered whole at each call (the registry says why)
+        zero["leaf_module"] = {"classes": list(leaves)}
     return {
         "train_micro_batch_size_per_gpu": cfg.data.micro_batch_size,
         "gradient_accumulation_steps": cfg.parallel.grad_accum,
         "gradient_clipping": cfg.optim.grad_clip,
-        "zero_optimization": {"stage": cfg.parallel.zero_stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": use_bf16(cfg)},
         # the optimizer is a plain torch AdamW handed to deepspeed.initialize (no JIT-built extension)
         "zero_allow_untested_optimizer": True,
