@@ -77,6 +77,15 @@ def test_identity_variants_and_state_dict():
     assert torch.equal(_tiny(identity="zeros").identity, torch.zeros(10, dtype=torch.float64))
 
 
+def test_weights_saved_with_the_cell_at_the_top_still_load():
+    source, target = _tiny(), _tiny()
+    old_names = {key.replace("scan.cell.", "cell.", 1): value for key, value in source.state_dict().items()}
+    assert any(key.startswith("cell.") for key in old_names)
+    target.load_state_dict(old_names)
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key
+
+
 def test_dropout_acts_in_training_only():
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="argrc", vocab_size=50, d_model=12, dropout=0.5,
