@@ -121,6 +121,10 @@ class FreeSoloAttention(QKVAttention):
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
+        cache = source.layer_state(self.layer_idx) if hasattr(source, "layer_state") else None
+        if hasattr(cache, "branches"):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
+            q, k, v = self.project(x, source.start)
+            return cache.branches(self, q, k, v, source.start)
         q, k, v = self.qkv(x, source)
         return self.attend(q, k, v, source.start)
 

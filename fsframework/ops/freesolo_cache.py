@@ -1,0 +1,80 @@
+"""FreeSolo's long-range branch over cached cell summaries (docs/freesolo.md §1.9, docs/decoding.md).
+
+Plain PyTorch. Legend: Bt batch, n queries, H heads, d head width, M candidate cells,
+K top_k, s cell_size.
+
+A decode cache hands its long-range branch one query piece at a time, and a piece never
+crosses a query block, so all its queries share one available set (docs/freesolo.md §1.5).
+The cache keeps that set as M candidate cells per head (their mean key `kbar`, key-norm
+priority `a`, center `p` and raw keys/values), so no layer ever rescans the prefix:
+
+    route_candidates(q, q_start, kbar, a, centers, valid, ...) -> choice [Bt, n, H, K]   (Eq. 7 + top-K)
+    gather_cells(cells, choice)                                  -> [Bt, n, H, K, s, d]
+    read_cells(q, k_sel, v_sel, choice >= 0, ...)               -> LR [Bt, n, H, d]      (Eq. 9 + RMSNorm)
+
+Candidates are listed in cell order among the valid ones, so `top_k_earliest` breaks ties
+toward the earlier cell exactly as `select_cells_reference` does; the two functions compute
+the rows of `select_cells` / `cell_readout` for the same available set (tested against them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fsframework.ops.freesolo_routing import _prior, per_head, top_k_earliest
+
+
+def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
+                     valid: torch.Tensor | None, *, top_k: int, sigma: float | torch.Tensor,
+                     lam: float | torch.Tensor) -> torch.Tensor:
+    """Top-K candidates per query and head, best first: positions into M, -1 where fewer are valid.
+
+    q: unrotated `[Bt, n, H, d]` at positions `[q_start, q_start + n)`; kbar `[Bt, H, M, d]`,
+    a `[Bt, H, M]` (the summaries' dtype is the score dtype, as in the reference);
+    centers: cell centers `(c + 1/2) s`, broadcastable to `[Bt, H, M]`; valid: bool
+    `[Bt, H, M]` or None. Scores `q . kbar / sqrt(d) + lam_h a erf((i - p) / (2 sigma_h))`.
+    """
+    bsz, num, heads, dim = q.shape
+    like = torch.empty((), dtype=kbar.dtype, device=q.device)
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
+        content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(kbar.dtype), kbar) * (1.0 / math.sqrt(dim))
+        pos = torch.arange(q_start, q_start + num, device=q.device)
+        scores = content + _prior(a, centers.expand_as(a), pos, lam_h, sigma_h)
+        return top_k_earliest(scores, None if valid is None else valid[:, None], top_k)
+
+
+def gather_cells(cells: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
+    """cells `[Bt, H, M, s, d]` (any strides: a view of a token-major archive works),
+    choice `[Bt, n, H, K]` positions into M (-1 reads position 0; mask it) -> `[Bt, n, H, K, s, d]`."""
+    bsz, heads = cells.shape[:2]
+    b = torch.arange(bsz, device=cells.device)[:, None, None, None]
+    h = torch.arange(heads, device=cells.device)[None, None, :, None]
+    return cells[b, h, choice.clamp_min(0)]
+
+
+def read_cells(q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor, selected: torch.Tensor, *,
+               rms_weight: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """Joint NoPE softmax of each query over the tokens of its selected cells, then RMSNorm -> `[Bt, n, H, d]`.
+
+    q `[Bt, n, H, d]`; k_sel, v_sel `[Bt, n, H, K, s, d]`; selected: bool `[Bt, n, H, K]`.
+    Rows with nothing selected are exactly 0 (as in `cell_readout`). Computed in fp32 at
+    least, returned in q's dtype.
+    """
+    acc = torch.promote_types(q.dtype, torch.float32)
+    cell_size, dim = k_sel.shape[-2:]
+    keys = k_sel.flatten(3, 4).to(acc)  # Bt n H K*s d
+    logits = torch.einsum("bqhd,bqhld->bqhl", q.to(acc), keys) * (1.0 / math.sqrt(dim))
+    member = selected[..., None].expand(*selected.shape, cell_size).flatten(-2)
+    any_cell = member.any(dim=-1, keepdim=True)
+    # a row with nothing selected gets uniform zeros instead of all -inf (NaN), then is zeroed
+    logits = logits.masked_fill(~member & any_cell, float("-inf")).masked_fill(~any_cell, 0.0)
+    probs = torch.softmax(logits, dim=-1)
+    y = torch.einsum("bqhl,bqhld->bqhd", probs, v_sel.flatten(3, 4).to(acc)) * any_cell
+    y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
+    if rms_weight is not None:
+        y = y * rms_weight.to(y.dtype)
+    return y.to(q.dtype)
