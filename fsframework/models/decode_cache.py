@@ -39,9 +39,10 @@ class DecodeCache:
     """One cache per attention layer (built by the registry's `cache` class on first use), plus
     the number of positions already processed."""
 
-    def __init__(self, model: nn.Module, chunk: int = PREFILL_CHUNK):
+    def __init__(self, model: nn.Module, chunk: Optional[int] = None):
         from fsframework.models.registry import attention_kind
 
+        chunk = PREFILL_CHUNK if chunk is None else chunk
         if chunk < 1:
             raise ValueError(f"the prefill chunk must be >= 1 positions, got {chunk}")
         self.model = model
@@ -129,8 +130,9 @@ def supports_decode_cache(model: nn.Module) -> bool:
 
 
 @contextmanager
-def decode_cache(model: nn.Module, chunk: int = PREFILL_CHUNK) -> Iterator[DecodeCache]:
-    """A fresh cache for `model` for the duration of the block (the model itself is untouched)."""
+def decode_cache(model: nn.Module, chunk: Optional[int] = None) -> Iterator[DecodeCache]:
+    """A fresh cache for `model` for the duration of the block (the model itself is untouched);
+    `chunk`: prefill positions per step (default `PREFILL_CHUNK`)."""
     if not supports_decode_cache(model):
         raise TypeError(f"{type(model).__name__} has no cached decoding form (needs a registry language model "
                         "that is not sequence parallel)")

@@ -139,3 +139,19 @@ def test_models_without_a_cached_form_are_refused():
         pass
     with pytest.raises(ValueError, match=r"\[B, n\]"), decode_cache(_model("tfpp")) as cache:
         cache.forward(torch.zeros(2, 0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name,pieces", [("fsl", [8, 8, 8, 8, 3] + [1] * 4), ("tfpp", [16, 16, 3] + [1] * 4)])
+def test_generation_prefills_each_prompt_once_in_chunks(name, pieces, monkeypatch):
+    # what `fsf eval` runs: the prompt goes through the cache once, in pieces of at most the chunk
+    # (FreeSolo: of one query block), then one token per step
+    import fsframework.models.decode_cache as dc
+
+    model = _model(name)
+    seen = []
+    forward = model.hidden_states
+    monkeypatch.setattr(model, "hidden_states", lambda tokens, source: seen.append(tokens.shape[1])
+                        or forward(tokens, source))
+    monkeypatch.setattr(dc, "PREFILL_CHUNK", 16)
+    greedy_generate(model, [_distinct_tokens(1, 35)[0].tolist()], 5)
+    assert seen == pieces
