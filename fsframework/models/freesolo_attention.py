@@ -89,14 +89,20 @@ class FreeSoloAttention(QKVAttention):
     def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb_top_k]` cells, no gradient."""
         a = self.cfg.attention
-        if a.fsb_forests != "f0" and self.tau_source is None:
+        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
+                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
+                            bound_c=a.fsb_bound_c, forests=a.fsb_forests, tau=self.fsb_tau())
+
+    def fsb_tau(self) -> Optional[torch.Tensor]:
+        """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""
+        a = self.cfg.attention
+        if a.fsb_forests == "f0":
+            return None
+        if self.tau_source is None:
             raise ValueError("FS-B needs per-head key-norm thresholds: run `fsf calibrate RUN` on the FS or FS-L "
                              "checkpoint (it writes calibration.json beside the weights), or read with "
                              "model.attention.fsb_forests=f0")
-        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
-                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
-                            bound_c=a.fsb_bound_c, forests=a.fsb_forests,
-                            tau=None if a.fsb_forests == "f0" else self.tau)
+        return self.tau
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                start: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
-from fsframework.models.freesolo_cache import FSCache, FSLCache
+from fsframework.models.freesolo_cache import FSBCache, FSCache, FSLCache
 from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.freesolo_cache import gather_cells, read_cells, route_candidates
 from fsframework.ops.freesolo_routing import cell_summaries
@@ -51,15 +51,21 @@ def test_rows_with_nothing_selected_read_zero():
     assert torch.equal(out, torch.zeros_like(q))
 
 
-@pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache)])
+@pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
 def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, cache_class):
     # pieces of 1 to 8 positions, each inside one query block, over 20 blocks: FS-L's retained set
-    # merges and drops cells at every boundary
-    att = AttentionConfig(window=6, impl="reference", sigma=2.0, **ROUTING)
+    # merges and drops cells at every boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
+    att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb_beam_width=4, fsb_top_k=3, **ROUTING)
     cfg = ModelConfig(name=variant, vocab_size=16, d_model=24, n_layers=1, n_heads=3, attention=att)
     module = FreeSoloAttention(cfg, 0).double()
     q, k, v = _qkv(160, seed=1)
-    full = select_cells(q, k, variant=variant, sigma=module.sigma, lam=module.lam, impl="reference", **ROUTING)
+    if variant == "fsb":
+        module.tau.copy_(torch.tensor([3.2, 3.4, 3.6]))  # Ftau admits a part of the cells
+        module.tau_source = "test thresholds"
+        full = select_cells(q, k, variant="fsb", sigma=module.sigma, lam=module.lam, tau=module.tau, beam_width=4,
+                            **{key: value for key, value in ROUTING.items() if "cells" not in key})
+    else:
+        full = select_cells(q, k, variant=variant, sigma=module.sigma, lam=module.lam, impl="reference", **ROUTING)
     cache, pos, sizes = cache_class(module), 0, [5, 3, 1, 7, 8, 2, 6]
     while pos < 160:
         end = min(160, pos + sizes[pos % 7], (pos // 8 + 1) * 8)
