@@ -10,12 +10,13 @@ The cache is a `KeySource` (`fsframework.models.context`): every attention layer
 its one offset form, and the layer's cache supplies the keys of the earlier positions.
 What a layer keeps is the kind's registry entry's business (`AttentionKind.cache`):
 
-- `PrefixKVCache` (TF++, ALiBi, sinusoidal, rewired, FS-B): every key and value, in a
-  buffer grown geometrically;
+- `PrefixKVCache` (TF++, ALiBi, sinusoidal, rewired): every key and value, in a buffer
+  grown geometrically;
 - `WindowKVCache` (SWA): a ring of the last `window` positions;
-- `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`): FreeSolo's raw keys and cell
-  summaries, FS-L's bounded set (a size that does not depend on the context). A FreeSolo
-  layer asks its cache for both branches (`branches`) instead of for keys.
+- `FSCache`, `FSLCache`, `FSBCache` (`fsframework.models.freesolo_cache`): FreeSolo's raw
+  keys and cell summaries, FS-L's bounded set (a size that does not depend on the context),
+  FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
+  for keys.
 
 Prefill runs in chunks (`chunk` positions, FreeSolo: also cut at query-block boundaries)
 through the same layer code, so no step holds more than `chunk` queries' activations or

@@ -3,7 +3,7 @@
 Legend: B batch, H heads, d head width, s cell_size, Bq block_size, w window, P retained
 cells, W recent cells, C cells eligible so far.
 
-Both caches compute a layer's two branches for one query piece that lies inside one query
+The caches compute a layer's two branches for one query piece that lies inside one query
 block (the decode cache cuts its input at block boundaries), so the piece's queries share
 one available set, which changes only when a piece starts a new block. Then the cells
 completed since the last boundary become eligible: their summaries (mean key `kbar`,
@@ -11,13 +11,15 @@ largest key norm `a`) are computed once, from their raw keys.
 
 - `FSCache` (FS): every raw key/value (grown geometrically) and the summaries of every
   eligible cell; a query scores all of them (`O(C)` per token, as the routing does).
+- `FSBCache` (FS-B): FS's summaries, the raw keys/values head-major, and per batch row and
+  head the forests of docs/freesolo.md §1.8, grown at each boundary with the new cells.
 - `FSLCache` (FS-L): the local window (a ring of `w` keys), the unfinished block (`Bq`
   keys), and per head the candidate cells of the current block: the retained set (the `P`
   cells of largest `a` seen so far, merged with the newly eligible cells at each boundary)
   and the `W` most recent eligible cells, with their raw keys/values and summaries. Its
-  size, `(w + Bq) + H (P + W) s` keys and values, does not depend on the context.
+  size, the keys and values of `w + Bq + (P + W) s` positions, does not depend on the context.
 
-Both give the logits of a full forward pass (tests/models/test_decode_cache.py): the same
+All give the logits of a full forward pass (tests/models/test_decode_cache.py): the same
 cells are scored by the same formula (`fsframework.ops.freesolo_cache`).
 """
 
@@ -35,7 +37,7 @@ from fsframework.ops.offset_attention import window_attention_at
 
 
 class _FreeSoloLayerCache:
-    """What FS and FS-L share: the piece checks, the local branch and the long-range read."""
+    """What the FreeSolo caches share: the piece checks, the local branch and the long-range read."""
 
     aligned_to_blocks = True  # the decode cache never hands a piece that crosses a query block
 

@@ -76,8 +76,7 @@ class WindowKV:
         if self.k is None:
             shape = (k.shape[0], self.window, *k.shape[2:])
             self.k, self.v = k.new_empty(shape), v.new_empty(shape)
-        past_k, past_v = self._ordered(self.k), self._ordered(self.v)
-        out = (torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)) if past_k.shape[1] else (k, v)
+        out = (torch.cat((*self._ordered(self.k), k), dim=1), torch.cat((*self._ordered(self.v), v), dim=1))
         keep = min(k.shape[1], self.window)  # only the last `window` new positions stay
         slots = (self.length + torch.arange(k.shape[1] - keep, k.shape[1], device=k.device)) % self.window
         self.k.index_copy_(1, slots, k[:, k.shape[1] - keep:])
@@ -85,11 +84,12 @@ class WindowKV:
         self.length += k.shape[1]
         return out
 
-    def _ordered(self, ring: torch.Tensor) -> torch.Tensor:
+    def _ordered(self, ring: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The ring's positions, oldest first, as views (one copy when they are concatenated)."""
         if self.length <= self.window:
-            return ring[:, :self.length]
+            return (ring[:, :self.length],)
         head = self.length % self.window  # slot of the oldest position
-        return torch.cat((ring[:, head:], ring[:, :head]), dim=1)
+        return ring[:, head:], ring[:, :head]
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +97,7 @@ class WindowKV:
 
 
 class PrefixKVCache:
-    """Layer cache of a kind that reads the whole prefix (TF++, ALiBi, sinusoidal, rewired, FS-B):
+    """Layer cache of a kind that reads the whole prefix (TF++, ALiBi, sinusoidal, rewired):
     every key and value, as the layer's `project` produced them (RoPE kinds: already rotated)."""
 
     def __init__(self, module: nn.Module):
