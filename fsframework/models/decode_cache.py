@@ -18,9 +18,9 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
   FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
   for keys.
 
-Prefill runs in chunks (`chunk` positions, FreeSolo: also cut at query-block boundaries)
-through the same layer code, so no step holds more than `chunk` queries' activations or
-scores, whatever the prompt's length. A language model with a cached form of its own
+Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
+walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
+activations or scores, whatever the prompt's length. A language model with a cached form of its own
 (AR-GRC: `make_decode_cache`) brings its own cache.
 """
 
@@ -50,9 +50,6 @@ class DecodeCache:
         self.length = 0
         self.chunk = chunk
         self.layer_class = attention_kind(model.cfg.name).cache_class()
-        # FreeSolo caches take pieces that lie inside one query block (one available set)
-        aligned = getattr(self.layer_class, "aligned_to_blocks", False)
-        self.block = model.cfg.attention.block_size if aligned else None
         self.layers: dict[int, object] = {}
 
     @property
@@ -82,8 +79,6 @@ class DecodeCache:
         pos, end = self.length, self.length + n
         while pos < end:
             stop = min(end, pos + self.chunk)
-            if self.block is not None:
-                stop = min(stop, (pos // self.block + 1) * self.block)
             yield stop - pos
             pos = stop
 

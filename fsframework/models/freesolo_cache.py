@@ -3,9 +3,9 @@
 Legend: B batch, H heads, d head width, s cell_size, Bq block_size, w window, P retained
 cells, W recent cells, C cells eligible so far.
 
-The caches compute a layer's two branches for one query piece that lies inside one query
-block (the decode cache cuts its input at block boundaries), so the piece's queries share
-one available set, which changes only when a piece starts a new block. Then the cells
+The caches compute a layer's two branches one query block at a time (a prefill chunk that
+crosses blocks is run block by block), so the queries of a piece share one available set,
+which changes only when a piece starts a new block. Then the cells
 completed since the last boundary become eligible: their summaries (mean key `kbar`,
 largest key norm `a`) are computed once, from their raw keys.
 
@@ -39,8 +39,6 @@ from fsframework.ops.offset_attention import window_attention_at
 class _FreeSoloLayerCache:
     """What the FreeSolo caches share: the piece checks, the local branch and the long-range read."""
 
-    aligned_to_blocks = True  # the decode cache never hands a piece that crosses a query block
-
     def __init__(self, module: nn.Module):
         a = module.cfg.attention
         self.window, self.cell_size, self.block_size = a.window, a.cell_size, a.block_size
@@ -51,14 +49,26 @@ class _FreeSoloLayerCache:
 
     def branches(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unrotated q, k, v `[B, n, H, d]` of positions `[start, start + n)` -> (local, LR) `[B, n, H, d]`."""
-        n = q.shape[1]
+        """Unrotated q, k, v `[B, n, H, d]` of positions `[start, start + n)` -> (local, LR) `[B, n, H, d]`.
+
+        A piece that crosses query blocks (a prefill chunk) is run block by block."""
         if start != self.length:
             raise ValueError(f"the cache holds {self.length} positions, got a piece starting at {start}")
+        ends = list(range(start - start % self.block_size + self.block_size, start + q.shape[1], self.block_size))
+        if not ends:
+            return self._block_branches(module, q, k, v, start)
+        outs, at = [], 0
+        for stop in ends + [start + q.shape[1]]:
+            piece = slice(at, stop - start)
+            outs.append(self._block_branches(module, q[:, piece], k[:, piece], v[:, piece], start + at))
+            at = stop - start
+        return torch.cat([o[0] for o in outs], dim=1), torch.cat([o[1] for o in outs], dim=1)
+
+    def _block_branches(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`branches` for a piece inside one query block: its queries share one available set."""
+        n = q.shape[1]
         block = start - start % self.block_size
-        if start + n > block + self.block_size:
-            raise ValueError(f"a FreeSolo cache piece must lie in one query block: [{start}, {start + n}) crosses "
-                             f"{block + self.block_size}")
         if block // self.cell_size > self.num_cells:
             self._admit(block // self.cell_size)  # a new block: its eligible prefix moves
         a = module.cfg.attention

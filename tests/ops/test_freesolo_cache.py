@@ -53,8 +53,8 @@ def test_rows_with_nothing_selected_read_zero():
 
 @pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
 def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, cache_class):
-    # pieces of 1 to 8 positions, each inside one query block, over 20 blocks: FS-L's retained set
-    # merges and drops cells at every boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
+    # pieces of 1 to 8 positions over 20 blocks: FS-L's retained set merges and drops cells at every
+    # boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
     att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb_beam_width=4, fsb_top_k=3, **ROUTING)
     cfg = ModelConfig(name=variant, vocab_size=16, d_model=24, n_layers=1, n_heads=3, attention=att)
     module = FreeSoloAttention(cfg, 0).double()
@@ -72,5 +72,5 @@ def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, ca
         cache.branches(module, q[:, pos:end], k[:, pos:end], v[:, pos:end], pos)
         assert torch.equal(cache.selected, full[:, pos:end]), pos
         pos = end
-    with pytest.raises(ValueError, match="one query block"):
-        cache.branches(module, q[:, :9], k[:, :9], v[:, :9], 160)
+    with pytest.raises(ValueError, match="holds 160 positions"):
+        cache.branches(module, q[:, :9], k[:, :9], v[:, :9], 150)
