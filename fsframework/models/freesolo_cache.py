@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fsframework.models.kv_cache import MIN_CAPACITY, GrowingKV, WindowKV, tensor_bytes
-from fsframework.ops.freesolo_cache import gather_cells, read_cells, route_candidates
+from fsframework.ops.freesolo_cache import read_candidates, route_candidates
 from fsframework.ops.freesolo_routing import cell_summaries, per_head
 from fsframework.ops.fsb_forest import Forest, NodeStore
 from fsframework.ops.fsb_search import beam_search, rescore
@@ -82,8 +82,7 @@ class _FreeSoloLayerCache:
         choice, cells_k, cells_v = self._route(module, q, start)
         # the piece's selected cells `[B, n, H, K]` (-1 = none), kept for diagnostics and the tests
         self.selected = torch.where(choice >= 0, self._cell_ids(choice), -1)
-        long_range = read_cells(q, gather_cells(cells_k, choice), gather_cells(cells_v, choice), choice >= 0,
-                                rms_weight=module.lr_norm_weight)
+        long_range = read_candidates(q, cells_k, cells_v, choice, rms_weight=module.lr_norm_weight)
         return local, long_range
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):

@@ -9,8 +9,8 @@ The cache keeps that set as M candidate cells per head (their mean key `kbar`, k
 priority `a`, center `p` and raw keys/values), so no layer ever rescans the prefix:
 
     route_candidates(q, q_start, kbar, a, centers, valid, ...) -> choice [Bt, n, H, K]   (Eq. 7 + top-K)
-    gather_cells(cells, choice)                                  -> [Bt, n, H, K, s, d]
-    read_cells(q, k_sel, v_sel, choice >= 0, ...)               -> LR [Bt, n, H, d]      (Eq. 9 + RMSNorm)
+    read_candidates(q, cells_k, cells_v, choice, ...)            -> LR [Bt, n, H, d]      (Eq. 9 + RMSNorm)
+      = read_cells(q, gather_cells(cells_k, choice), gather_cells(cells_v, choice), choice >= 0)
 
 Candidates are listed in cell order among the valid ones, so `top_k_earliest` breaks ties
 toward the earlier cell exactly as `select_cells_reference` does; the two functions compute
@@ -60,20 +60,44 @@ def read_cells(q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor, select
                rms_weight: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
     """Joint NoPE softmax of each query over the tokens of its selected cells, then RMSNorm -> `[Bt, n, H, d]`.
 
-    q `[Bt, n, H, d]`; k_sel, v_sel `[Bt, n, H, K, s, d]`; selected: bool `[Bt, n, H, K]`.
-    Rows with nothing selected are exactly 0 (as in `cell_readout`). Computed in fp32 at
-    least, returned in q's dtype.
+    q `[Bt, n, H, d]`; k_sel, v_sel `[Bt, n, H, K, s, d]` (`gather_cells`); selected: bool
+    `[Bt, n, H, K]`. Rows with nothing selected are exactly 0 (as in `cell_readout`).
+    Computed in fp32 at least, returned in q's dtype.
     """
-    acc = torch.promote_types(q.dtype, torch.float32)
-    cell_size, dim = k_sel.shape[-2:]
-    keys = k_sel.flatten(3, 4).to(acc)  # Bt n H K*s d
-    logits = torch.einsum("bqhd,bqhld->bqhl", q.to(acc), keys) * (1.0 / math.sqrt(dim))
+    cell_size = k_sel.shape[-2]
     member = selected[..., None].expand(*selected.shape, cell_size).flatten(-2)
+    return _read(q, k_sel.flatten(3, 4), v_sel.flatten(3, 4), member, "bqhd,bqhld->bqhl", "bqhl,bqhld->bqhd",
+                 rms_weight, eps)
+
+
+def read_candidates(q: torch.Tensor, cells_k: torch.Tensor, cells_v: torch.Tensor, choice: torch.Tensor, *,
+                    rms_weight: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """`read_cells` of the cells `choice` `[Bt, n, H, K]` picks among candidates `[Bt, H, M, s, d]`.
+
+    Two layouts of one computation: with few candidates for the queries (`M <= n K`: an FS-L
+    block, a prefill chunk) every query attends densely to all candidates' tokens with a mask
+    that keeps its own cells; otherwise each query gathers its `K s` keys.
+    """
+    bsz, num, heads, top_k = choice.shape
+    num_cand, cell_size = cells_k.shape[2:4]
+    if num_cand > num * top_k:
+        return read_cells(q, gather_cells(cells_k, choice), gather_cells(cells_v, choice), choice >= 0,
+                          rms_weight=rms_weight, eps=eps)
+    picked = torch.zeros(bsz, num, heads, num_cand + 1, dtype=torch.bool, device=q.device)
+    picked.scatter_(-1, torch.where(choice >= 0, choice, num_cand), True)  # -1 goes to a dump slot
+    member = picked[..., :num_cand, None].expand(-1, -1, -1, -1, cell_size).flatten(-2)
+    return _read(q, cells_k.flatten(2, 3), cells_v.flatten(2, 3), member, "bqhd,bhld->bqhl", "bqhl,bhld->bqhd",
+                 rms_weight, eps)
+
+
+def _read(q, keys, values, member, logits_eq, out_eq, rms_weight, eps):
+    """The softmax over the `member` tokens, its zero rows, and the RMSNorm (docs/freesolo.md §1.6)."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    logits = torch.einsum(logits_eq, q.to(acc), keys.to(acc)) * (1.0 / math.sqrt(q.shape[-1]))
     any_cell = member.any(dim=-1, keepdim=True)
     # a row with nothing selected gets uniform zeros instead of all -inf (NaN), then is zeroed
     logits = logits.masked_fill(~member & any_cell, float("-inf")).masked_fill(~any_cell, 0.0)
-    probs = torch.softmax(logits, dim=-1)
-    y = torch.einsum("bqhl,bqhld->bqhd", probs, v_sel.flatten(3, 4).to(acc)) * any_cell
+    y = torch.einsum(out_eq, torch.softmax(logits, dim=-1), values.to(acc)) * any_cell
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
     if rms_weight is not None:
         y = y * rms_weight.to(y.dtype)

@@ -10,7 +10,7 @@ from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.freesolo_cache import FSBCache, FSCache, FSLCache
 from fsframework.ops.freesolo import cell_readout, select_cells
-from fsframework.ops.freesolo_cache import gather_cells, read_cells, route_candidates
+from fsframework.ops.freesolo_cache import gather_cells, read_candidates, read_cells, route_candidates
 from fsframework.ops.freesolo_routing import cell_summaries
 
 ROUTING = dict(cell_size=4, block_size=8, top_k=3, recent_cells=2, retained_cells=3)
@@ -38,9 +38,12 @@ def test_route_and_read_over_every_cell_equal_the_whole_sequence_ops():
         assert torch.equal(choice, cells[:, rows])
         view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
         values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
-        got = read_cells(q[:, rows], gather_cells(view, choice), gather_cells(values, choice), choice >= 0,
-                         rms_weight=weight)
-        torch.testing.assert_close(got, full[:, rows], rtol=1e-12, atol=1e-12)
+        # the dense layout (8 queries x 3 >= the candidates) and the per-query gather (one query)
+        dense = read_candidates(q[:, rows], view, values, choice, rms_weight=weight)
+        torch.testing.assert_close(dense, full[:, rows], rtol=1e-12, atol=1e-12)
+        for i in range(block, block + 8, 3):
+            one = read_candidates(q[:, i:i + 1], view, values, choice[:, i - block:i - block + 1], rms_weight=weight)
+            torch.testing.assert_close(one, full[:, i:i + 1], rtol=1e-12, atol=1e-12)
 
 
 def test_rows_with_nothing_selected_read_zero():
@@ -49,6 +52,7 @@ def test_rows_with_nothing_selected_read_zero():
     cells = k[:, :8].view(2, 2, 4, 3, 8).permute(0, 3, 1, 2, 4)
     out = read_cells(q, gather_cells(cells, choice), gather_cells(cells, choice), choice >= 0)
     assert torch.equal(out, torch.zeros_like(q))
+    assert torch.equal(read_candidates(q, cells, cells, choice), torch.zeros_like(q))  # dense layout
 
 
 @pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
