@@ -29,8 +29,8 @@ def _checkpoint(tmp_path, name: str):
     cfg = load_config(None, [f"model.name={name}", *TINY])
     torch.manual_seed(0)
     model = build_model(cfg.model)
-    ckpt = tmp_path / "step_00000010"
-    ckpt.mkdir()
+    ckpt = tmp_path / "checkpoints" / "step_00000010"  # tmp_path is the run directory
+    ckpt.mkdir(parents=True)
     (ckpt / "config.yaml").write_text(to_yaml(cfg))
     torch.save(model.state_dict(), ckpt / "model_fp32.pt")
     files = {p.name: p.stat().st_size for p in ckpt.iterdir()}
@@ -38,11 +38,12 @@ def _checkpoint(tmp_path, name: str):
     return ckpt, model.eval()
 
 
-@pytest.mark.parametrize("name", ["fsl", "swa"])
-def test_greedy_generation_streams_the_full_forward_tokens(tmp_path, name):
+@pytest.mark.parametrize("name,target", [("fsl", "checkpoint"), ("swa", "run")])
+def test_greedy_generation_streams_the_full_forward_tokens(tmp_path, name, target):
     ckpt, model = _checkpoint(tmp_path, name)
     prompt = "def add(a, b):\n    return a + b\n\nprint(add("  # 40 bytes: past FS-L's first blocks
-    res = runner.invoke(app, ["generate", str(ckpt), "--prompt", prompt, "--greedy", "--max-new-tokens", "30"])
+    path = ckpt if target == "checkpoint" else tmp_path
+    res = runner.invoke(app, ["generate", str(path), "--prompt", prompt, "--greedy", "--max-new-tokens", "30"])
     assert res.exit_code == 0, res.output
     tok = ByteTokenizer()
     expected = greedy_generate(model, [tok.encode(prompt)], 30, eos_id=tok.eos_id, use_cache=False)[0]
