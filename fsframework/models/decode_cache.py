@@ -13,9 +13,9 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
 - `PrefixKVCache` (TF++, ALiBi, sinusoidal, rewired): every key and value, in a buffer
   grown geometrically;
 - `WindowKVCache` (SWA): a ring of the last `window` positions;
-- `FSCache`, `FSLCache`, `FSBCache` (`fsframework.models.freesolo_cache`): FreeSolo's raw
-  keys and cell summaries, FS-L's bounded set (a size that does not depend on the context),
-  FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
+- `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`), `FSBCache`
+  (`fsframework.models.fsb_cache`): FreeSolo's raw keys and cell summaries, FS-L's bounded
+  set (a size that does not depend on the context), FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
   for keys.
 
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache

@@ -74,7 +74,7 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
     AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
                   cache="fsframework.models.freesolo_cache:FSLCache"),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
-                  freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.freesolo_cache:FSBCache"),
+                  freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.fsb_cache:FSBCache"),
     AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
                   "runway-rewired causal attention, RoPE (docs/rewired.md)"),
     # AR-GRC has no attention (no module, no keys, no layer cache): a learned cell composed by a tree

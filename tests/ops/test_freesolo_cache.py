@@ -8,7 +8,8 @@ import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
-from fsframework.models.freesolo_cache import FSBCache, FSCache, FSLCache
+from fsframework.models.freesolo_cache import FSCache, FSLCache
+from fsframework.models.fsb_cache import FSBCache
 from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.freesolo_cache import gather_cells, read_candidates, read_cells, route_candidates
 from fsframework.ops.freesolo_routing import cell_summaries
