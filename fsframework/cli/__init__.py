@@ -14,6 +14,7 @@ from fsframework.cli import calibrate as _calibrate
 from fsframework.cli import config as _config
 from fsframework.cli import convert as _convert
 from fsframework.cli import eval as _eval
+from fsframework.cli import generate as _generate
 from fsframework.cli import info as _info
 from fsframework.cli import launch as _launch
 from fsframework.cli import train as _train
@@ -25,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.")
 app.command("train")(_train.train)
 app.command("eval")(_eval.evaluate)
+app.command("generate")(_generate.generate)
 app.command("run")(_train.run)
 app.command("convert")(_convert.convert)
 app.command("info")(_info.info)

@@ -1,5 +1,6 @@
 """Greedy decoding: a cached prefill plus one token per step for the registry's
-language models (`fsframework.models.decode_cache`), full forward passes otherwise.
+language models (`fsframework.models.decode_cache`, docs/decoding.md), full forward
+passes otherwise.
 
 The models take no padding mask, so a padded batch would let real tokens attend to
 pad tokens and shift their positions. Prompts are therefore batched only with
@@ -15,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from fsframework.models.decode_cache import decode_cache, supports_decode_cache
+from fsframework.models.decode_cache import decode_cache, prefill, supports_decode_cache
 
 
 def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -34,11 +35,13 @@ def _next_token_steps(model: nn.Module, tokens: torch.Tensor, use_cache: bool) -
     """Greedy next tokens `[B]`, one per `next()`; each is fed back as the next input."""
     if use_cache:
         with decode_cache(model) as cache:
-            step = tokens
+            # the prompt is prefilled once, in chunks (only its last hidden state is kept), then one
+            # token per step
+            hidden = prefill(cache, tokens)
             while True:
-                nxt = model.lm_head(cache.forward(step)[:, -1]).float().argmax(dim=-1)
+                nxt = model.lm_head(hidden).float().argmax(dim=-1)
                 yield nxt
-                step = nxt[:, None]
+                hidden = prefill(cache, nxt[:, None])
     while True:
         nxt = last_logits(model, tokens).argmax(dim=-1)
         yield nxt

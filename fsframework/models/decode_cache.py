@@ -1,19 +1,27 @@
-"""Incremental decoding: a key/value cache that stands in for the earlier positions.
+"""Incremental decoding: per-layer caches that stand in for the earlier positions (docs/decoding.md).
 
 `with decode_cache(model) as cache:` gives a cache for one batch of sequences.
 `cache.forward(tokens)` runs only the NEW tokens `[B, n]` at positions
-`[cache.length, cache.length + n)` and returns their final hidden states; the first
-call is the prefill (the whole prompt), later calls usually one token.
+`[cache.length, cache.length + n)` and returns their final hidden states (`last_only`:
+the last position's only); the first call is the prefill (the whole prompt), later calls
+usually one token.
 
-The cache is a `KeySource` (`fsframework.models.context`): every attention layer
-runs its one offset form, and the cache supplies the keys of the earlier positions.
-What it keeps per layer is the kind's registry entry's business: every key for the
-kinds that read the whole prefix (TF++ keys are stored already rotated; FreeSolo
-keeps unrotated keys for its routing), the last `window` keys for windowed kinds
-(SWA: a bounded cache).
+The cache is a `KeySource` (`fsframework.models.context`): every attention layer runs
+its one offset form, and the layer's cache supplies the keys of the earlier positions.
+What a layer keeps is the kind's registry entry's business (`AttentionKind.cache`):
 
-Cost per decoded token: O(T) for full attention and FreeSolo (the routing scores
-every prefix cell), O(window) for SWA; memory linear in T (bounded for SWA).
+- `PrefixKVCache` (TF++, ALiBi, sinusoidal, rewired): every key and value, in a buffer
+  grown geometrically;
+- `WindowKVCache` (SWA): a ring of the last `window` positions;
+- `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`), `FSBCache`
+  (`fsframework.models.fsb_cache`): FreeSolo's raw keys and cell summaries, FS-L's bounded
+  set (a size that does not depend on the context), FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
+  for keys.
+
+Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
+walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
+activations or scores, whatever the prompt's length. A language model with a cached form of its own
+(AR-GRC: `make_decode_cache`) brings its own cache.
 """
 
 from __future__ import annotations
@@ -24,45 +32,84 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+# prefill positions per step: bounds the activations and the [chunk x T] attention scores of a step
+PREFILL_CHUNK = 512
+
 
 class DecodeCache:
-    """Keys/values per layer, plus the number of positions already processed."""
+    """One cache per attention layer (built by the registry's `cache` class on first use), plus
+    the number of positions already processed."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, chunk: Optional[int] = None):
+        from fsframework.models.registry import attention_kind
+
+        chunk = PREFILL_CHUNK if chunk is None else chunk
+        if chunk < 1:
+            raise ValueError(f"the prefill chunk must be >= 1 positions, got {chunk}")
         self.model = model
         self.length = 0
-        self.key_cache: dict[int, torch.Tensor] = {}
-        self.value_cache: dict[int, torch.Tensor] = {}
+        self.chunk = chunk
+        self.layer_class = attention_kind(model.cfg.name).cache_class()
+        self.layers: dict[int, object] = {}
 
     @property
     def start(self) -> int:
-        """Position of the first token of the current `forward` call."""
+        """Position of the first token of the piece being processed."""
         return self.length
+
+    def layer_state(self, layer: int):
+        """Layer `layer`'s cache, built from its attention module on first use."""
+        if layer not in self.layers:
+            self.layers[layer] = self.layer_class(self.model.layers[layer].attn)
+        return self.layers[layer]
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
              span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append `k, v` `[B, n, H, d]` to layer `layer` and return everything cached for it,
-        new positions included. With a `span`, only the last `span` positions are kept for the
-        next call (the returned tensors are not trimmed)."""
-        if layer in self.key_cache:
-            k = torch.cat((self.key_cache[layer], k), dim=1)
-            v = torch.cat((self.value_cache[layer], v), dim=1)
-        self.key_cache[layer], self.value_cache[layer] = _last(k, span), _last(v, span)
-        return k, v
+        """Append `k, v` `[B, n, H, d]` to layer `layer`'s cache and return the keys its offset form
+        reads (`fsframework.models.context`), new positions included."""
+        return self.layer_state(layer).keys(k, v, self.start)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the caches have allocated (capacity, not just the positions in use)."""
+        return sum(layer.nbytes for layer in self.layers.values())
+
+    def pieces(self, n: int) -> Iterator[int]:
+        """Lengths of the pieces that `n` new positions are run in."""
+        pos, end = self.length, self.length + n
+        while pos < end:
+            stop = min(end, pos + self.chunk)
+            yield stop - pos
+            pos = stop
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, n]` at positions `[length, length + n)` -> hidden states `[B, n, D]`."""
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens `[B, n]` at positions `[length, length + n)` -> hidden states `[B, n, D]`
+        (`last_only`: `[B, 1, D]`, so a long prefill never holds the whole prompt's states)."""
         if tokens.ndim != 2 or tokens.shape[1] == 0:
             raise ValueError(f"tokens must be [B, n] with n >= 1, got {tuple(tokens.shape)}")
-        hidden = self.model.hidden_states(tokens, self)
-        self.length += tokens.shape[1]
-        return hidden
+        out, at = [], 0
+        for size in list(self.pieces(tokens.shape[1])):
+            hidden = self.model.hidden_states(tokens[:, at:at + size], self)
+            self.length += size
+            at += size
+            out.append(hidden[:, -1:] if last_only else hidden)
+        return out[-1] if last_only else torch.cat(out, dim=1)
 
 
-def _last(x: torch.Tensor, span: Optional[int]) -> torch.Tensor:
-    """The last `span` positions of `x` `[B, T, ...]` (all of them for None)."""
-    return x if span is None else x[:, max(0, x.shape[1] - span):]
+def cache_bytes(cache) -> int:
+    """Bytes a decode cache has allocated (`DecodeCache.nbytes`, or a model's own cache's)."""
+    if hasattr(cache, "nbytes"):
+        return int(cache.nbytes)
+    # AR-GRC's stack of block roots
+    return sum(root.numel() * root.element_size() for _, root in getattr(cache, "blocks", []))
+
+
+def prefill(cache, tokens: torch.Tensor) -> torch.Tensor:
+    """Run `tokens` `[B, n]` through `cache`; the last position's hidden state `[B, D]`."""
+    if isinstance(cache, DecodeCache):
+        return cache.forward(tokens, last_only=True)[:, -1]
+    return cache.forward(tokens)[:, -1]
 
 
 def supports_decode_cache(model: nn.Module) -> bool:
@@ -74,14 +121,15 @@ def supports_decode_cache(model: nn.Module) -> bool:
     if hasattr(model, "make_decode_cache"):  # a language model with a cached form of its own (AR-GRC)
         return True
     layers = getattr(model, "layers", None)
-    return (layers is not None and hasattr(model, "hidden_states")
+    return (layers is not None and hasattr(model, "hidden_states") and hasattr(model, "cfg")
             and all(isinstance(layer.attn, QKVAttention) for layer in layers))
 
 
 @contextmanager
-def decode_cache(model: nn.Module) -> Iterator[DecodeCache]:
-    """A fresh cache for `model` for the duration of the block (the model itself is untouched)."""
+def decode_cache(model: nn.Module, chunk: Optional[int] = None) -> Iterator[DecodeCache]:
+    """A fresh cache for `model` for the duration of the block (the model itself is untouched);
+    `chunk`: prefill positions per step (default `PREFILL_CHUNK`)."""
     if not supports_decode_cache(model):
         raise TypeError(f"{type(model).__name__} has no cached decoding form (needs a registry language model "
                         "that is not sequence parallel)")
-    yield model.make_decode_cache() if hasattr(model, "make_decode_cache") else DecodeCache(model)
+    yield model.make_decode_cache() if hasattr(model, "make_decode_cache") else DecodeCache(model, chunk)

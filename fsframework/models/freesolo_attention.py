@@ -89,14 +89,20 @@ class FreeSoloAttention(QKVAttention):
     def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb_top_k]` cells, no gradient."""
         a = self.cfg.attention
-        if a.fsb_forests != "f0" and self.tau_source is None:
+        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
+                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
+                            bound_c=a.fsb_bound_c, forests=a.fsb_forests, tau=self.fsb_tau())
+
+    def fsb_tau(self) -> Optional[torch.Tensor]:
+        """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""
+        a = self.cfg.attention
+        if a.fsb_forests == "f0":
+            return None
+        if self.tau_source is None:
             raise ValueError("FS-B needs per-head key-norm thresholds: run `fsf calibrate RUN` on the FS or FS-L "
                              "checkpoint (it writes calibration.json beside the weights), or read with "
                              "model.attention.fsb_forests=f0")
-        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
-                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
-                            bound_c=a.fsb_bound_c, forests=a.fsb_forests,
-                            tau=None if a.fsb_forests == "f0" else self.tau)
+        return self.tau
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,6 +127,10 @@ class FreeSoloAttention(QKVAttention):
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
+        cache = source.layer_state(self.layer_idx) if hasattr(source, "layer_state") else None
+        if hasattr(cache, "branches"):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
+            q, k, v = self.project(x, source.start)
+            return cache.branches(self, q, k, v, source.start)
         q, k, v = self.qkv(x, source)
         return self.attend(q, k, v, source.start)
 

@@ -2,10 +2,10 @@
 
 An entry names the module that implements the kind (written once, in the offset form
 of `fsframework.models.attention`) and which earlier keys that form reads: the whole
-prefix, or only the last `window` keys. That one fact decides what a
-sequence-parallel rank fetches from the ranks before it (an all-gather of the prefix,
-or a halo of `window` keys: `fsframework.parallel`) and what a decode cache keeps
-(every key, or the last `window`: `fsframework.models.decode_cache`). Adding a kind
+prefix, or only the last `window` keys. That fact decides what a sequence-parallel
+rank fetches from the ranks before it (an all-gather of the prefix, or a halo of
+`window` keys: `fsframework.parallel`); the entry's `cache` names what one layer keeps
+while decoding (`fsframework.models.decode_cache`, docs/decoding.md). Adding a kind
 means writing its op (`fsframework.ops`), its module, and one entry here.
 
 This file imports no torch: `fsframework.config` validates `model.name` against it.
@@ -36,6 +36,10 @@ class AttentionKind:
     # module classes ("package.module.Class") that ZeRO-3 gathers as a whole at each call instead of
     # per submodule: a model whose ranks call a submodule different numbers of times needs it
     zero3_leaf_modules: tuple[str, ...] = ()
+    # the class of one layer's decode cache ("package.module:Class", built from the layer's attention
+    # module; fsframework.models.decode_cache): what a kind keeps of the past while decoding. None:
+    # the keys its offset form reads (every key and value for "prefix", a ring of them for "window")
+    cache: Optional[str] = None
 
     def key_span(self, attention: AttentionConfig) -> Optional[int]:
         """How many keys before its queries the offset form reads: None for the whole prefix."""
@@ -43,6 +47,13 @@ class AttentionKind:
 
     def module_class(self) -> type:
         return _import(self.module)
+
+    def cache_class(self) -> type:
+        if self.cache is not None:
+            return _import(self.cache)
+        if self.keys not in _KEY_CACHES:
+            raise ValueError(f"model.name={self.name} has no layer cache: its language model brings its own")
+        return _import(_KEY_CACHES[self.keys])
 
 
 def _import(target: str) -> type:
@@ -52,6 +63,8 @@ def _import(target: str) -> type:
 
 _ATTENTION = "fsframework.models.attention"
 _FREESOLO = "fsframework.models.freesolo_attention:FreeSoloAttention"
+_KEY_CACHES = {"prefix": "fsframework.models.kv_cache:PrefixKVCache",
+               "window": "fsframework.models.kv_cache:WindowKVCache"}
 
 KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
     AttentionKind("tfpp", f"{_ATTENTION}:RopeAttention", "prefix", "Transformer++: full causal attention, RoPE"),
@@ -59,13 +72,16 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
     AttentionKind("alibi", f"{_ATTENTION}:AlibiAttention", "prefix", "full causal attention, ALiBi bias"),
     AttentionKind("sinusoidal", f"{_ATTENTION}:NoPositionAttention", "prefix",
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
-    AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True),
-    AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True),
+    AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True,
+                  cache="fsframework.models.freesolo_cache:FSCache"),
+    AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
+                  cache="fsframework.models.freesolo_cache:FSLCache"),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
-                  freesolo=True, trainable=False, trained_as="fs"),
+                  freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.fsb_cache:FSBCache"),
     AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
                   "runway-rewired causal attention, RoPE (docs/rewired.md)"),
-    # AR-GRC has no attention (no module, no keys): a learned cell composed by a tree scan
+    # AR-GRC has no attention (no module, no keys, no layer cache): a learned cell composed by a tree
+    # scan, whose language model brings its own decode cache (`make_decode_cache`)
     AttentionKind("argrc", "", "", "AR-GRC: log-depth recurrent LM, a gated cell over a Blelloch scan",
                   language_model="fsframework.models.argrc:ARGRCLanguageModel",
                   zero3_leaf_modules=("fsframework.models.argrc.TreeScan",)),

@@ -116,7 +116,7 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch
     """Top-K cells of Eq. 12 among candidates `cand [G, Q, m]` (-1 pads, duplicates allowed) -> `[G, Q, K]`.
 
     Per row g (a batch row and head): q `[G, Q, d]` (one query block), unrotated token keys
-    `[G, N, d]`, a `[G, C]`; centers `[C]`, pos `[Q]`, lam, sigma `[G]`. Ties go to the earlier
+    `[G, N, d]` (or cell-major `[G, C', s, d]`, C' >= C), a `[G, C]`; centers `[C]`, pos `[Q]`, lam, sigma `[G]`. Ties go to the earlier
     cell. The log-sum-exps are computed once per block for the union `U` of the block's
     candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s` matmul, no per-query copy of keys).
     """
@@ -134,8 +134,11 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch
     union = torch.where(present, torch.arange(num_cells, device=q.device), num_cells).sort(dim=-1).values[:, :width]
     slot = present.long().cumsum(dim=1) - 1  # a present cell's place in its row's union
     rows = torch.arange(groups, device=q.device)[:, None]
-    picked = keys[:, : num_cells * cell_size].reshape(groups * num_cells, cell_size, dim).index_select(
-        0, (rows * num_cells + union.clamp_max(num_cells - 1)).flatten()).view(groups, width, cell_size, dim)
+    if keys.dim() == 4:  # cell-major `[G, C', s, d]`, C' >= C (a decode cache's buffer): read in place
+        picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)
+    else:
+        picked = keys[:, : num_cells * cell_size].reshape(groups * num_cells, cell_size, dim).index_select(
+            0, (rows * num_cells + union.clamp_max(num_cells - 1)).flatten()).view(groups, width, cell_size, dim)
     lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
     for lo in range(0, num_q, chunk):
         hi = min(lo + chunk, num_q)

@@ -41,8 +41,9 @@ def test_cached_logits_equal_full_forward_at_every_position(name):
     tokens = _distinct_tokens(2, 90)
     with torch.no_grad():
         full = model(tokens)
-        with decode_cache(model) as cache:
-            # a prefill that ends mid-block, then single tokens, then a chunk of 5
+        with decode_cache(model, chunk=16) as cache:
+            # a prefill that ends mid-block (run in chunks of 16, which FreeSolo's caches walk block
+            # by block), then single tokens, then a chunk of 5 that crosses a block boundary
             pieces = [cache.forward(tokens[:, :37])]
             pieces += [cache.forward(tokens[:, t:t + 1]) for t in range(37, 85)]
             pieces.append(cache.forward(tokens[:, 85:]))
@@ -63,13 +64,50 @@ def test_cached_freesolo_combine_modes(combine):
     torch.testing.assert_close(model.lm_head(cached), full, rtol=1e-9, atol=1e-9)
 
 
-def test_swa_cache_is_bounded_by_the_window():
-    model = _model("swa")
+def _cache_bytes_at(name: str, lengths: list[int]) -> list[int]:
+    """The cache's allocated bytes after decoding to each of `lengths` (prefill of the first)."""
+    model = _model(name)
+    sizes = []
+    with torch.no_grad(), decode_cache(model, chunk=16) as cache:
+        cache.forward(torch.randint(0, VOCAB, (1, lengths[0])))
+        sizes.append(cache.nbytes)
+        for length in lengths[1:]:
+            while cache.length < length:
+                cache.forward(torch.randint(0, VOCAB, (1, 1)))
+            sizes.append(cache.nbytes)
+    return sizes
+
+
+@pytest.mark.parametrize("name", ["swa", "fsl"])
+def test_bounded_caches_do_not_grow_with_the_context(name):
+    # SWA: a ring of `window` positions; FS-L: window + unfinished block + (retained + recent) cells,
+    # full once more cells than P + W are eligible (3 + 2 cells of 4 tokens: from position 24)
+    sizes = _cache_bytes_at(name, [40, 97, 161, 250])
+    assert sizes[0] > 0 and len(set(sizes)) == 1, sizes
+    model = _model(name)
+    a, layers, heads, dim = model.cfg.attention, model.cfg.n_layers, model.cfg.n_heads, model.cfg.head_dim
+    kv = 2 * heads * dim * 8  # one position's key and value, fp64
+    if name == "swa":
+        assert sizes[0] == layers * a.window * kv
+    else:
+        cells = a.retained_cells + a.recent_cells
+        raw = (a.window + a.block_size) * kv + cells * a.cell_size * kv  # ring, pending block, candidate cells
+        summaries = heads * cells * (8 + dim * 8 + 8)  # cell index (int64), mean key, key norm
+        assert sizes[0] == layers * (raw + summaries)
+
+
+@pytest.mark.parametrize("name", ["tfpp", "fs"])
+def test_prefix_caches_grow_geometrically(name):
+    # capacity doubles: appending one token at a time reallocates O(log T) times, not T times
+    model = _model(name)
     with torch.no_grad(), decode_cache(model) as cache:
-        cache.forward(_distinct_tokens(1, 60))
-        for _ in range(5):
-            cache.forward(_distinct_tokens(1, 1))
-        assert all(k.shape[1] == 12 for k in cache.key_cache.values())
+        cache.forward(torch.randint(0, VOCAB, (1, 5)))
+        buffers = set()
+        for _ in range(200):
+            cache.forward(torch.randint(0, VOCAB, (1, 1)))
+            buffers.add(cache.layers[0].kv.k.data_ptr())
+        capacity = cache.layers[0].kv.k.shape[1]
+    assert len(buffers) <= 3 and 205 <= capacity < 2 * 205
 
 
 @pytest.mark.parametrize("name", ["tfpp", "swa", "fs"])
@@ -101,3 +139,19 @@ def test_models_without_a_cached_form_are_refused():
         pass
     with pytest.raises(ValueError, match=r"\[B, n\]"), decode_cache(_model("tfpp")) as cache:
         cache.forward(torch.zeros(2, 0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["fsl", "tfpp"])
+def test_generation_prefills_each_prompt_once_in_chunks(name, monkeypatch):
+    # what `fsf eval` runs: the prompt goes through the cache once, in pieces of at most the chunk,
+    # then one token per step
+    import fsframework.models.decode_cache as dc
+
+    model = _model(name)
+    seen = []
+    forward = model.hidden_states
+    monkeypatch.setattr(model, "hidden_states", lambda tokens, source: seen.append(tokens.shape[1])
+                        or forward(tokens, source))
+    monkeypatch.setattr(dc, "PREFILL_CHUNK", 16)
+    greedy_generate(model, [_distinct_tokens(1, 35)[0].tolist()], 5)
+    assert seen == [16, 16, 3] + [1] * 4

@@ -42,5 +42,6 @@ def test_a_new_entry_is_enough_for_cached_decoding(monkeypatch):
     tokens = torch.randint(0, 32, (1, 23))
     with torch.no_grad(), decode_cache(model) as cache:
         steps = [cache.forward(tokens[:, :7])] + [cache.forward(tokens[:, t:t + 1]) for t in range(7, 23)]
-        assert all(k.shape[1] == 5 for k in cache.key_cache.values())  # the span bounds the cache
+        # the span bounds the cache: a ring of 5 positions per layer
+        assert all(layer.kv.k.shape[1] == 5 and layer.nbytes == 2 * 5 * 16 * 8 for layer in cache.layers.values())
         torch.testing.assert_close(model.lm_head(torch.cat(steps, dim=1)), model(tokens), rtol=1e-9, atol=1e-9)

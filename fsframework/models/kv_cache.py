@@ -1,0 +1,127 @@
+"""Key/value buffers of one layer's decode cache (docs/decoding.md).
+
+Legend: B batch, n new positions, H heads, d head width, w window.
+
+- `GrowingKV`: every position, in a buffer preallocated and grown geometrically (doubling),
+  so appending a token copies nothing but the token (amortised O(1)); reads are views.
+- `WindowKV`: a ring buffer of the last `w` positions, whose size does not depend on the
+  context; a read lays the ring out in position order (a copy of `w` positions, which the
+  windowed attention reads anyway).
+
+`PrefixKVCache` and `WindowKVCache` are the layer caches the registry names for the kinds
+whose offset form reads the whole prefix or a window of it (`fsframework.models.registry`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MIN_CAPACITY = 64  # first allocation, in positions: a short prompt does not regrow at every token
+
+
+def tensor_bytes(*tensors) -> int:
+    """Bytes allocated by `tensors` (None counted as 0)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class GrowingKV:
+    """Keys and values of every position so far, `[B, capacity, H, d]` each, grown by doubling."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `k, v` `[B, n, H, d]`; return views of every position, the new ones included."""
+        end = self.length + k.shape[1]
+        if self.k is None or end > self.k.shape[1]:
+            self._grow(k, end)
+        self.k[:, self.length:end] = k
+        self.v[:, self.length:end] = v
+        self.length = end
+        return self.k[:, :end], self.v[:, :end]
+
+    def _grow(self, like: torch.Tensor, need: int) -> None:
+        capacity = max(need, MIN_CAPACITY, 2 * (0 if self.k is None else self.k.shape[1]))
+        shape = (like.shape[0], capacity, *like.shape[2:])
+        k, v = like.new_empty(shape), like.new_empty(shape)
+        if self.k is not None:
+            k[:, :self.length], v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
+        self.k, self.v = k, v
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :self.length], self.v[:, :self.length]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(self.k, self.v)
+
+
+class WindowKV:
+    """The last `window` positions' keys and values in a ring `[B, window, H, d]`."""
+
+    def __init__(self, window: int):
+        if window < 1:
+            raise ValueError(f"a window cache needs window >= 1, got {window}")
+        self.window = window
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0  # positions written so far; the ring holds the last min(length, window)
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `k, v` `[B, n, H, d]`; return the up to `window` positions before them followed by
+        them, `[B, min(length, window) + n, H, d]`, in position order."""
+        if self.k is None:
+            shape = (k.shape[0], self.window, *k.shape[2:])
+            self.k, self.v = k.new_empty(shape), v.new_empty(shape)
+        out = (torch.cat((*self._ordered(self.k), k), dim=1), torch.cat((*self._ordered(self.v), v), dim=1))
+        keep = min(k.shape[1], self.window)  # only the last `window` new positions stay
+        slots = (self.length + torch.arange(k.shape[1] - keep, k.shape[1], device=k.device)) % self.window
+        self.k.index_copy_(1, slots, k[:, k.shape[1] - keep:])
+        self.v.index_copy_(1, slots, v[:, v.shape[1] - keep:])
+        self.length += k.shape[1]
+        return out
+
+    def _ordered(self, ring: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The ring's positions, oldest first, as views (one copy when they are concatenated)."""
+        if self.length <= self.window:
+            return (ring[:, :self.length],)
+        head = self.length % self.window  # slot of the oldest position
+        return ring[:, head:], ring[:, :head]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(self.k, self.v)
+
+
+class PrefixKVCache:
+    """Layer cache of a kind that reads the whole prefix (TF++, ALiBi, sinusoidal, rewired):
+    every key and value, as the layer's `project` produced them (RoPE kinds: already rotated)."""
+
+    def __init__(self, module: nn.Module):
+        self.kv = GrowingKV()
+
+    def keys(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv.append(k, v)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+
+class WindowKVCache:
+    """Layer cache of a windowed kind (SWA): a ring of the `key_span` positions its offset form reads."""
+
+    def __init__(self, module: nn.Module):
+        if module.key_span is None:
+            raise ValueError(f"{type(module).__name__} reads the whole prefix: it needs a PrefixKVCache")
+        self.kv = WindowKV(module.key_span)
+
+    def keys(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv.extend(k, v)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes

@@ -1,0 +1,81 @@
+"""FreeSolo over cached summaries (`fsframework.ops.freesolo_cache`, `fsframework.models.freesolo_cache`)
+selects the cells and reads the values that the whole-sequence routing and readout do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsframework.config import AttentionConfig, ModelConfig
+from fsframework.models.freesolo_attention import FreeSoloAttention
+from fsframework.models.freesolo_cache import FSCache, FSLCache
+from fsframework.models.fsb_cache import FSBCache
+from fsframework.ops.freesolo import cell_readout, select_cells
+from fsframework.ops.freesolo_cache import gather_cells, read_candidates, read_cells, route_candidates
+from fsframework.ops.freesolo_routing import cell_summaries
+
+ROUTING = dict(cell_size=4, block_size=8, top_k=3, recent_cells=2, retained_cells=3)
+
+
+def _qkv(seq: int, heads: int = 3, dim: int = 8, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, seq, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3)]
+
+
+def test_route_and_read_over_every_cell_equal_the_whole_sequence_ops():
+    q, k, v = _qkv(64)
+    sigma, lam = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64), torch.tensor([0.5, 1.0, 0.0], dtype=torch.float64)
+    cells = select_cells(q, k, variant="fs", sigma=sigma, lam=lam, impl="reference", **ROUTING)
+    weight = torch.rand(3, 8, dtype=torch.float64)
+    full = cell_readout(q, k, v, cells, cell_size=4, rms_weight=weight, impl="reference")
+    kbar, a = cell_summaries(k, 4)
+    s = 4
+    for block in (8, 24, 56):
+        num = block // s
+        rows = slice(block, block + 8)
+        choice = route_candidates(q[:, rows], block, kbar[:, :num].transpose(1, 2), a[:, :num].transpose(1, 2),
+                                  (torch.arange(num, dtype=torch.float64) + 0.5) * s, None, top_k=3, sigma=sigma,
+                                  lam=lam)
+        assert torch.equal(choice, cells[:, rows])
+        view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
+        values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
+        # the dense layout (8 queries x 3 >= the candidates) and the per-query gather (one query)
+        dense = read_candidates(q[:, rows], view, values, choice, rms_weight=weight)
+        torch.testing.assert_close(dense, full[:, rows], rtol=1e-12, atol=1e-12)
+        for i in range(block, block + 8, 3):
+            one = read_candidates(q[:, i:i + 1], view, values, choice[:, i - block:i - block + 1], rms_weight=weight)
+            torch.testing.assert_close(one, full[:, i:i + 1], rtol=1e-12, atol=1e-12)
+
+
+def test_rows_with_nothing_selected_read_zero():
+    q, k, v = _qkv(8)
+    choice = torch.full((2, 8, 3, 2), -1, dtype=torch.long)
+    cells = k[:, :8].view(2, 2, 4, 3, 8).permute(0, 3, 1, 2, 4)
+    out = read_cells(q, gather_cells(cells, choice), gather_cells(cells, choice), choice >= 0)
+    assert torch.equal(out, torch.zeros_like(q))
+    assert torch.equal(read_candidates(q, cells, cells, choice), torch.zeros_like(q))  # dense layout
+
+
+@pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
+def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, cache_class):
+    # pieces of 1 to 8 positions over 20 blocks: FS-L's retained set merges and drops cells at every
+    # boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
+    att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb_beam_width=4, fsb_top_k=3, **ROUTING)
+    cfg = ModelConfig(name=variant, vocab_size=16, d_model=24, n_layers=1, n_heads=3, attention=att)
+    module = FreeSoloAttention(cfg, 0).double()
+    q, k, v = _qkv(160, seed=1)
+    if variant == "fsb":
+        module.tau.copy_(torch.tensor([3.2, 3.4, 3.6]))  # Ftau admits a part of the cells
+        module.tau_source = "test thresholds"
+        full = select_cells(q, k, variant="fsb", sigma=module.sigma, lam=module.lam, tau=module.tau, beam_width=4,
+                            **{key: value for key, value in ROUTING.items() if "cells" not in key})
+    else:
+        full = select_cells(q, k, variant=variant, sigma=module.sigma, lam=module.lam, impl="reference", **ROUTING)
+    cache, pos, sizes = cache_class(module), 0, [5, 3, 1, 7, 8, 2, 6]
+    while pos < 160:
+        end = min(160, pos + sizes[pos % 7], (pos // 8 + 1) * 8)
+        cache.branches(module, q[:, pos:end], k[:, pos:end], v[:, pos:end], pos)
+        assert torch.equal(cache.selected, full[:, pos:end]), pos
+        pos = end
+    with pytest.raises(ValueError, match="holds 160 positions"):
+        cache.branches(module, q[:, :9], k[:, :9], v[:, :9], 150)

@@ -1,0 +1,99 @@
+"""Streaming decode on CPU: the decode cache's allocated bytes, decoding speed and prefill time
+against the context length, per model kind (docs/decoding.md).
+
+No checkpoint: random weights of the model of `yamls/quickstart.yaml` (or `--config`), with
+`model.name` set to each of `--models` (and any dotted `overrides`). For each (model,
+context): a random prompt of `context` tokens is prefilled through the cache (in chunks),
+then `--new-tokens` tokens are decoded greedily, one forward pass each.
+
+  cache_bytes    what the cache has allocated after the prefill and the decode (capacity, as
+                 in the FreeSolo paper's Table 15): FS-L and SWA flat in the context, TF++ linear
+  tokens_per_s   decoded tokens per second (after the prefill); the table also prints them
+                 per second of the process's CPU time, steadier on a shared machine
+  prefill_s      the prompt's prefill
+
+    python tools/bench_decode.py --models fsl tfpp --contexts 4096 16384 65536 --json decode.json
+
+`--json` writes one JSON list of {"model", "context", "cache_bytes", "tokens_per_s", "prefill_s"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def measure(model, context: int, new_tokens: int, seed: int) -> dict:
+    import torch
+
+    from fsframework.models.decode_cache import cache_bytes, decode_cache, prefill
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen)
+    with torch.inference_mode(), decode_cache(model) as cache:
+        begin = time.perf_counter()
+        hidden = prefill(cache, prompt)
+        prefill_s = time.perf_counter() - begin
+        token = model.lm_head(hidden).argmax(dim=-1)
+        begin, begin_cpu = time.perf_counter(), time.process_time()
+        for _ in range(new_tokens):
+            token = model.lm_head(prefill(cache, token[:, None])).argmax(dim=-1)
+        decode_s, decode_cpu_s = time.perf_counter() - begin, time.process_time() - begin_cpu
+        # the CPU-time rate is printed beside the wall-clock one: steadier on a shared machine
+        return {"context": context, "cache_bytes": cache_bytes(cache), "tokens_per_s": new_tokens / decode_s,
+                "prefill_s": prefill_s, "tokens_per_cpu_s": new_tokens / decode_cpu_s}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["fsl", "tfpp"])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 8192, 16384, 32768, 65536])
+    parser.add_argument("--config", default=str(REPO / "yamls" / "quickstart.yaml"),
+                        help="a job YAML whose model is benchmarked (random weights)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded after each prefill")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="write the rows to this JSON file")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 1 or min(args.contexts) < 1:
+        parser.error("--new-tokens and --contexts must be >= 1")
+
+    import torch
+
+    from fsframework.config import ConfigError, load_config
+    from fsframework.models.registry import build_model
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'model':>10} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} {'prefill s':>10}")
+    for name in args.models:
+        try:
+            cfg = load_config(args.config, [*args.overrides, f"model.name={name}"])
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if name == "fsb" and cfg.model.attention.fsb_forests != "f0":
+            print("error: FS-B needs a checkpoint's calibrated thresholds: pass model.attention.fsb_forests=f0",
+                  file=sys.stderr)
+            return 2
+        torch.manual_seed(args.seed)
+        model = build_model(cfg.model).eval()
+        for context in args.contexts:
+            row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}
+            cpu_rate = row.pop("tokens_per_cpu_s")
+            rows.append(row)
+            print(f"{name:>10} {context:>8} {row['cache_bytes'] / 2**20:>10.3f} {row['tokens_per_s']:>9.1f} "
+                  f"{cpu_rate:>13.1f} {row['prefill_s']:>10.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
