@@ -415,8 +415,8 @@ class Checkpoint:
         model = build_model(cfg.model)
         state = self.state_dict()
         source = self.fp32_file if self.fp32_file.is_file() else self.engine_dir
-        check_state_dict(model, state, f"checkpoint {source} (model {cfg.model.name} of its config.yaml)",
-                         tied=cfg.model.tie_embeddings)
+        built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
+        check_state_dict(model, state, f"checkpoint {source} (for {built})", tied=cfg.model.tie_embeddings)
         model.load_state_dict(state, strict=False)
         if cfg.model.name == "fsb" and cfg.model.attention.fsb_forests != "f0":
             self.apply_calibration(model, cfg.model.attention.fsb_calibration)

@@ -55,7 +55,10 @@ def saved_layout(ckpt: Path) -> Layout:
         world += 1
     if world == 0:
         raise CheckpointError(f"checkpoint {ckpt} has no loop state ({client_state_name(0)})")
-    parallel = read_config(ckpt).parallel
+    try:
+        parallel = read_config(ckpt).parallel
+    except (OSError, ValueError) as exc:  # ConfigError is a ValueError
+        raise CheckpointError(f"checkpoint {ckpt}: its config.yaml cannot be read ({exc})") from None
     return Layout(world, parallel.sp, parallel.zero_stage)
 
 
