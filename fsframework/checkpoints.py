@@ -86,6 +86,10 @@ def _numpy_safe_globals() -> list:
     return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), core.multiarray._reconstruct]
 
 
+# torch.load itself while `weights_only_loads` has replaced it (empty outside such a block)
+_ORIGINAL_TORCH_LOAD: dict[str, Callable] = {}
+
+
 def safe_load(path: str | Path, *, what: str = "checkpoint file", engine: bool = False, map_location: Any = "cpu",
               **kwargs: Any) -> Any:
     """`torch.load(path, weights_only=True)` with the allow-list (`engine`: DeepSpeed's classes
@@ -105,9 +109,6 @@ def safe_load(path: str | Path, *, what: str = "checkpoint file", engine: bool =
             reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[-1] if lines else "")
             raise CheckpointError(f"{what} {path} is not a readable torch file of tensors "
                                   f"({type(exc).__name__}: {reason})") from None
-
-
-_ORIGINAL_TORCH_LOAD: dict[str, Callable] = {}
 
 
 @contextmanager
