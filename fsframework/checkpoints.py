@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -55,6 +57,96 @@ TOKENIZER_STEM = "tokenizer"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class CheckpointWarning(UserWarning):
+    """A damaged checkpoint was skipped in favour of an older one."""
+
+
+# Safe loading (docs/checkpoints.md): every torch file is read with `weights_only=True`, which
+# unpickles tensors and plain containers only, plus the allow-list below; a file holding anything
+# else is refused, so loading a checkpoint never runs code from it.
+def _deepspeed_safe_globals() -> list:
+    """The three small classes DeepSpeed's optimizer files hold (found by loading the files of
+    ZeRO 0-3, fp32 and bf16 runs); the model-state files hold tensors and containers only."""
+    _deepspeed_environment()
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def _numpy_safe_globals() -> list:
+    """What a numpy array pickles to (torch's own recipe for such files): the loop state holds
+    numpy's generator state, an array."""
+    import numpy as np
+
+    core = np._core if hasattr(np, "_core") else np.core
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), core.multiarray._reconstruct]
+
+
+# torch.load itself while `weights_only_loads` has replaced it (empty outside such a block)
+_ORIGINAL_TORCH_LOAD: dict[str, Callable] = {}
+
+
+def safe_load(path: str | Path, *, what: str = "checkpoint file", engine: bool = False, map_location: Any = "cpu",
+              **kwargs: Any) -> Any:
+    """`torch.load(path, weights_only=True)` with the allow-list (`engine`: DeepSpeed's classes
+    too); any failure (truncated or corrupt file, a class outside the allow-list) raises
+    CheckpointError naming the file as `what`."""
+    import torch
+
+    allowed = _numpy_safe_globals() + (_deepspeed_safe_globals() if engine else [])
+    load = _ORIGINAL_TORCH_LOAD.get("load", torch.load)  # the real one inside `weights_only_loads`
+    with torch.serialization.safe_globals(allowed):
+        try:
+            return load(path, map_location=map_location, weights_only=True, **kwargs)
+        except FileNotFoundError:
+            raise CheckpointError(f"{what} {path} does not exist") from None
+        except Exception as exc:  # torch raises several types for a damaged file
+            lines = str(exc).strip().splitlines()
+            reason = next((line.strip() for line in lines if "Unsupported global" in line), lines[-1] if lines else "")
+            raise CheckpointError(f"{what} {path} is not a readable torch file of tensors "
+                                  f"({type(exc).__name__}: {reason})") from None
+
+
+@contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Within the block every `torch.load` goes through `safe_load` with DeepSpeed's classes
+    allowed: DeepSpeed's own checkpoint loading and conversion, which pass `weights_only=False`,
+    then unpickle nothing outside the allow-list, and a damaged file raises CheckpointError naming it."""
+    import torch
+
+    if _ORIGINAL_TORCH_LOAD:  # already inside such a block
+        yield
+        return
+    _ORIGINAL_TORCH_LOAD["load"] = torch.load
+
+    def load(f, map_location=None, pickle_module=None, *, weights_only=None, **kwargs):
+        return safe_load(f, engine=True, map_location=map_location, **kwargs)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = _ORIGINAL_TORCH_LOAD.pop("load")
+
+
+def check_state_dict(model, state: dict, source: str | Path, *, tied: bool = False) -> None:
+    """Raise CheckpointError when `state` does not fit `model`, naming the missing, unexpected and
+    mis-shaped tensors (a file of another model size or kind). `tied`: the model ties its output
+    to its embedding, so a state without `lm_head.weight` still fits."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and not (tied and k.endswith("lm_head.weight"))]
+    unexpected = [k for k in state if k not in expected]
+    misshaped = [f"{k} {tuple(state[k].shape)} (model: {tuple(v.shape)})" for k, v in expected.items()
+                 if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or misshaped:
+        parts = [f"{label} {len(names)}: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+                 for label, names in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
+                 if names]
+        raise CheckpointError(f"{source} does not fit the model: {'; '.join(parts)}")
 
 
 def step_name(step: int) -> str:
@@ -195,7 +287,9 @@ def find_latest(ckpt_root: Path, log: Callable[[str], Any] = print) -> Optional[
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory, its checkpoints/ folder or one checkpoint -> one verified checkpoint dir."""
+    """A run directory, its checkpoints/ folder or one checkpoint -> one verified checkpoint dir.
+    A damaged newer checkpoint is skipped with a CheckpointWarning that names it and what is
+    wrong with it, and another that names the checkpoint used instead."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path not found: {path}")
@@ -203,8 +297,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
         verify(path)
         return path
     for root in (RunDir(path).checkpoints, path):
-        found = find_latest(root, log=lambda _m: None)
+        skipped: list[str] = []
+        found = find_latest(root, log=skipped.append)
+        for message in skipped:  # a damaged newer checkpoint is named, never passed over silently
+            warnings.warn(message, CheckpointWarning, stacklevel=2)
         if found is not None:
+            if skipped:
+                warnings.warn(f"using checkpoint {found}, the newest that verifies", CheckpointWarning, stacklevel=2)
             return found
     raise CheckpointError(f"no complete checkpoint under {path}")
 
@@ -228,12 +327,10 @@ def _deepspeed_environment() -> None:
 
 
 def _has_full_module(ds_dir: Path) -> bool:
-    import torch
-
     files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
     if not files:
         return False
-    module = torch.load(files[0], map_location="cpu", weights_only=False).get("module")
+    module = safe_load(files[0]).get("module")
     return bool(module) and all(t.numel() > 0 for t in module.values())
 
 
@@ -278,22 +375,27 @@ class Checkpoint:
 
     def engine_state_dict(self) -> dict[str, "torch.Tensor"]:
         """fp32 model weights read from the engine state (any ZeRO stage), never from model_fp32.pt."""
-        import torch
-
         _deepspeed_environment()
         ds_dir = self.engine_dir
         if any(ds_dir.glob("zero_pp_rank_*_mp_rank_*_optim_states.pt")) and not _has_full_module(ds_dir):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=ENGINE_TAG)
+            with weights_only_loads():  # DeepSpeed's merge reads every shard through safe_load
+                try:
+                    state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=ENGINE_TAG)
+                except CheckpointError:
+                    raise
+                except Exception as exc:  # shards that do not fit together
+                    raise CheckpointError(f"checkpoint {self.path}: the ZeRO shards in {ds_dir} do not merge "
+                                          f"({type(exc).__name__}: {exc})") from None
         else:
             files = sorted(ds_dir.glob("mp_rank_*_model_states.pt"))
             if not files:
                 raise CheckpointError(f"checkpoint {self.path}: no model states in {ds_dir}")
-            try:
-                state = torch.load(files[0], map_location="cpu", weights_only=False)["module"]
-            except Exception as exc:
-                raise CheckpointError(f"checkpoint file {files[0]} is corrupt: {exc}") from None
+            state = safe_load(files[0])
+            if not isinstance(state, dict) or not isinstance(state.get("module"), dict):
+                raise CheckpointError(f"checkpoint file {files[0]} holds no model state (\"module\")")
+            state = state["module"]
         return _plain_keys(state)
 
     def state_dict(self) -> dict[str, "torch.Tensor"]:
@@ -301,9 +403,7 @@ class Checkpoint:
         engine state consolidated. Computed once."""
         if self._state is None:
             if self.fp32_file.is_file():
-                import torch
-
-                self._state = _plain_keys(torch.load(self.fp32_file, map_location="cpu", weights_only=True))
+                self._state = _plain_keys(safe_load(self.fp32_file))
             else:
                 self._state = self.engine_state_dict()
         return self._state
@@ -314,11 +414,11 @@ class Checkpoint:
 
         cfg = self.config(overrides)
         model = build_model(cfg.model)
-        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight") or not cfg.model.tie_embeddings]
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint {self.path} does not match model {cfg.model.name}: "
-                                  f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        state = self.state_dict()
+        source = self.fp32_file if self.fp32_file.is_file() else self.engine_dir
+        built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
+        check_state_dict(model, state, f"checkpoint {source} (for {built})", tied=cfg.model.tie_embeddings)
+        model.load_state_dict(state, strict=False)
         if cfg.model.name == "fsb" and cfg.model.attention.fsb_forests != "f0":
             self.apply_calibration(model, cfg.model.attention.fsb_calibration)
         return model.to(device).eval(), cfg
@@ -397,7 +497,7 @@ def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, 
     tokens = torch.randint(0, min(cfg.model.vocab_size, 256), (1, proof_tokens),
                            generator=torch.Generator().manual_seed(0))
     logits = []
-    for state in (source, torch.load(out, map_location="cpu", weights_only=True)):
+    for state in (source, safe_load(out)):
         model = build_model(cfg.model).eval()
         model.load_state_dict(state, strict=not cfg.model.tie_embeddings)
         with torch.no_grad():
@@ -414,10 +514,7 @@ def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
     path = Path(path)
     if not path.is_file():
         return Checkpoint.open(path).state_dict()
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"weights file {path} is not a readable torch file: {exc}") from None
+    state = safe_load(path, what="weights file")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

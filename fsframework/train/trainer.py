@@ -155,13 +155,16 @@ class Trainer:
         found = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if found is None:
             return
-        ckpt_io.load_engine(self.engine, found)
-        client = ckpt_io.load_client_state(found, self.dist.rank)
+        # a checkpoint of another data-parallel size is reshaped (fsframework.train.resize)
+        same = ckpt_io.load_engine(self.engine, found, cfg=self.cfg, world_size=self.dist.world_size,
+                                   rank=self.dist.rank)
+        client = ckpt_io.load_client_state(found, self.dist.rank, same_layout=same)
         self.state = TrainState(**client["train_state"])
         self.loader.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
         self.resumed_from = found  # pruning never deletes it
-        self.log(f"resumed from {found.name} at step {self.state.step}")
+        self.log(f"resumed from {found.name} at step {self.state.step}"
+                 + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
 
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
