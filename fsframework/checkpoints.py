@@ -22,6 +22,10 @@ Layout of `<run_dir>/checkpoints/`:
     latest                   name of the newest complete checkpoint (replaced atomically)
     .tmp-step_00000030/      a checkpoint being written (ignored, cleaned up on the next save)
 
+An export directory (`fsf export`, docs/export.md) is read as a checkpoint too: it holds
+config.yaml, the tokenizer and calibration.json under the same names, and its weights in
+model.safetensors (Llama names for tfpp) instead of an engine state; `Checkpoint` reads either.
+
 Writing checkpoints (atomic save, manifest, pruning) is `fsframework.train.checkpoint`'s;
 this module resolves a path to one verified checkpoint, reads its config (migrated to the
 current schema) and consolidates its weights into one fp32 state dict, each once.
@@ -51,6 +55,9 @@ STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 # A file tokenizer is saved in every checkpoint under this stem (suffix kept: .json or .model).
 TOKENIZER_STEM = "tokenizer"
+# An export directory (fsframework.export): Hugging Face-style config and safetensors weights.
+EXPORT_WEIGHTS = "model.safetensors"
+EXPORT_HF_CONFIG = "config.json"
 
 
 class CheckpointError(RuntimeError):
@@ -195,10 +202,13 @@ def find_latest(ckpt_root: Path, log: Callable[[str], Any] = print) -> Optional[
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory, its checkpoints/ folder or one checkpoint -> one verified checkpoint dir."""
+    """A run directory, its checkpoints/ folder, one checkpoint or an export directory -> one
+    verified checkpoint dir (an export's tensors are checked when they are read)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path not found: {path}")
+    if is_export(path):
+        return path
     if (path / MANIFEST).is_file():
         verify(path)
         return path
@@ -207,6 +217,53 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if found is not None:
             return found
     raise CheckpointError(f"no complete checkpoint under {path}")
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` is an export directory (`fsf export`): config.json, config.yaml and
+    model.safetensors, no engine state."""
+    path = Path(path)
+    return all((path / name).is_file() for name in (EXPORT_HF_CONFIG, CONFIG_FILE, EXPORT_WEIGHTS))
+
+
+def read_export_weights(path: Path) -> dict[str, "torch.Tensor"]:
+    """fp32 weights of export directory `path`, keys as in the plain model: Llama names (a tfpp
+    export, model_type "llama") mapped back, the "model." prefix of the other kinds' files dropped.
+    Read with safetensors (no pickle); a truncated or foreign file raises CheckpointError."""
+    from safetensors.torch import load_file
+
+    from fsframework.models.llama import from_llama_name
+
+    file = Path(path) / EXPORT_WEIGHTS
+    try:
+        hf = json.loads((Path(path) / EXPORT_HF_CONFIG).read_text())
+        state = load_file(file)
+    except Exception as exc:  # safetensors raises its own error types for a bad header or short file
+        raise CheckpointError(f"export {path}: {file.name} or {EXPORT_HF_CONFIG} is truncated or not valid "
+                              f"({type(exc).__name__}: {exc})") from None
+    if hf.get("model_type") == "llama":
+        state = {from_llama_name(k): v for k, v in state.items()}
+    state = _plain_keys(state)
+    if hf.get("tie_word_embeddings") and "embed.weight" in state:
+        state.setdefault("lm_head.weight", state["embed.weight"])  # stored once (safetensors shares no storage)
+    return state
+
+
+def check_weights(model, state: dict, where: str) -> None:
+    """Raise CheckpointError naming every missing, unexpected and mis-shaped tensor of `state` for
+    `model` (a tied lm_head may be absent); `where` names the source in the message."""
+    expected = model.state_dict()
+    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
+    missing = [k for k in expected if k not in state and not (tied and k.endswith("lm_head.weight"))]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k} {tuple(state[k].shape)} (model: {tuple(expected[k].shape)})" for k in state
+              if k in expected and state[k].shape != expected[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"{label} {items[:8]}{f' and {len(items) - 8} more' if len(items) > 8 else ''}"
+                 for label, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", shapes))
+                 if items]
+        raise CheckpointError(f"{where} does not fit model {model.cfg.name if hasattr(model, 'cfg') else ''}: "
+                              + "; ".join(parts))
 
 
 def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:
@@ -251,8 +308,13 @@ class Checkpoint:
         return cls(resolve_checkpoint(path))
 
     @property
+    def is_export(self) -> bool:
+        return is_export(self.path)
+
+    @property
     def run(self) -> RunDir:
-        return RunDir.of_checkpoint(self.path)
+        """The run directory it belongs to; an export directory is its own (scores go to its eval/)."""
+        return RunDir(self.path) if self.is_export else RunDir.of_checkpoint(self.path)
 
     @property
     def config_file(self) -> Path:
@@ -297,10 +359,12 @@ class Checkpoint:
         return _plain_keys(state)
 
     def state_dict(self) -> dict[str, "torch.Tensor"]:
-        """fp32 model weights, keys as in the plain model: model_fp32.pt when written, else the
-        engine state consolidated. Computed once."""
+        """fp32 model weights, keys as in the plain model: an export's model.safetensors,
+        model_fp32.pt when written, else the engine state consolidated. Computed once."""
         if self._state is None:
-            if self.fp32_file.is_file():
+            if self.is_export:
+                self._state = read_export_weights(self.path)
+            elif self.fp32_file.is_file():
                 import torch
 
                 self._state = _plain_keys(torch.load(self.fp32_file, map_location="cpu", weights_only=True))
@@ -314,11 +378,9 @@ class Checkpoint:
 
         cfg = self.config(overrides)
         model = build_model(cfg.model)
-        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight") or not cfg.model.tie_embeddings]
-        if missing or unexpected:
-            raise CheckpointError(f"checkpoint {self.path} does not match model {cfg.model.name}: "
-                                  f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        state = self.state_dict()
+        check_weights(model, state, f"checkpoint {self.path}")
+        model.load_state_dict(state, strict=False)
         if cfg.model.name == "fsb" and cfg.model.attention.fsb_forests != "f0":
             self.apply_calibration(model, cfg.model.attention.fsb_calibration)
         return model.to(device).eval(), cfg
@@ -406,14 +468,21 @@ def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, 
 
 
 def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
-    """Weights for `train.init_from`: a run directory or checkpoint (as `resolve_checkpoint`), or
-    one `.pt` file holding a plain state dict, bare or under "model", so a model trained outside
-    the trainer can start a run."""
+    """Weights for `train.init_from`: a run directory, checkpoint or export (as `resolve_checkpoint`),
+    a `.safetensors` file, or one `.pt` file holding a plain state dict, bare or under "model", so a
+    model trained outside the trainer can start a run."""
     import torch
 
     path = Path(path)
     if not path.is_file():
         return Checkpoint.open(path).state_dict()
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return {k: v.float() for k, v in load_file(path).items()}
+        except Exception as exc:
+            raise CheckpointError(f"weights file {path} is truncated or not a safetensors file: {exc}") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
