@@ -16,7 +16,7 @@ Layout of `<run_dir>/checkpoints/`:
         client_rank0.pt      loop state of rank 0: step, tokens, data-loader position, RNG states
         config.yaml          the resolved config that produced it
         tokenizer.json       the run's file tokenizer, when it has one (.json or .model)
-        model_fp32.pt        consolidated fp32 weights, once `fsf convert` wrote them
+        model_fp32.pt        consolidated fp32 weights (`write_fp32_model`; read when present)
         calibration.json     FS-B's per-head thresholds, once `fsf calibrate` wrote them (+ its heat map)
         MANIFEST.json        every file with its size; written last, its presence marks completeness
     latest                   name of the newest complete checkpoint (replaced atomically)
@@ -441,30 +441,6 @@ def write_fp32_model(path: str | Path) -> Path:
     directly instead of merging ZeRO shards each time. Written atomically.
     """
     return Checkpoint.open(path).write_fp32()
-
-
-def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, float]:
-    """Write `<ckpt>/model_fp32.pt` (any ZeRO stage) and return it with the largest absolute
-    logit difference between the engine-state weights and the written file (must be 0)."""
-    import torch
-
-    from fsframework.models.registry import build_model
-
-    ckpt = Checkpoint.open(path)
-    if ckpt.fp32_file.exists():
-        ckpt.fp32_file.unlink()  # the proof must read the engine state, not a previous conversion
-    source = ckpt.state_dict()  # the engine state, consolidated once
-    out = ckpt.write_fp32()
-    cfg = ckpt.config()
-    tokens = torch.randint(0, min(cfg.model.vocab_size, 256), (1, proof_tokens),
-                           generator=torch.Generator().manual_seed(0))
-    logits = []
-    for state in (source, torch.load(out, map_location="cpu", weights_only=True)):
-        model = build_model(cfg.model).eval()
-        model.load_state_dict(state, strict=not cfg.model.tie_embeddings)
-        with torch.no_grad():
-            logits.append(model(tokens))
-    return out, float((logits[0] - logits[1]).abs().max())
 
 
 def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
