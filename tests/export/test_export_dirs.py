@@ -48,10 +48,16 @@ def test_tied_embeddings_are_stored_once_and_tied_back(tmp_path):
 
 
 def test_bf16_export_equals_the_rounded_source(tmp_path):
+    from typer.testing import CliRunner
+
+    from fsframework.cli import app
+
     run = random_checkpoint(tmp_path / "run", "tfpp")
-    result = export_checkpoint(run, tmp_path / "out", dtype="bf16")
-    assert result.max_difference == 0.0
-    assert 0.0 < result.rounding_drift < 0.05  # bf16 rounding of the weights, no more
+    res = CliRunner().invoke(app, ["export", str(run), str(tmp_path / "out"), "--dtype", "bf16"])
+    assert res.exit_code == 0, res.output
+    assert "largest |logit difference| source vs export (bf16): 0\n" in res.output
+    drift = float(res.output.split("fp32 source vs bf16 export (rounding): ")[1].split()[0])
+    assert 0.0 < drift < 0.05  # bf16 rounding of the weights, no more
     assert {t.dtype for t in load_file(tmp_path / "out" / "model.safetensors").values()} == {torch.bfloat16}
 
 

@@ -70,14 +70,21 @@ def _llama_dir(tmp_path, **config):
     return tmp_path / "llama"
 
 
-def test_import_of_a_llama_checkpoint(tmp_path):
-    hf_dir = _llama_dir(tmp_path)
-    result = import_llama(hf_dir, tmp_path / "imported")
-    print(f"transformers Llama vs imported tfpp: largest |logit difference| {result.max_difference:.3g}")
-    assert result.max_difference <= 1e-4
+@pytest.mark.parametrize("tie", [False, True])
+def test_import_of_a_llama_checkpoint(tie, tmp_path):
+    from typer.testing import CliRunner
+
+    from fsframework.cli import app
+
+    hf_dir = _llama_dir(tmp_path, tie_word_embeddings=tie)
+    res = CliRunner().invoke(app, ["import", str(hf_dir), str(tmp_path / "imported")])
+    assert res.exit_code == 0, res.output
+    difference = float(res.output.split("transformers Llama vs imported tfpp: ")[1].split()[0])
+    print(f"transformers Llama (tied={tie}) vs imported tfpp: largest |logit difference| {difference:.3g}")
+    assert difference <= 1e-4
     cfg = Checkpoint.open(tmp_path / "imported").config()
-    assert (cfg.model.name, cfg.model.norm_eps, cfg.model.attention.rope_theta, cfg.model.mlp_hidden) == \
-        ("tfpp", 1e-5, 500000.0, 96)
+    assert (cfg.model.name, cfg.model.norm_eps, cfg.model.attention.rope_theta, cfg.model.mlp_hidden,
+            cfg.model.tie_embeddings) == ("tfpp", 1e-5, 500000.0, 96, tie)
     # and back: the export of the imported model holds the same tensors under the same names
     export_checkpoint(tmp_path / "imported", tmp_path / "again")
     original, again = load_file(hf_dir / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
@@ -88,6 +95,12 @@ def test_import_refuses_what_tfpp_cannot_express(tmp_path):
     hf_dir = _llama_dir(tmp_path, num_key_value_heads=1)
     with pytest.raises(ExportError, match="num_key_value_heads=1"):
         import_llama(hf_dir, tmp_path / "imported")
+    from typer.testing import CliRunner
+
+    from fsframework.cli import app
+
+    res = CliRunner().invoke(app, ["import", str(hf_dir), str(tmp_path / "imported")])
+    assert res.exit_code == 2 and "grouped-query attention" in res.output
     pickled = _llama_dir(tmp_path / "pickled")
     (pickled / "model.safetensors").unlink()
     (pickled / "pytorch_model.bin").write_bytes(b"")
