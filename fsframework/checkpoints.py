@@ -237,9 +237,12 @@ def read_export_weights(path: Path) -> dict[str, "torch.Tensor"]:
     file = Path(path) / EXPORT_WEIGHTS
     try:
         hf = json.loads((Path(path) / EXPORT_HF_CONFIG).read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"export {path}: {EXPORT_HF_CONFIG} is not valid JSON ({exc})") from None
+    try:
         state = load_file(file)
     except Exception as exc:  # safetensors raises its own error types for a bad header or short file
-        raise CheckpointError(f"export {path}: {file.name} or {EXPORT_HF_CONFIG} is truncated or not valid "
+        raise CheckpointError(f"export {path}: {file.name} is truncated or not a safetensors file "
                               f"({type(exc).__name__}: {exc})") from None
     if hf.get("model_type") == "llama":
         state = {from_llama_name(k): v for k, v in state.items()}
