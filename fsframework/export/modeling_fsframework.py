@@ -7,7 +7,6 @@ The fsframework models take no padding mask and keep no transformers cache: `gen
 the whole sequence at every step (greedy or sampled, one prompt length per batch).
 """
 
-import torch
 import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -67,8 +66,3 @@ class FSFrameworkForCausalLM(PreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
         # no cache: every step reads the whole sequence so far
         return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-    @torch.no_grad()
-    def fsframework_logits(self, input_ids):
-        """The fsframework model's own logits (what `fsf export` proved)."""
-        return self.model(input_ids)
