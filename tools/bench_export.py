@@ -71,6 +71,9 @@ def main() -> None:
         size = (workdir / "export" / "model.safetensors").stat().st_size
         print(f"export ({args.dtype}): {wall:.1f}s wall, {cpu:.1f}s CPU; model.safetensors {size / 2**30:.2f} GiB; "
               f"largest |logit difference| source vs export {result.max_difference:.3g}")
+        if result.rounding_drift is not None:
+            print(f"largest |logit difference| fp32 source vs {args.dtype} export (rounding): "
+                  f"{result.rounding_drift:.3g}")
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
