@@ -16,11 +16,15 @@ Layout of `<run_dir>/checkpoints/`:
         client_rank0.pt      loop state of rank 0: step, tokens, data-loader position, RNG states
         config.yaml          the resolved config that produced it
         tokenizer.json       the run's file tokenizer, when it has one (.json or .model)
-        model_fp32.pt        consolidated fp32 weights, once `fsf convert` wrote them
+        model_fp32.pt        consolidated fp32 weights (`write_fp32_model`; read when present)
         calibration.json     FS-B's per-head thresholds, once `fsf calibrate` wrote them (+ its heat map)
         MANIFEST.json        every file with its size; written last, its presence marks completeness
     latest                   name of the newest complete checkpoint (replaced atomically)
     .tmp-step_00000030/      a checkpoint being written (ignored, cleaned up on the next save)
+
+An export directory (`fsf export`, docs/export.md) is read as a checkpoint too: it holds
+config.yaml, the tokenizer and calibration.json under the same names, and its weights in
+model.safetensors (Llama names for tfpp) instead of an engine state; `Checkpoint` reads either.
 
 Writing checkpoints (atomic save, manifest, pruning) is `fsframework.train.checkpoint`'s;
 this module resolves a path to one verified checkpoint, reads its config (migrated to the
@@ -53,6 +57,9 @@ STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 # A file tokenizer is saved in every checkpoint under this stem (suffix kept: .json or .model).
 TOKENIZER_STEM = "tokenizer"
+# An export directory (fsframework.export): Hugging Face-style config and safetensors weights.
+EXPORT_WEIGHTS = "model.safetensors"
+EXPORT_HF_CONFIG = "config.json"
 
 
 class CheckpointError(RuntimeError):
@@ -287,12 +294,15 @@ def find_latest(ckpt_root: Path, log: Callable[[str], Any] = print) -> Optional[
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory, its checkpoints/ folder or one checkpoint -> one verified checkpoint dir.
-    A damaged newer checkpoint is skipped with a CheckpointWarning that names it and what is
-    wrong with it, and another that names the checkpoint used instead."""
+    """A run directory, its checkpoints/ folder, one checkpoint or an export directory -> one
+    verified checkpoint dir (an export's tensors are checked when they are read). A damaged newer
+    checkpoint is skipped with a CheckpointWarning that names it and what is wrong with it, and
+    another that names the checkpoint used instead."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path not found: {path}")
+    if is_export(path):
+        return path
     if (path / MANIFEST).is_file():
         verify(path)
         return path
@@ -306,6 +316,39 @@ def resolve_checkpoint(path: str | Path) -> Path:
                 warnings.warn(f"using checkpoint {found}, the newest that verifies", CheckpointWarning, stacklevel=2)
             return found
     raise CheckpointError(f"no complete checkpoint under {path}")
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` is an export directory (`fsf export`): config.json, config.yaml and
+    model.safetensors, no engine state."""
+    path = Path(path)
+    return all((path / name).is_file() for name in (EXPORT_HF_CONFIG, CONFIG_FILE, EXPORT_WEIGHTS))
+
+
+def read_export_weights(path: Path) -> dict[str, "torch.Tensor"]:
+    """fp32 weights of export directory `path`, keys as in the plain model: Llama names (a tfpp
+    export, model_type "llama") mapped back, the "model." prefix of the other kinds' files dropped.
+    Read with safetensors (no pickle); a truncated or foreign file raises CheckpointError."""
+    from safetensors.torch import load_file
+
+    from fsframework.models.llama import from_llama_name
+
+    file = Path(path) / EXPORT_WEIGHTS
+    try:
+        hf = json.loads((Path(path) / EXPORT_HF_CONFIG).read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"export {path}: {EXPORT_HF_CONFIG} is not valid JSON ({exc})") from None
+    try:
+        state = load_file(file)
+    except Exception as exc:  # safetensors raises its own error types for a bad header or short file
+        raise CheckpointError(f"export {path}: {file.name} is truncated or not a safetensors file "
+                              f"({type(exc).__name__}: {exc})") from None
+    if hf.get("model_type") == "llama":
+        state = {from_llama_name(k): v for k, v in state.items()}
+    state = _plain_keys(state)
+    if hf.get("tie_word_embeddings") and "embed.weight" in state:
+        state.setdefault("lm_head.weight", state["embed.weight"])  # stored once (safetensors shares no storage)
+    return state
 
 
 def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:
@@ -348,8 +391,13 @@ class Checkpoint:
         return cls(resolve_checkpoint(path))
 
     @property
+    def is_export(self) -> bool:
+        return is_export(self.path)
+
+    @property
     def run(self) -> RunDir:
-        return RunDir.of_checkpoint(self.path)
+        """The run directory it belongs to; an export directory is its own (scores go to its eval/)."""
+        return RunDir(self.path) if self.is_export else RunDir.of_checkpoint(self.path)
 
     @property
     def config_file(self) -> Path:
@@ -399,10 +447,12 @@ class Checkpoint:
         return _plain_keys(state)
 
     def state_dict(self) -> dict[str, "torch.Tensor"]:
-        """fp32 model weights, keys as in the plain model: model_fp32.pt when written, else the
-        engine state consolidated. Computed once."""
+        """fp32 model weights, keys as in the plain model: an export's model.safetensors,
+        model_fp32.pt when written, else the engine state consolidated. Computed once."""
         if self._state is None:
-            if self.fp32_file.is_file():
+            if self.is_export:
+                self._state = read_export_weights(self.path)
+            elif self.fp32_file.is_file():
                 self._state = _plain_keys(safe_load(self.fp32_file))
             else:
                 self._state = self.engine_state_dict()
@@ -415,7 +465,7 @@ class Checkpoint:
         cfg = self.config(overrides)
         model = build_model(cfg.model)
         state = self.state_dict()
-        source = self.fp32_file if self.fp32_file.is_file() else self.engine_dir
+        source = self.path if self.is_export else self.fp32_file if self.fp32_file.is_file() else self.engine_dir
         built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
         check_state_dict(model, state, f"checkpoint {source} (for {built})", tied=cfg.model.tie_embeddings)
         model.load_state_dict(state, strict=False)
@@ -481,39 +531,22 @@ def write_fp32_model(path: str | Path) -> Path:
     return Checkpoint.open(path).write_fp32()
 
 
-def convert_to_fp32(path: str | Path, *, proof_tokens: int = 64) -> tuple[Path, float]:
-    """Write `<ckpt>/model_fp32.pt` (any ZeRO stage) and return it with the largest absolute
-    logit difference between the engine-state weights and the written file (must be 0)."""
-    import torch
-
-    from fsframework.models.registry import build_model
-
-    ckpt = Checkpoint.open(path)
-    if ckpt.fp32_file.exists():
-        ckpt.fp32_file.unlink()  # the proof must read the engine state, not a previous conversion
-    source = ckpt.state_dict()  # the engine state, consolidated once
-    out = ckpt.write_fp32()
-    cfg = ckpt.config()
-    tokens = torch.randint(0, min(cfg.model.vocab_size, 256), (1, proof_tokens),
-                           generator=torch.Generator().manual_seed(0))
-    logits = []
-    for state in (source, safe_load(out)):
-        model = build_model(cfg.model).eval()
-        model.load_state_dict(state, strict=not cfg.model.tie_embeddings)
-        with torch.no_grad():
-            logits.append(model(tokens))
-    return out, float((logits[0] - logits[1]).abs().max())
-
-
 def initial_weights(path: str | Path) -> dict[str, "torch.Tensor"]:
-    """Weights for `train.init_from`: a run directory or checkpoint (as `resolve_checkpoint`), or
-    one `.pt` file holding a plain state dict, bare or under "model", so a model trained outside
-    the trainer can start a run."""
+    """Weights for `train.init_from`: a run directory, checkpoint or export (as `resolve_checkpoint`),
+    a `.safetensors` file, or one `.pt` file holding a plain state dict, bare or under "model", so a
+    model trained outside the trainer can start a run."""
     import torch
 
     path = Path(path)
     if not path.is_file():
         return Checkpoint.open(path).state_dict()
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return {k: v.float() for k, v in load_file(path).items()}
+        except Exception as exc:
+            raise CheckpointError(f"weights file {path} is truncated or not a safetensors file: {exc}") from None
     state = safe_load(path, what="weights file")
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]

@@ -35,11 +35,12 @@ def test_fail_prints_the_message_and_exits_with_the_code():
         assert res.exit_code == code and "error: bad [/thing]" in res.output
 
 
-@pytest.mark.parametrize("command", ["eval", "convert"])
+@pytest.mark.parametrize("command", ["eval", "convert", "export"])
 def test_a_missing_or_empty_checkpoint_is_bad_input(command, tmp_path):
-    res = runner.invoke(app, [command, str(tmp_path / "nowhere")])
+    out = [str(tmp_path / "out")] if command == "export" else []  # export names its output
+    res = runner.invoke(app, [command, str(tmp_path / "nowhere"), *out])
     assert res.exit_code == EXIT_BAD_INPUT and "checkpoint path not found" in res.output
-    res = runner.invoke(app, [command, str(tmp_path)])
+    res = runner.invoke(app, [command, str(tmp_path), *out])
     assert res.exit_code == EXIT_BAD_INPUT and "no complete checkpoint under" in res.output
 
 
@@ -52,11 +53,15 @@ def test_a_config_error_is_bad_input_for_every_config_command(tmp_path):
     assert res.exit_code == EXIT_BAD_INPUT and "config file not found" in res.output
 
 
-def test_a_conversion_that_does_not_reproduce_its_logits_is_a_failed_run(tmp_path, monkeypatch):
-    import fsframework.checkpoints as checkpoints
+@pytest.mark.parametrize("command", ["export", "convert"])
+def test_a_conversion_that_does_not_reproduce_its_logits_is_a_failed_run(command, tmp_path, monkeypatch):
+    import fsframework.export as export
 
-    monkeypatch.setattr(checkpoints, "convert_to_fp32", lambda path: (tmp_path / "model_fp32.pt", 0.5))
-    res = runner.invoke(app, ["convert", str(tmp_path)])
+    def fails(*_args, **_kwargs):
+        raise export.ProofFailed("the exported weights do not reproduce the checkpoint's logits")
+
+    monkeypatch.setattr(export, "export_checkpoint", fails)
+    res = runner.invoke(app, [command, str(tmp_path), str(tmp_path / "out")])
     assert res.exit_code == EXIT_RUN_FAILED and "do not reproduce" in res.output
 
 

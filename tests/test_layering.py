@@ -1,6 +1,6 @@
 """Imports point down the layers (docs/architecture.md), function-level imports included.
 
-    fsf_kernels < ops < config < models < data, parallel < checkpoints < eval < train < cli
+    fsf_kernels < ops < config < models < data, parallel < checkpoints < export < eval < train < cli
 
 `data` and `parallel` are peers and import neither each other. The one import that
 goes up is `config` reading the table of model kinds (`fsframework.models.registry`,
@@ -23,6 +23,7 @@ LAYERS = {
     "fsframework.data": 4,
     "fsframework.parallel": 4,
     "fsframework.checkpoints": 5,
+    "fsframework.export": 5.5,  # reads checkpoints, writes export directories; eval, train and cli use it
     "fsframework.eval": 6,
     "fsframework.train": 7,
     "fsframework.cli": 8,

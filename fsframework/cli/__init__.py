@@ -12,8 +12,8 @@ import typer
 
 from fsframework.cli import calibrate as _calibrate
 from fsframework.cli import config as _config
-from fsframework.cli import convert as _convert
 from fsframework.cli import eval as _eval
+from fsframework.cli import export as _export
 from fsframework.cli import generate as _generate
 from fsframework.cli import info as _info
 from fsframework.cli import launch as _launch
@@ -28,7 +28,9 @@ app.command("train")(_train.train)
 app.command("eval")(_eval.evaluate)
 app.command("generate")(_generate.generate)
 app.command("run")(_train.run)
-app.command("convert")(_convert.convert)
+app.command("export")(_export.export)
+app.command("convert")(_export.convert)  # alias of export
+app.command("import")(_export.import_)
 app.command("info")(_info.info)
 app.command("config")(_config.config)
 app.command("launch")(_launch.launch_command)

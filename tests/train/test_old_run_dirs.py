@@ -56,8 +56,9 @@ def test_eval_and_convert_of_an_old_run(old_run, tmp_path):
     out = tmp_path / "scores.json"
     run_fsf("eval", str(old_run), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2", "--out", str(out))
     assert set(json.loads(out.read_text())["scores"]["perplexity"]) == {"64"}
-    proc = run_fsf("convert", str(old_run))
-    assert "max |logit difference| vs the engine checkpoint: 0" in proc.stdout
+    proc = run_fsf("export", str(old_run), str(tmp_path / "export"))
+    assert "largest |logit difference| source vs export (fp32): 0" in proc.stdout
+    assert read_config(tmp_path / "export").schema_version == 2
 
 
 def test_init_from_an_old_run(old_run, tmp_path, data_cache):

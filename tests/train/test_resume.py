@@ -96,11 +96,11 @@ def test_eval_of_a_checkpoint_reports_perplexity_beyond_training_length(straight
     assert all(1.0 < v < 300.0 for v in scores.values())
 
 
-def test_convert_writes_fp32_file_with_logit_proof(straight_run, tmp_path):
+def test_convert_writes_an_export_with_logit_proof(straight_run, tmp_path):
     import shutil
 
     run_dir = tmp_path / "convert"
     shutil.copytree(straight_run, run_dir)
-    proc = run_fsf("convert", str(run_dir))
-    assert "max |logit difference| vs the engine checkpoint: 0" in proc.stdout
-    assert (run_dir / "checkpoints" / "step_00000020" / "model_fp32.pt").is_file()
+    proc = run_fsf("convert", str(run_dir))  # the alias of `fsf export`, into <checkpoint>/export
+    assert "largest |logit difference| source vs export (fp32): 0" in proc.stdout
+    assert (run_dir / "checkpoints" / "step_00000020" / "export" / "model.safetensors").is_file()

@@ -1,0 +1,71 @@
+"""`fsf export` (alias `fsf convert`) and `fsf import`: checkpoints to and from self-contained
+safetensors directories that transformers reads, each proved by logits (docs/export.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from fsframework.cli.common import EXIT_RUN_FAILED, fail
+
+EXPORT_SUBDIR = "export"  # `fsf convert RUN` without OUT_DIR: <checkpoint>/export
+
+
+def export(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint or export directory"),
+           out_dir: Path = typer.Argument(..., help="new directory to write"),
+           dtype: str = typer.Option("fp32", help="fp32 | bf16")) -> None:
+    """Write a checkpoint (any ZeRO stage and layout) as config.json + model.safetensors + tokenizer +
+    the run's data and eval settings, proved by the logits of a fixed batch (fp32: equal)."""
+    _export(checkpoint, out_dir, dtype)
+
+
+def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint or export directory"),
+            out_dir: Optional[Path] = typer.Argument(None, help="new directory (default <checkpoint>/export)"),
+            dtype: str = typer.Option("fp32", help="fp32 | bf16")) -> None:
+    """Alias of `fsf export`; without OUT_DIR it writes <checkpoint>/export."""
+    if out_dir is None:
+        from fsframework.checkpoints import CheckpointError, resolve_checkpoint
+
+        try:
+            out_dir = resolve_checkpoint(checkpoint) / EXPORT_SUBDIR
+        except CheckpointError as exc:
+            fail(str(exc))
+    _export(checkpoint, out_dir, dtype)
+
+
+def _export(checkpoint: Path, out_dir: Path, dtype: str) -> None:
+    from fsframework.checkpoints import CheckpointError
+    from fsframework.export import ExportError, ProofFailed, export_checkpoint
+
+    try:
+        result = export_checkpoint(checkpoint, out_dir, dtype=dtype, log=typer.echo)
+    except (CheckpointError, ExportError) as exc:  # ConfigError is a ValueError, as ExportError
+        fail(str(exc))
+    except ProofFailed as exc:
+        fail(str(exc), code=EXIT_RUN_FAILED)
+    except ValueError as exc:
+        fail(str(exc))
+    typer.echo(f"largest |logit difference| source vs export ({dtype}): {result.max_difference:.3g}")
+    if result.rounding_drift is not None:
+        typer.echo(f"largest |logit difference| fp32 source vs {dtype} export (rounding): {result.rounding_drift:.3g}")
+    typer.echo(f"wrote {result.out} ({result.tensors} tensors, {result.seconds:.1f}s)")
+
+
+def import_(hf_dir: Path = typer.Argument(..., help="transformers Llama checkpoint directory (safetensors)"),
+            out_dir: Path = typer.Argument(..., help="new export directory of a tfpp model"),
+            dtype: str = typer.Option("fp32", help="fp32 | bf16"),
+            tolerance: float = typer.Option(1e-4, help="largest allowed |logit difference| vs transformers")) -> None:
+    """Import a Llama-architecture checkpoint as a tfpp model (an export directory that `fsf eval`,
+    `train.init_from` and `fsf export` take), proved against transformers' own logits."""
+    from fsframework.checkpoints import CheckpointError
+    from fsframework.export import ExportError, ProofFailed, import_llama
+
+    try:
+        result = import_llama(hf_dir, out_dir, dtype=dtype, tolerance=tolerance, log=typer.echo)
+    except (CheckpointError, ExportError) as exc:
+        fail(str(exc))
+    except ProofFailed as exc:
+        fail(str(exc), code=EXIT_RUN_FAILED)
+    typer.echo(f"wrote {result.out} ({result.tensors} tensors, {result.seconds:.1f}s)")

@@ -1,0 +1,211 @@
+"""`fsf export`: a checkpoint (any ZeRO stage, any data- or sequence-parallel layout) as one
+self-contained directory that other tools read (docs/export.md):
+
+    config.json                  transformers config: LlamaConfig for tfpp, else the remote-code
+                                 config; `fsframework` records the model config and the versions
+    model.safetensors            the weights (fp32 or bf16; a tied lm_head stored once)
+    config.yaml                  the run's full config, paths absolute: data and eval settings
+    tokenizer.json | .model      the run's file tokenizer (with tokenizer_config.json for .json)
+    calibration.json             FS-B thresholds, when the checkpoint has them
+    modeling_fsframework.py      every kind but tfpp: the transformers entry point
+
+No pickle: tensors in safetensors, the rest JSON, YAML and text. The directory is written under
+a temporary name, proved (the logits of a fixed batch from the source weights and from the
+directory read back), and renamed into place only when the proof holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, TOKENIZER_STEM,
+                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config)
+from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
+from fsframework.export.proof import logits_of, max_difference, proof_batch
+from fsframework.export.remote import TENSOR_PREFIX, remote_code_config, write_modeling_file
+from fsframework.models.llama import llama_config, model_config_dict, to_llama_name
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+class ExportError(ValueError):
+    """Bad input to an export or an import (exit 2)."""
+
+
+class ProofFailed(RuntimeError):
+    """The written weights do not reproduce the source's logits (a failed run, exit 1)."""
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    max_difference: float  # source (rounded to the export dtype) vs the directory read back: 0
+    rounding_drift: Optional[float]  # bf16 only: fp32 source logits vs the exported ones
+    seconds: float
+    tensors: int
+
+
+def framework_record(model: ModelConfig, **extra: Any) -> dict[str, Any]:
+    """config.json's `fsframework` entry: versions and the model config."""
+    import sys
+
+    # the package's version string, read from the already-imported package: importing
+    # `fsframework` itself would count as an import of the top layer (docs/architecture.md)
+    version = sys.modules["fsframework"].__version__
+    return {"version": version, "schema_version": SCHEMA_VERSION, "model": model_config_dict(model), **extra}
+
+
+def export_tensors(state: dict[str, torch.Tensor], model: ModelConfig, dtype: str) -> dict[str, torch.Tensor]:
+    """The tensors of model.safetensors: a tied lm_head dropped (safetensors stores no shared
+    storage; loaders tie it back), names Llama's for tfpp, else under `model.`."""
+    rename = to_llama_name if model.name == "tfpp" else (lambda k: TENSOR_PREFIX + k)
+    return {rename(k): v.detach().to(DTYPES[dtype]).contiguous() for k, v in state.items()
+            if not (model.tie_embeddings and k == "lm_head.weight")}
+
+
+def _training_cwd(cfg: Config, run_root: Path) -> Path:
+    """The directory the run was started from, where its relative paths point: `run_root` minus a
+    relative `run_dir` when it ends with it, else the current directory."""
+    rel = Path(cfg.run_dir)
+    root = run_root.resolve()
+    if not rel.is_absolute() and rel.parts and root.parts[-len(rel.parts):] == rel.parts:
+        return Path(*root.parts[:-len(rel.parts)])
+    return Path.cwd()
+
+
+def absolute_paths(cfg: Config, base: Path) -> Config:
+    """`cfg` with its local paths (data, cache, tokenizer, run dir, init_from, tau file) made
+    absolute against `base`; remote (`s3://`) sources, "embedded" and "byte" are names, kept."""
+
+    def absolute(value: Optional[str]) -> Optional[str]:
+        if not value or "://" in value or Path(value).is_absolute():
+            return value
+        return str((base / value).resolve())
+
+    d = cfg.data
+    if d.source != "embedded":
+        d.source = absolute(d.source)
+    for stream in d.streams:
+        stream.source = absolute(stream.source)
+    d.cache_dir = absolute(d.cache_dir)
+    if d.tokenizer != "byte":
+        d.tokenizer = absolute(d.tokenizer)
+    cfg.run_dir = absolute(cfg.run_dir)
+    cfg.train.init_from = absolute(cfg.train.init_from)
+    cfg.model.attention.fsb_calibration = absolute(cfg.model.attention.fsb_calibration)
+    return cfg
+
+
+def _write_tokenizer(ckpt: Checkpoint, spec: str, tmp: Path) -> None:
+    if spec == "byte":
+        return
+    source = Path(checkpoint_tokenizer(ckpt.path, spec))
+    if not source.is_file():
+        raise ExportError(f"tokenizer {source} of checkpoint {ckpt.path} not found")
+    shutil.copyfile(source, tmp / f"{TOKENIZER_STEM}{source.suffix}")
+    if source.suffix == ".json":  # a tokenizers file: transformers' AutoTokenizer reads it with this
+        (tmp / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+
+
+def hf_config(cfg: Config, dtype: str, source: Path) -> dict[str, Any]:
+    """config.json: transformers' fields (Llama's for tfpp) and the `fsframework` record."""
+    record = framework_record(cfg.model, source=str(source), dtype=dtype)
+    # the byte tokenizer's end of text (fsframework.data.tokenizers); a file tokenizer names its own
+    special = {"bos_token_id": None, "eos_token_id": 256 if cfg.data.tokenizer == "byte" else None}
+    if cfg.model.name == "tfpp":
+        longest = max([cfg.data.seq_len, *cfg.eval.lengths])
+        fields = llama_config(cfg.model, max_positions=longest, torch_dtype=TORCH_DTYPE_NAMES[dtype])
+    else:
+        fields = remote_code_config(cfg.model, torch_dtype=TORCH_DTYPE_NAMES[dtype])
+    return {**fields, **special, "fsframework": record}
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """The temporary directory an export is written in before it is renamed to `out`; `out` must
+    not exist or be empty."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"output directory {out} exists and is not empty: name a new directory")
+    tmp = out.parent / f".tmp-{out.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by an interrupted export
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_out_dir(tmp: Path, out: Path) -> None:
+    if out.is_dir():
+        out.rmdir()  # empty (prepare_out_dir checked)
+    os.replace(tmp, out)
+
+
+def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32",
+                      log: Callable[[str], Any] = lambda _m: None) -> ExportResult:
+    """Export the checkpoint at `source` (run dir, checkpoint or export) to `out`, proved."""
+    from safetensors.torch import save_file
+
+    from fsframework.models.registry import build_model
+
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    started = time.perf_counter()
+    out = Path(out)
+    ckpt = Checkpoint.open(source)
+    saved = read_config(ckpt.config_file)  # as the run saved it (the tokenizer spec unresolved)
+    cfg = ckpt.config()
+    state = ckpt.state_dict()  # ZeRO shards merged once
+    model = build_model(cfg.model).eval()
+    check_state_dict(model, state, f"checkpoint {ckpt.path}", tied=model.cfg.tie_embeddings)
+    model.load_state_dict(state, strict=False)
+    log(f"read {ckpt.path} ({cfg.model.name}, {len(state)} tensors) in {time.perf_counter() - started:.1f}s")
+
+    tmp = prepare_out_dir(out)
+    try:
+        tensors = export_tensors(model.state_dict(), cfg.model, dtype)
+        save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(to_yaml(absolute_paths(saved, _training_cwd(saved, ckpt.run.root))))
+        _write_tokenizer(ckpt, saved.data.tokenizer, tmp)
+        if (ckpt.path / CALIBRATION_FILE).is_file():
+            shutil.copyfile(ckpt.path / CALIBRATION_FILE, tmp / CALIBRATION_FILE)
+        if cfg.model.name != "tfpp":
+            write_modeling_file(tmp)
+        (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve()), indent=2))
+        difference, drift = prove(model, tmp, dtype)
+        if difference != 0.0:
+            raise ProofFailed(f"the exported weights do not reproduce the checkpoint's logits (largest difference "
+                              f"{difference:.3g}, expected 0)")
+        commit_out_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out, difference, drift, time.perf_counter() - started, len(tensors))
+
+
+def prove(source_model, exported: Path, dtype: str) -> tuple[float, Optional[float]]:
+    """(largest logit difference between the source weights rounded to `dtype` and the export read
+    back as every fsframework loader reads it, which must be 0; for bf16 also the drift of the
+    exported logits from the fp32 source's)."""
+    tokens = proof_batch(source_model.cfg.vocab_size)
+    reference = logits_of(source_model, tokens)
+    if dtype != "fp32":  # the source as the export stores it: every tensor rounded once
+        rounded = {k: v.to(DTYPES[dtype]).float() for k, v in source_model.state_dict().items()}
+        source_model.load_state_dict(rounded)
+        expected = logits_of(source_model, tokens)
+    else:
+        expected = reference
+    try:
+        model, _ = Checkpoint.open(exported).load_model()
+    except CheckpointError as exc:
+        raise ProofFailed(f"the written export does not read back: {exc}") from None
+    got = logits_of(model, tokens)
+    drift = max_difference(reference, got) if dtype != "fp32" else None
+    return max_difference(expected, got), drift
