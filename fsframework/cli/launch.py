@@ -30,6 +30,8 @@ def launch_command(
     partition: Optional[str] = typer.Option(None, "--partition", help="SLURM partition"),
     account: Optional[str] = typer.Option(None, "--account", help="SLURM account"),
     cpus_per_task: Optional[int] = typer.Option(None, "--cpus-per-task", help="SLURM CPUs per node (default 8 per GPU)"),
+    signal_lead: int = typer.Option(300, "--signal-lead", min=1, help="SLURM: seconds before --time at which the "
+                                    "job checkpoints and requeues itself (SIGUSR1)"),
 ) -> None:
     """Launch training of CONFIG on --nodes x --gpus-per-node ranks, from a snapshot of the code and config."""
     from fsframework.launcher.errors import LaunchError
@@ -41,7 +43,7 @@ def launch_command(
                             master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
                             slurm=slurm, dry_run=dry_run,
                             slurm_options=SlurmOptions(time=time, cpus_per_task=cpus_per_task, partition=partition,
-                                                       account=account))
+                                                       account=account, signal_lead_s=signal_lead))
     try:
         code = launch(cfg, options, invocation=shlex.join(["fsf", "launch", str(config), *(overrides or []),
                                                            "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),

@@ -14,14 +14,19 @@ T = TypeVar("T")
 
 def guarded(step: Callable[[], T]) -> T:
     """Run `step` (training, evaluation), mapping its errors to the exit codes: bad input
-    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank 1."""
+    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank or a non-finite
+    loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
+    SLURM batch script requeues on; SIGINT: 130), its message already printed."""
     from fsframework.checkpoints import CheckpointError
     from fsframework.data.inspect_shards import ShardError
     from fsframework.parallel.health import RankFailure
+    from fsframework.train.trainer import NonFiniteLoss, RunStopped
 
     try:
         return step()
-    except RankFailure as exc:  # a rank failed while training
+    except RunStopped as exc:
+        raise typer.Exit(exc.code) from None
+    except (RankFailure, NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
         fail(str(exc), code=EXIT_RUN_FAILED)
     except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input
         fail(str(exc))

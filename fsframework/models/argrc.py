@@ -21,6 +21,7 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import dropout
 from fsframework.models.losses import lm_losses
+from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.scan import down_sweep, exclusive_scan, up_sweep
 
@@ -86,6 +87,8 @@ class ARGRCLanguageModel(nn.Module):
     prefix covering tokens `0..t` (the exclusive prefix at `t + 1`); the prefix at 0 (the root
     value alone) is never scored (docs/argrc.md §4)."""
 
+    activation_checkpointing = False  # recompute each cell call in backward (fsframework.models.recompute)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -127,6 +130,8 @@ class ARGRCLanguageModel(nn.Module):
 
     @property
     def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        if wants_recompute(self):  # one call per tree level: keep its output, recompute its hidden layer
+            return lambda a, b: recomputed(self.cell, a, b)
         return self.cell
 
     def leaves(self, tokens: torch.Tensor) -> torch.Tensor:
