@@ -488,9 +488,16 @@ def _read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    import yaml
+
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except (OmegaConfBaseException, ValueError) as exc:  # yaml errors are ValueErrors too
+    except yaml.MarkedYAMLError as exc:  # one line, where an editor jumps to: FILE:LINE:COLUMN
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"{where}: invalid YAML: {what}") from None
+    except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"invalid config file {path}: {str(exc).splitlines()[0]}") from None
     if data is None:
         return {}

@@ -10,7 +10,10 @@ from fsframework.cli.common import EXIT_RUN_FAILED, fail
 
 
 def convert(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory")) -> None:
-    """Consolidate a (ZeRO-sharded) checkpoint into one fp32 file, with a logit-equality proof."""
+    """Consolidate a (ZeRO-sharded) checkpoint into one fp32 file, with a logit-equality proof.
+
+    Example: fsf convert runs/quickstart
+    """
     from fsframework.checkpoints import CheckpointError, convert_to_fp32
     from fsframework.config import ConfigError
 

@@ -47,7 +47,10 @@ def trainable_config(config: Path, overrides: Optional[List[str]]):
 
 def train(config: Path = typer.Argument(..., help="YAML job file"),
           overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
-    """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG."""
+    """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG.
+
+    Example: fsf train yamls/quickstart.yaml train.max_steps=50 run_dir=runs/try
+    """
     cfg = trainable_config(config, overrides)
     from fsframework.train.trainer import train as run_training
 
@@ -56,7 +59,10 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
 
 def run(config: Path = typer.Argument(..., help="YAML job file"),
         overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
-    """The main job: train CONFIG, evaluate the result, print a summary table."""
+    """The main job: train CONFIG, evaluate the result, print a summary table.
+
+    Example: fsf run yamls/quickstart.yaml
+    """
     cfg = trainable_config(config, overrides)
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
     from fsframework.train.trainer import train as run_training
