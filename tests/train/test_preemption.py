@@ -71,13 +71,22 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_sigint_names_the_resume_
 
 
 def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache):
+    """2 ranks, ZeRO-2, one torchrun launch: a NaN on one rank skips the update on both; a
+    preemption signal to one rank checkpoints both; DeepSpeed's zero_to_fp32.py reads the
+    checkpoints with its default arguments."""
     import psutil
+    import torch
+
+    from fsframework.checkpoints import consolidated_state_dict
 
     from tests.parallel.ranks import free_port
 
     run_dir = tmp_path / "run"
+    # ZeRO-2 with a NaN on rank 1 at step 2 (train.nonfinite=skip): every rank skips that update
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "fsframework", *_args(run_dir, data_cache, "parallel.zero_stage=2")]
+           "--master_port", str(free_port()), "-m", "fsframework",
+           *_args(run_dir, data_cache, "parallel.zero_stage=2", "train.nonfinite=skip", "train.ckpt_every=1",
+                  "train.keep_checkpoints=1000")]
 
     def signal_rank_1(proc):  # a signal that reached one rank only: the all-reduce tells the other
         workers = psutil.Process(proc.pid).children(recursive=True)
@@ -85,13 +94,34 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
         assert len(rank1) == 1, [w.cmdline() for w in workers]
         rank1[0].send_signal(signal.SIGUSR1)
 
-    code, out, err = _signal_after_steps(cmd, run_dir, 2, signal_rank_1, env={"DS_ACCELERATOR": "cpu"})
+    code, out, err = _signal_after_steps(cmd, run_dir, 3, signal_rank_1, env={"DS_ACCELERATOR": "cpu",
+                                                                             "FSF_FAULT": "nan:1:2"})
     assert code != 0, out + err  # torchrun reports the ranks' exit code 75 as a failure
     assert f"exitcode  : {EXIT_PREEMPTED}" in err or f"exit code {EXIT_PREEMPTED}" in err + out, err
     saved = find_latest(run_dir / "checkpoints")
     assert saved is not None and _step(saved) == _steps_logged(run_dir)
     assert (saved / "client_rank0.pt").is_file() and (saved / "client_rank1.pt").is_file()
     assert f"preempted (a peer rank's preemption signal) at step {_step(saved)}" in out
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("update_skipped", 0) for r in records[:3]] == [0, 1, 0]
+    weights = [consolidated_state_dict(run_dir / "checkpoints" / f"step_{s:08d}") for s in (1, 2, 3)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # step 2's update skipped
+    assert not all(torch.equal(weights[1][k], weights[2][k]) for k in weights[1])  # step 3 trained
+    by_deepspeed = _zero_to_fp32(run_dir / "checkpoints" / "step_00000003", tmp_path / "fp32")
+    assert by_deepspeed.keys() == weights[2].keys()
+    assert all(torch.equal(by_deepspeed[k], weights[2][k]) for k in by_deepspeed)
+
+
+def _zero_to_fp32(ckpt: Path, out: Path) -> dict:
+    """The weights DeepSpeed's own script, copied into the checkpoint, writes when called the
+    default way: from inside the folder, `python zero_to_fp32.py . OUT` (no tag)."""
+    import torch
+
+    proc = subprocess.run([sys.executable, "zero_to_fp32.py", ".", str(out)], cwd=ckpt, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {k.removeprefix("model."): v for k, v in torch.load(out / "pytorch_model.bin", weights_only=True).items()}
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_the_checkpoint(tmp_path, data_cache):
