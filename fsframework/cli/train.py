@@ -20,12 +20,16 @@ def guarded(step: Callable[[], T]) -> T:
     from fsframework.checkpoints import CheckpointError
     from fsframework.data.inspect_shards import ShardError
     from fsframework.parallel.health import RankFailure
+    from fsframework.train.preemption import EXIT_INTERRUPTED
     from fsframework.train.trainer import NonFiniteLoss, RunStopped
 
     try:
         return step()
     except RunStopped as exc:
         raise typer.Exit(exc.code) from None
+    except KeyboardInterrupt:  # a second Ctrl-C: no wait for the step boundary
+        fail("interrupted in the middle of a step; a rerun resumes from the newest complete checkpoint",
+             code=EXIT_INTERRUPTED)
     except (RankFailure, NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
         fail(str(exc), code=EXIT_RUN_FAILED)
     except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input

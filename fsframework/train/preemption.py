@@ -13,6 +13,7 @@ checkpoint at the same step and no rank leaves a collective behind. docs/trainin
 from __future__ import annotations
 
 import signal
+import threading
 from typing import Optional
 
 import torch
@@ -43,7 +44,10 @@ class StopRequests:
         self.signal_name = self.signal_name or "SIGINT"
 
     def install(self) -> None:
-        """Handlers for the preemption signals and SIGINT (main thread only, as Python requires)."""
+        """Handlers for the preemption signals and SIGINT. Python takes handlers from the main
+        thread only; a loop run from another thread keeps the process's handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return
         for signum in self.preempt_signals:
             self._previous[signum] = signal.signal(signum, self._on_preempt)
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)

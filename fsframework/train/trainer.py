@@ -359,14 +359,23 @@ class Trainer:
 
     def fit(self) -> TrainState:
         cfg = self.cfg
-        self.build()
-        self.maybe_resume()
+        # before build(): a signal while the engine and data are set up is acted on after the
+        # first step, and data-loader workers forked here inherit the handlers instead of dying
+        stops = StopRequests(cfg.train.preempt_signals)
+        stops.install()
+        try:
+            self.build()
+            self.maybe_resume()
+            return self._loop(stops)
+        finally:
+            stops.restore()
+
+    def _loop(self, stops: StopRequests) -> TrainState:
+        cfg = self.cfg
         tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
         self.engine.train()
-        stops = StopRequests(cfg.train.preempt_signals)
-        stops.install()
         try:
             last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
             if cfg.train.early_stop_patience and self.state.evals_since_best >= cfg.train.early_stop_patience:
@@ -405,7 +414,6 @@ class Trainer:
                 if self.state.step < last:
                     self.stop_on_request(stops, saved)
         finally:
-            stops.restore()
             monitor.close()
         return self.state
 
