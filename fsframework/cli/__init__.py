@@ -37,7 +37,8 @@ def _options(version: bool = typer.Option(False, "--version", help="print the ve
                                           callback=_print_version, is_eager=True)) -> None:
     pass
 
-app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.")
+app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.\n\n"
+                                         "Example: fsf data build notes.txt --out shards/")
 app.command("train")(_train.train)
 app.command("eval")(_eval.evaluate)
 app.command("run")(_train.run)

@@ -332,7 +332,8 @@ class Trainer:
         """At a step boundary: act on a signal any rank received (collective). Preemption saves
         a checkpoint (unless this step's was just written) and raises RunStopped(EXIT_PREEMPTED);
         SIGINT raises RunStopped(EXIT_INTERRUPTED) without saving."""
-        request = stops.agree(self.dist.world_size, self.dist.device)
+        with reraise_naming_rank(self.dist.rank, self.dist.world_size, self.cfg.parallel.timeout_s):
+            request = stops.agree(self.dist.world_size, self.dist.device)
         if request == NONE:
             return
         step = self.state.step
