@@ -15,7 +15,8 @@ TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity")
 
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),
-             tasks: str = typer.Option("perplexity", help=f"comma-separated task names: {', '.join(TASK_NAMES)}"),
+             tasks: str = typer.Option("perplexity",
+                                       help=f"comma-separated task names: {', '.join(TASK_NAMES)}"),
              lengths: Optional[str] = typer.Option(None, help="comma-separated lengths or FIRST:LAST:STEP ranges, "
                                                    "LAST included: 32:2976:128 (default: eval.lengths)"),
              num_samples: int = typer.Option(10, help="samples per task and length"),

@@ -203,8 +203,9 @@ class Trainer:
 
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
-        self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
-                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.tokenizer, protect=self.resumed_from)
+        self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
+                                            rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
+                                            tokenizer=self.tokenizer, protect=self.resumed_from)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
@@ -340,8 +341,9 @@ class Trainer:
         if request == PREEMPT:
             if not saved:
                 self.save()
-            self.log(f"[bold yellow]preempted[/] ({stops.signal_name}) at step {step}: saved {escape(str(self.last_checkpoint))}; "
-                     f"exiting with code {EXIT_PREEMPTED} so the job can be requeued ({escape(self.resume_hint())})", soft_wrap=True)
+            self.log(f"[bold yellow]preempted[/] ({stops.signal_name}) at step {step}: saved "
+                     f"{escape(str(self.last_checkpoint))}; exiting with code {EXIT_PREEMPTED} so the job can be "
+                     f"requeued ({escape(self.resume_hint())})", soft_wrap=True)
             raise RunStopped(EXIT_PREEMPTED)
         assert request == INTERRUPT
         self.log(f"[bold yellow]interrupted[/] (SIGINT) at step {step}: {escape(self.resume_hint())}", soft_wrap=True)

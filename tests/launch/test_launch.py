@@ -127,7 +127,8 @@ def test_slurm_script_requeues_after_the_preemption_signal(tmp_path):
     assert res.exit_code == 0, res.output
     script = snap / "job.sbatch"
     assert "#SBATCH --signal=B:USR1@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
-    assert line_with(script.read_text(), "srun ").startswith("""srun --kill-on-bad-exit=1 bash -c 'trap "" USR1; exec """)
+    srun = line_with(script.read_text(), "srun ")
+    assert srun.startswith("""srun --kill-on-bad-exit=1 bash -c 'trap "" USR1; exec """)
     _fake_slurm_tools(tmp_path / "bin")
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STATE": str(tmp_path),
            "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node-a"}

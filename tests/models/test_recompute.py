@@ -37,7 +37,8 @@ def saved_bytes_and_grads(model, tokens: torch.Tensor) -> tuple[int, torch.Tenso
                 pack(t)
 
     blocks = [model.cell] if hasattr(model, "cell") else list(model.layers)
-    hooks = [b.register_forward_pre_hook(keep_inputs) for b in blocks] if model.activation_checkpointing else []
+    hooks = [block.register_forward_pre_hook(keep_inputs) for block in blocks
+             if model.activation_checkpointing]
     torch.manual_seed(1)  # the dropout masks
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model.loss(tokens[:, :-1], tokens[:, 1:])
