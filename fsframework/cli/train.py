@@ -20,8 +20,8 @@ def guarded(step: Callable[[], T]) -> T:
     from fsframework.checkpoints import CheckpointError
     from fsframework.data.inspect_shards import ShardError
     from fsframework.parallel.health import RankFailure
-    from fsframework.train.preemption import EXIT_INTERRUPTED
-    from fsframework.train.trainer import NonFiniteLoss, RunStopped
+    from fsframework.train.nonfinite import NonFiniteLoss
+    from fsframework.train.preemption import EXIT_INTERRUPTED, RunStopped
 
     try:
         return step()

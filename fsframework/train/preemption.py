@@ -25,6 +25,14 @@ EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
 NONE, INTERRUPT, PREEMPT = 0, 1, 2  # ordered: the all-reduce keeps the strongest request
 
 
+class RunStopped(Exception):
+    """The loop stopped early on a signal; `code` is the process's exit code (the message was logged)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
 class StopRequests:
     """Records stop requests from signals; `install` and `restore` bracket the training loop."""
 

@@ -25,7 +25,8 @@ from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.train.distributed import DistInfo, barrier, init_distributed
 from fsframework.train.monitor import Monitor, console
-from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT,
+from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
+from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
                                           StopRequests)
 from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
@@ -40,32 +41,6 @@ class TrainState:
     skipped_steps: int = 0  # steps whose update a non-finite loss skipped (train.nonfinite=skip)
     nonfinite_in_row: int = 0  # of them, the latest ones in a row
 
-
-class NonFiniteLoss(RuntimeError):
-    """The loss was NaN or infinite and `train.nonfinite` says to stop (a failed run)."""
-
-
-class RunStopped(Exception):
-    """The loop stopped early on a signal; `code` is the process's exit code (the message was logged)."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
-
-
-class SkippableAdamW(torch.optim.AdamW):
-    """AdamW whose next `step` can be skipped: the update of a non-finite loss is dropped under
-    every ZeRO stage, which all call the base optimizer's `step` on the (flat) fp32 weights;
-    DeepSpeed's counters and the schedule still advance (the step counts, the data is consumed)."""
-
-    skip_next = False
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if self.skip_next:
-            self.skip_next = False
-            return None
-        return super().step(closure)
 
 
 class LanguageModelingLoss(nn.Module):
@@ -304,25 +279,8 @@ class Trainer:
         return float(loss)
 
     def check_finite(self, loss: float) -> None:
-        """Apply `train.nonfinite` after a step (its update was already skipped when `loss` is
-        not finite): `stop` raises at once, `skip` counts the step and raises after
-        `train.nonfinite_max_skips` in a row."""
-        if math.isfinite(loss):
-            self.state.nonfinite_in_row = 0
-            return
-        t, step = self.cfg.train, self.state.step
-        resume = (f"the last good checkpoint is {self.last_checkpoint.name}" if self.last_checkpoint is not None
-                  else "no checkpoint was written yet")
-        if t.nonfinite == "stop":
-            raise NonFiniteLoss(f"loss {loss} at step {step} (its update was not applied): stopping "
-                                f"(train.nonfinite=stop); {resume}; train.nonfinite=skip skips such steps")
-        self.state.skipped_steps += 1
-        self.state.nonfinite_in_row += 1
-        self.log(f"[yellow]step {step}: loss {loss}, update skipped[/yellow] ({self.state.nonfinite_in_row} in a row, "
-                 f"{self.state.skipped_steps} in all; train.nonfinite=skip)")
-        if self.state.nonfinite_in_row >= t.nonfinite_max_skips:
-            raise NonFiniteLoss(f"loss {loss} at step {step}: {self.state.nonfinite_in_row} non-finite steps in a "
-                                f"row reached train.nonfinite_max_skips={t.nonfinite_max_skips}; {resume}")
+        """Apply `train.nonfinite` after a step (its update was already skipped when `loss` is not finite)."""
+        apply_nonfinite_policy(loss, self.state, self.cfg.train, self.last_checkpoint, self.log)
 
     def resume_hint(self) -> str:
         if self.last_checkpoint is None:
