@@ -59,6 +59,10 @@ class StopRequests:
         for signum in self.preempt_signals:
             self._previous[signum] = signal.signal(signum, self._on_preempt)
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
+        for signum in self._previous:
+            # restart interrupted system calls: a signal during a collective must not fail the
+            # communication library's socket read with EINTR; the flag is read at the boundary
+            signal.siginterrupt(signum, False)
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
