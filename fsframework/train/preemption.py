@@ -5,7 +5,8 @@ every rank has agreed (`StopRequests.agree`, one all-reduce), so all ranks take 
 checkpoint at the same step and no rank leaves a collective behind. docs/training.md.
 
 - `train.preempt_signals` (SIGTERM, SIGUSR1 by default): checkpoint at the next step
-  boundary, then exit with `EXIT_PREEMPTED`, the code a SLURM batch script requeues on.
+  boundary, then exit with `EXIT_PREEMPTED` (75: retry later); the batch script of
+  `fsf launch --slurm` then requeues the job (launch/slurm.sbatch.tmpl).
 - SIGINT: stop at the next step boundary without a new checkpoint, saying which checkpoint a
   rerun resumes from. A second SIGINT interrupts at once (KeyboardInterrupt).
 """
