@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from fsframework.checkpoints import find_latest
 from fsframework.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
