@@ -13,6 +13,8 @@ Layout of `<run_dir>/checkpoints/`:
 
     step_00000020/           one complete checkpoint (`Checkpoint`)
         ds/                  DeepSpeed engine state (model, optimizer, schedule; ZeRO shards)
+        latest               "ds": DeepSpeed's tools find ds/ by it (`python zero_to_fp32.py . OUT`)
+        zero_to_fp32.py      DeepSpeed's own consolidation script (ZeRO 1-3 runs; it copies it here)
         client_rank0.pt      loop state of rank 0: step, tokens, data-loader position, RNG states
         config.yaml          the resolved config that produced it
         tokenizer.json       the run's file tokenizer, when it has one (.json or .model)

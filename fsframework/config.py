@@ -184,6 +184,16 @@ class TrainConfig:
     eval_every: int = 0
     eval_batches: int = 4
     early_stop_patience: int = 0
+    # signals that ask for a checkpoint at the next step boundary, then an exit with
+    # EXIT_PREEMPTED (docs/training.md); SIGINT always stops at the next step boundary
+    preempt_signals: list = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # a non-finite loss: stop (the run fails, naming the step) | skip (no update; the run
+    # fails after `nonfinite_max_skips` skipped steps in a row)
+    nonfinite: str = "stop"
+    nonfinite_max_skips: int = 10
+    # recompute every block (AR-GRC: every cell call) in the backward pass instead of keeping
+    # its activations: less memory, one more forward per step
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -322,6 +332,17 @@ def _check_validation(cfg: Config) -> None:
                           "(early stopping counts validation evaluations)")
 
 
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGINT has its own meaning: stop
+
+
+def _check_loop_policies(cfg: Config) -> None:
+    t = cfg.train
+    _choice("train.nonfinite", t.nonfinite, ("stop", "skip"))
+    _positive("train.nonfinite_max_skips", t.nonfinite_max_skips)
+    for name in t.preempt_signals:
+        _choice("train.preempt_signals", name, PREEMPT_SIGNALS)
+
+
 def _check_argrc(cfg: Config) -> None:
     """AR-GRC keys (docs/argrc.md), and the model-wide dropout."""
     g = cfg.model.argrc
@@ -417,6 +438,7 @@ def validate(cfg: Config) -> Config:
     _check_copy_warmup(cfg)
     _check_argrc(cfg)
     _check_validation(cfg)
+    _check_loop_policies(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
     return cfg
@@ -460,9 +482,16 @@ def _read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    import yaml
+
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except (OmegaConfBaseException, ValueError) as exc:  # yaml errors are ValueErrors too
+    except yaml.MarkedYAMLError as exc:  # one line, where an editor jumps to: FILE:LINE:COLUMN
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"{where}: invalid YAML: {what}") from None
+    except (OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(f"invalid config file {path}: {str(exc).splitlines()[0]}") from None
     if data is None:
         return {}

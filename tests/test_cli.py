@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,51 @@ def test_import_graph_of_the_cli_checkpoints_and_eval():
     assert _imports_any([pkg / "checkpoints.py"], tuple(f"fsframework.{layer}" for layer in
                                                         ("train", "eval", "cli", "data", "parallel"))) == []
     assert _imports_any(sorted((pkg / "eval").glob("*.py")), ("fsframework.train", "fsframework.cli")) == []
+
+
+def test_yaml_errors_are_one_line_naming_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  name: tfpp\n   d_model: 3\n")
+    res = runner.invoke(app, ["config", str(bad)])
+    assert res.exit_code == EXIT_BAD_INPUT and "Traceback" not in res.output
+    assert res.output.strip().splitlines() == [f"error: {bad}:3:11: invalid YAML: mapping values are not allowed "
+                                               "in this context"]
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- model\n- data\n")
+    res = runner.invoke(app, ["config", str(listing)])
+    assert res.exit_code == EXIT_BAD_INPUT and "must hold a mapping of keys, not list" in res.output
+
+
+def test_version_flags_examples_and_task_names_in_the_help():
+    from fsframework import __version__
+    from fsframework.cli.eval import TASK_NAMES
+    from fsframework.eval.suite import TASKS
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"fsframework {__version__}"
+    commands = [["train"], ["eval"], ["run"], ["export"], ["convert"], ["import"], ["generate"], ["info"], ["config"], ["launch"], ["calibrate"],
+                ["data", "build"], ["data", "inspect"], ["data", "tokenizer"]]
+    for command in commands:
+        res = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0 and f"Example: fsf {' '.join(command)}" in res.output, command
+    launch_help = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"}).output
+    for name in ("--slurm", "--dry-run", "--rdzv"):  # flags take no value
+        assert line_of(launch_help, name).split(name)[1].split()[0] != "<bool>", name
+    assert TASK_NAMES == TASKS
+    eval_help = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
+    start = eval_help.index("comma-separated task names:")
+    tasks_help = eval_help[start:eval_help.index("--lengths", start)]
+    assert all(re.search(rf"\b{name}\b", tasks_help) for name in TASKS)
+
+
+def line_of(text: str, needle: str) -> str:
+    return next(line for line in text.splitlines() if needle in line)
+
+
+def test_option_errors_name_the_option(tmp_path):
+    res = runner.invoke(app, ["eval", str(tmp_path), "--lengths", "abc"])
+    assert res.exit_code == EXIT_BAD_INPUT and "--lengths item 'abc'" in res.output
+    res = runner.invoke(app, ["eval", str(tmp_path), "--tasks", "perplexity,nope"])
+    assert res.exit_code == EXIT_BAD_INPUT and "--tasks 'perplexity,nope': unknown nope; choose from" in res.output
+    res = runner.invoke(app, ["eval", str(tmp_path), "--num-samples", "many"])
+    assert res.exit_code == EXIT_BAD_INPUT and "--num-samples" in res.output

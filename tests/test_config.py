@@ -16,7 +16,11 @@ from tests.utils import REPO, run_fsf
     ("train.max_steps=ten", "train.max_steps"),
     ("model.name=transformer", "model.name"),
     ("parallel.zero_stage=5", "parallel.zero_stage"),
-], ids=["unknown-key", "negative-lr", "wrong-type", "unknown-model", "bad-zero-stage"])
+    ("train.nonfinite=ignore", "train.nonfinite"),
+    ("train.nonfinite_max_skips=0", "train.nonfinite_max_skips"),
+    ("train.preempt_signals=[SIGKILL]", "train.preempt_signals"),
+], ids=["unknown-key", "negative-lr", "wrong-type", "unknown-model", "bad-zero-stage", "nonfinite", "max-skips",
+        "preempt-signal"])
 def test_bad_override_names_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         load_config(None, [override])

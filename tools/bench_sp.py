@@ -2,6 +2,7 @@
 
     python tools/bench_sp.py                      # all three tables
     python tools/bench_sp.py --only bytes         # FS bytes per layer at N=32k, sp=2,4,8
+    python tools/bench_sp.py --only recompute --kind fs   # activation checkpointing on/off, N=4k and 16k
 
 Prints, per rank:
 1. activation memory: bytes of the tensors autograd saves for the backward pass
@@ -11,7 +12,10 @@ Prints, per rank:
    the ranks of one SP group, for FS at N = 32768 and sp = 2, 4, 8: counted by
    `CommCounter` on the real collectives, next to the analytic formula
    `2 * sp * (sp - 1) * L * 2 * D * bytes` (L = longest slice, D = H * d);
-3. the wall time of one forward + backward at sp = 2 against sp = 1.
+3. the wall time of one forward + backward at sp = 2 against sp = 1;
+4. (--only recompute) activation memory per rank with `train.activation_checkpointing` off and
+   on, at N = 4096 and 16384, sp = 1 and 2. With it on, the count adds the inputs that the
+   checkpointed blocks keep for their recomputation (a forward pre-hook on each block).
 A benchmark measures and prints; the assertions live in tests/parallel.
 """
 
@@ -72,7 +76,14 @@ def worker(spec: dict) -> None:
     cfg = ModelConfig(name=spec["kind"], vocab_size=256, d_model=spec["d_model"], n_layers=spec["layers"],
                       n_heads=spec["heads"], attention=att)
     torch.manual_seed(0)
-    model = parallelize(build_model(cfg), ParallelConfig(sp=sp))
+    model = build_model(cfg)
+    blocks = []
+    if spec.get("recompute"):
+        from fsframework.models.recompute import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
+        blocks = [model.cell] if hasattr(model, "cell") else list(model.layers)  # what is recomputed
+    model = parallelize(model, ParallelConfig(sp=sp))
     tokens = torch.randint(0, 256, (1, spec["n"] + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -91,9 +102,17 @@ def worker(spec: dict) -> None:
             saved.setdefault(ptr, t.untyped_storage().nbytes())
         return t
 
+    def keep_inputs(module, args):  # a checkpointed block keeps its tensor inputs until backward
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                pack(t)
+
+    hooks = [block.register_forward_pre_hook(keep_inputs) for block in blocks]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with CommCounter.counting() as counted:
             step()
+    for hook in hooks:
+        hook.remove()
     times, cpu = [], []
     for _ in range(spec.get("repeats", 2)):
         dist.barrier()
@@ -149,10 +168,23 @@ def time_table(kind: str, n: int) -> None:
     print(f"CPU time of the busiest rank: sp=1 {c1:.2f} s, sp=2 {c2:.2f} s, ratio {c2 / c1:.2f}")
 
 
+def recompute_table(kind: str) -> None:
+    print(f"\n4. activation memory per rank, {kind}, d_model 256, 4 layers, 4 heads, fp32: "
+          "train.activation_checkpointing off / on")
+    print(f"{'N':>6} {'sp':>3} {'rank':>4} {'off MB':>8} {'on MB':>8} {'on/off':>7}")
+    for n in (4096, 16384):
+        for sp in (1, 2):
+            spec = {"kind": kind, "n": n, "d_model": 256, "layers": 4, "heads": 4, "repeats": 0}
+            off, on = launch(sp, spec), launch(sp, {**spec, "recompute": True})
+            for a, b in zip(off, on):
+                print(f"{n:>6} {sp:>3} {a['rank']:>4} {a['saved_mb']:>8.1f} {b['saved_mb']:>8.1f} "
+                      f"{b['saved_mb'] / a['saved_mb']:>7.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("memory", "bytes", "time"))
+    parser.add_argument("--only", choices=("memory", "bytes", "time", "recompute"))
     parser.add_argument("--kind", default="tfpp")
     parser.add_argument("--n", type=int, default=4096)
     args = parser.parse_args()
@@ -164,6 +196,8 @@ def main() -> None:
         bytes_table()
     if args.only in (None, "time"):
         time_table(args.kind, args.n)
+    if args.only == "recompute":
+        recompute_table(args.kind)
 
 
 if __name__ == "__main__":

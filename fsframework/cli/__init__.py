@@ -21,9 +21,25 @@ from fsframework.cli import train as _train
 from fsframework.cli.data import data_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention).")
+                  help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention)."
+                       "\n\nExample: fsf run yamls/quickstart.yaml")
 
-app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.")
+
+def _print_version(value: bool) -> None:
+    if value:
+        from fsframework import __version__
+
+        typer.echo(f"fsframework {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", help="print the version and exit", metavar="",
+                                          callback=_print_version, is_eager=True)) -> None:
+    pass
+
+app.add_typer(data_app, name="data", help="Build and inspect tokenized MDS shards.\n\n"
+                                         "Example: fsf data build notes.txt --out shards/")
 app.command("train")(_train.train)
 app.command("eval")(_eval.evaluate)
 app.command("generate")(_generate.generate)

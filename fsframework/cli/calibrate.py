@@ -16,8 +16,12 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
               seq_len: int = typer.Option(4096, "--seq-len", help="tokens per window"),
               seed: int = typer.Option(0, help="seed of the window shuffle"),
               batch_size: int = typer.Option(1, "--batch-size", help="windows per forward pass")) -> None:
-    """Write <checkpoint>/calibration.json: the median max key norm per cell, per layer and head (FS-B's tau),
-    and a heat map beside it. Runs under torchrun too (windows split over the ranks)."""
+    """Write <checkpoint>/calibration.json, FS-B's per-head thresholds, and a heat map beside it.
+
+    The median max key norm per cell, per layer and head (FS-B's tau). Runs under torchrun too (windows split over the ranks).
+
+    Example: fsf calibrate runs/fs --windows 32 --seq-len 4096
+    """
     from rich.console import Console
 
     from fsframework.checkpoints import CheckpointError

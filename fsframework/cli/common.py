@@ -17,6 +17,11 @@ EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 
 
+def flag(help: str, *names: str):
+    """A boolean option shown as a bare flag in the help (typer would print `<bool>` after it)."""
+    return typer.Option(False, *names, help=help, metavar="")
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print `error: MESSAGE` to stderr and exit with `code`."""
     from rich.console import Console

@@ -11,8 +11,11 @@ from fsframework.cli.common import load_job_config
 
 
 def config(config: Path = typer.Argument(..., help="YAML job file"),
-           overrides: Optional[List[str]] = typer.Argument(None)) -> None:
-    """Validate CONFIG with overrides and print the resolved YAML."""
+           overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
+    """Validate CONFIG with overrides and print the resolved YAML.
+
+    Example: fsf config yamls/quickstart.yaml model.name=swa parallel.sp=2
+    """
     from fsframework.config import to_yaml
 
     typer.echo(to_yaml(load_job_config(config, overrides)))

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from fsframework.cli.common import fail
+from fsframework.cli.common import fail, flag
 
 data_app = typer.Typer(help="Build MDS training shards from .txt/.jsonl/.jsonl.gz/.parquet files and inspect them.",
                        no_args_is_help=True)
@@ -22,9 +22,12 @@ def build(
     workers: int = typer.Option(1, help="Tokenizer worker processes"),
     text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
     compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
-    overwrite: bool = typer.Option(False, help="Replace an existing MDS dataset in --out"),
+    overwrite: bool = flag("Replace an existing MDS dataset in --out", "--overwrite"),
 ) -> None:
-    """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1)."""
+    """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1).
+
+    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096
+    """
     from fsframework.data.build import DataBuildError, build_shards
 
     try:
@@ -41,7 +44,10 @@ def inspect(
     sample: int = typer.Option(0, help="Index of the sample to decode"),
     chars: Optional[int] = typer.Option(600, help="Characters of the decoded sample to print"),
 ) -> None:
-    """Verify every shard (sizes, hashes, samples), print statistics and decode one sample."""
+    """Verify every shard (sizes, hashes, samples), print statistics and decode one sample.
+
+    Example: fsf data inspect shards/train --tokenizer tokenizer.json --sample 3
+    """
     from fsframework.data.inspect_shards import ShardError, inspect as run_inspect
 
     try:
@@ -58,7 +64,10 @@ def tokenizer(
     python_chars: int = typer.Option(1_000_000, "--python-chars", help="Embedded corpus: characters of stdlib text"),
     retrieval_docs: int = typer.Option(2000, "--retrieval-docs", help="Embedded corpus: retrieval documents"),
 ) -> None:
-    """Train a byte-level BPE tokenizer.json, on text files or on the embedded corpus."""
+    """Train a byte-level BPE tokenizer.json, on text files or on the embedded corpus.
+
+    Example: fsf data tokenizer tokenizer.json --vocab-size 4096 --input notes.txt
+    """
     from fsframework.data.tokenizers import train_bpe_tokenizer
 
     if inputs:

@@ -8,10 +8,15 @@ from typing import List, Optional
 import typer
 
 from fsframework.cli.common import fail
+from fsframework.eval.ruler import RULER_TASKS
+
+# the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
+TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity")
 
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),
-             tasks: str = typer.Option("perplexity", help="comma-separated task names"),
+             tasks: str = typer.Option("perplexity",
+                                       help=f"comma-separated task names: {', '.join(TASK_NAMES)}"),
              lengths: Optional[str] = typer.Option(None, help="comma-separated lengths or FIRST:LAST:STEP ranges, "
                                                    "LAST included: 32:2976:128 (default: eval.lengths)"),
              num_samples: int = typer.Option(10, help="samples per task and length"),
@@ -19,17 +24,34 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
              seed: int = typer.Option(0),
              out: Optional[Path] = typer.Option(None, help="JSON file of scores (default <run>/eval/scores.json)"),
              overrides: Optional[List[str]] = typer.Argument(None, help="config overrides, e.g. model.attention.impl=reference")) -> None:
-    """Evaluate a checkpoint: perplexity vs length and long-context retrieval tasks."""
+    """Evaluate a checkpoint: perplexity vs length and long-context retrieval tasks.
+
+    Example: fsf eval runs/quickstart --tasks perplexity,passkey --lengths 512,1024,2048
+    """
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.runner import evaluate_checkpoint
 
     try:
-        evaluate_checkpoint(checkpoint, tasks=[t.strip() for t in tasks.split(",") if t.strip()],
-                            lengths=parse_lengths(lengths) if lengths else None,
+        names = parse_tasks(tasks)
+        parsed_lengths = parse_lengths(lengths) if lengths else None
+    except ValueError as exc:
+        fail(str(exc))
+    try:
+        evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
                             overrides=overrides or [])
     except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
+
+
+def parse_tasks(text: str) -> list[str]:
+    """`--tasks`: comma-separated names of TASK_NAMES."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [name for name in names if name not in TASK_NAMES]
+    if unknown or not names:
+        raise ValueError(f"--tasks {text!r}: {'unknown ' + ', '.join(unknown) if unknown else 'no task named'}; "
+                         f"choose from {', '.join(TASK_NAMES)}")
+    return names
 
 
 def parse_lengths(text: str) -> list[int]:

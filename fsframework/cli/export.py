@@ -17,14 +17,20 @@ def export(checkpoint: Path = typer.Argument(..., help="run directory, checkpoin
            out_dir: Path = typer.Argument(..., help="new directory to write"),
            dtype: str = typer.Option("fp32", help="fp32 | bf16")) -> None:
     """Write a checkpoint (any ZeRO stage and layout) as config.json + model.safetensors + tokenizer +
-    the run's data and eval settings, proved by the logits of a fixed batch (fp32: equal)."""
+    the run's data and eval settings, proved by the logits of a fixed batch (fp32: equal).
+
+    Example: fsf export runs/quickstart exports/quickstart --dtype bf16
+    """
     _export(checkpoint, out_dir, dtype)
 
 
 def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint or export directory"),
             out_dir: Optional[Path] = typer.Argument(None, help="new directory (default <checkpoint>/export)"),
             dtype: str = typer.Option("fp32", help="fp32 | bf16")) -> None:
-    """Alias of `fsf export`; without OUT_DIR it writes <checkpoint>/export."""
+    """Alias of `fsf export`; without OUT_DIR it writes <checkpoint>/export.
+
+    Example: fsf convert runs/quickstart
+    """
     if out_dir is None:
         from fsframework.checkpoints import CheckpointError, resolve_checkpoint
 
@@ -58,7 +64,10 @@ def import_(hf_dir: Path = typer.Argument(..., help="transformers Llama checkpoi
             dtype: str = typer.Option("fp32", help="fp32 | bf16"),
             tolerance: float = typer.Option(1e-4, help="largest allowed |logit difference| vs transformers")) -> None:
     """Import a Llama-architecture checkpoint as a tfpp model (an export directory that `fsf eval`,
-    `train.init_from` and `fsf export` take), proved against transformers' own logits."""
+    `train.init_from` and `fsf export` take), proved against transformers' own logits.
+
+    Example: fsf import ./Llama-3.2-1B exports/llama-1b
+    """
     from fsframework.checkpoints import CheckpointError
     from fsframework.export import ExportError, ProofFailed, import_llama
 

@@ -22,7 +22,10 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
              overrides: Optional[List[str]] = typer.Argument(None, help="config overrides, e.g. "
                                                              "model.attention.impl=reference")) -> None:
     """Generate text: the prompt is prefilled once with the decode cache, then the tokens are
-    printed as they come, followed by tokens/s and the cache's size (docs/decoding.md)."""
+    printed as they come, followed by tokens/s and the cache's size (docs/decoding.md).
+
+    Example: fsf generate runs/quickstart --prompt "def fibonacci(n):" --max-new-tokens 64 --greedy
+    """
     from rich.console import Console
 
     from fsframework.checkpoints import Checkpoint, CheckpointError

@@ -57,5 +57,8 @@ def print_info(info: dict[str, str]) -> None:
 
 
 def info() -> None:
-    """Versions of the engines, devices, and whether Triton kernels can run."""
+    """Versions of the engines, devices, and whether Triton kernels can run.
+
+    Example: fsf info
+    """
     print_info(collect_info())

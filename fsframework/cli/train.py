@@ -14,14 +14,23 @@ T = TypeVar("T")
 
 def guarded(step: Callable[[], T]) -> T:
     """Run `step` (training, evaluation), mapping its errors to the exit codes: bad input
-    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank 1."""
+    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank or a non-finite
+    loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
+    SLURM batch script requeues on; SIGINT: 130), its message already printed."""
     from fsframework.checkpoints import CheckpointError
     from fsframework.data.inspect_shards import ShardError
     from fsframework.parallel.health import RankFailure
+    from fsframework.train.nonfinite import NonFiniteLoss
+    from fsframework.train.preemption import EXIT_INTERRUPTED, RunStopped
 
     try:
         return step()
-    except RankFailure as exc:  # a rank failed while training
+    except RunStopped as exc:
+        raise typer.Exit(exc.code) from None
+    except KeyboardInterrupt:  # a second Ctrl-C: no wait for the step boundary
+        fail("interrupted in the middle of a step; a rerun resumes from the newest complete checkpoint",
+             code=EXIT_INTERRUPTED)
+    except (RankFailure, NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
         fail(str(exc), code=EXIT_RUN_FAILED)
     except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input
         fail(str(exc))
@@ -42,7 +51,10 @@ def trainable_config(config: Path, overrides: Optional[List[str]]):
 
 def train(config: Path = typer.Argument(..., help="YAML job file"),
           overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
-    """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG."""
+    """Train (or resume, when the run directory holds a checkpoint) the model of CONFIG.
+
+    Example: fsf train yamls/quickstart.yaml train.max_steps=50 run_dir=runs/try
+    """
     cfg = trainable_config(config, overrides)
     from fsframework.train.trainer import train as run_training
 
@@ -51,7 +63,10 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
 
 def run(config: Path = typer.Argument(..., help="YAML job file"),
         overrides: Optional[List[str]] = typer.Argument(None, help="dotted key=value overrides")) -> None:
-    """The main job: train CONFIG, evaluate the result, print a summary table."""
+    """The main job: train CONFIG, evaluate the result, print a summary table.
+
+    Example: fsf run yamls/quickstart.yaml
+    """
     cfg = trainable_config(config, overrides)
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
     from fsframework.train.trainer import train as run_training

@@ -21,12 +21,23 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     model, cfg = ckpt.load_model(device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)
-    return run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks, lengths=lengths or list(cfg.eval.lengths),
-                    num_samples=num_samples, seed=seed, batch_size=batch_size or cfg.eval.batch_size,
-                    out_path=str(out), plots_dir=str(out.parent),
-                    # held-out text is needed (and, for the embedded corpus, built) only for perplexity
-                    data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
-                    device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)})
+    results = run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks,
+                       lengths=lengths or list(cfg.eval.lengths), num_samples=num_samples, seed=seed,
+                       batch_size=batch_size or cfg.eval.batch_size, out_path=str(out), plots_dir=str(out.parent),
+                       # held-out text is needed (and, for the embedded corpus, built) only for perplexity
+                       data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
+                       device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)})
+    if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
+        from fsframework.eval.tensorboard import log_eval_results
+
+        log_eval_results(ckpt.run.tensorboard, results, checkpoint_step(ckpt.path))
+    return results
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The optimizer step of checkpoint folder `step_NNNNNNNN` (0 for a folder named otherwise)."""
+    digits = ckpt.name.rpartition("_")[2]
+    return int(digits) if digits.isdigit() else 0
 
 
 def read_path(model, cfg) -> dict:

@@ -72,6 +72,9 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
                      launcher=options.launcher, hostfile=options.hostfile, master_addr=options.master_addr,
                      master_port=options.master_port, rdzv=options.rdzv, slurm=options.slurm)
     _check_tools(options)
+    if options.slurm and "SIGUSR1" not in cfg.train.preempt_signals:
+        raise LaunchError("--slurm: the batch script signals the ranks with SIGUSR1 before the time limit, but "
+                          f"train.preempt_signals={list(cfg.train.preempt_signals)} lacks it; add SIGUSR1")
     snap = take_snapshot(Path(cfg.run_dir), to_yaml(cfg))
     plan = with_snapshot(plan, snap.config, snap.pythonpath)
     (snap.dir / "command.sh").write_text(command_script(plan, invocation))

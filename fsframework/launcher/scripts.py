@@ -21,6 +21,8 @@ class SlurmOptions:
     cpus_per_task: int | None = None  # None: 8 per GPU
     partition: str | None = None
     account: str | None = None
+    # seconds before the time limit at which SLURM signals the job to checkpoint and requeue
+    signal_lead_s: int = 300
 
     def cpus(self, gpus_per_node: int) -> int:
         return self.cpus_per_task or 8 * gpus_per_node
@@ -60,7 +62,8 @@ def command_script(plan: LaunchPlan, invocation: str) -> str:
 
 
 def slurm_script(plan: LaunchPlan, options: SlurmOptions, *, script: Path, log_dir: Path) -> str:
-    """The batch script of `--slurm`: one srun task per node, each running torchrun."""
+    """The batch script of `--slurm`: one srun task per node, each running torchrun; requeued
+    after a preemption signal ahead of the time limit (`options.signal_lead_s`)."""
     # Fixed node ranks from SLURM: every task knows its rank, so no c10d rendezvous is needed.
     static = dataclasses.replace(plan, rdzv=False)
     node = torchrun_command(static, Shell('"$SLURM_NODEID"'), master_addr=Shell('"$MASTER_ADDR"'))
@@ -71,7 +74,10 @@ def slurm_script(plan: LaunchPlan, options: SlurmOptions, *, script: Path, log_d
               "time": options.time, "log_dir": str(log_dir), "extra_sbatch": "\n".join(extra),
               "workdir": shlex.quote(str(plan.workdir)), "pythonpath": _pythonpath(plan),
               "omp_threads": str(max(1, options.cpus(plan.gpus_per_node) // plan.gpus_per_node)),
-              "node_command": shlex.quote(shell_join(node))}
+              "signal_lead": str(options.signal_lead_s),
+              # torchrun ignores USR1 (inherited by its workers, which install their own handler):
+              # the preemption signal reaches the training ranks, not the agent that would die of it
+              "node_command": shlex.quote('trap "" USR1; exec ' + shell_join(node))}
     path = template_path()
     if not path.is_file():
         raise LaunchError(f"SLURM template not found: {path}")

@@ -21,6 +21,7 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import dropout
 from fsframework.models.losses import lm_losses
+from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.scan import down_sweep, exclusive_scan, up_sweep
 
@@ -104,15 +105,25 @@ class TreeScan(nn.Module):
     cell's weights directly, which needs the same.
     """
 
+    activation_checkpointing = False  # recompute each cell call in backward (fsframework.models.recompute)
+
     def __init__(self, cell: nn.Module, attention_cfg):
         super().__init__()
         self.cell = cell
         self.attention_cfg = attention_cfg  # its `impl` picks the Triton tree kernel or the reference
 
+    def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The cell, as the reference scan applies it: one call per tree level, which keeps only
+        its `[M, D]` output and recomputes its hidden layer when activations are recomputed."""
+        if wants_recompute(self):
+            return lambda a, b: recomputed(self.cell, a, b)
+        return self.cell
+
     def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None) -> torch.Tensor:
         identity = identity.to(h.dtype)
         if shard is not None:
-            return sharded_inclusive_prefixes(h, self.cell, identity, shard.slices, shard.rank, shard.gather_roots)
+            return sharded_inclusive_prefixes(h, self.combine(), identity, shard.slices, shard.rank,
+                                              shard.gather_roots)
         # the exclusive scan of T + 1 rows, dropping row 0; row T of an exclusive scan never
         # reads leaf T, so a zero row stands there
         padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
@@ -124,7 +135,7 @@ class TreeScan(nn.Module):
                              "use impl=auto or reference with model.argrc.cell=mlp")
         if kernel is not None and fused:
             return kernel(padded, self.cell, identity)[:, 1:]
-        return exclusive_scan(padded, self.cell, identity)[:, 1:]
+        return exclusive_scan(padded, self.combine(), identity)[:, 1:]
 
 
 class ARGRCLanguageModel(nn.Module):
@@ -175,6 +186,16 @@ class ARGRCLanguageModel(nn.Module):
     @property
     def cell(self) -> nn.Module:
         return self.scan.cell
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Recompute each cell call of the scan in backward (fsframework.models.recompute); the
+        Triton tree kernel keeps no hidden layer anyway."""
+        return self.scan.activation_checkpointing
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, on: bool) -> None:
+        self.scan.activation_checkpointing = on
 
     @property
     def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -15,6 +15,7 @@ from fsframework.config import ModelConfig
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.models.losses import lm_losses
+from fsframework.models.recompute import recomputed, wants_recompute
 
 
 class DecoderBlock(nn.Module):
@@ -32,6 +33,8 @@ class DecoderBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
+    activation_checkpointing = False  # recompute each block in backward (fsframework.models.recompute)
+
     def __init__(self, cfg: ModelConfig, attention_factory: Callable[[ModelConfig, int], nn.Module],
                  absolute_positions: bool = False):
         super().__init__()
@@ -75,8 +78,9 @@ class TransformerLM(nn.Module):
             pos = torch.arange(source.start, source.start + tokens.shape[1], device=tokens.device)
             x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
         x = self.embed_drop(x)
+        recompute = wants_recompute(self)
         for layer in self.layers:
-            x = layer(x, source)
+            x = recomputed(layer, x, source) if recompute else layer(x, source)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@
   through `monitored_barrier` on a separate gloo group: rank 0 learns which ranks
   never arrive and says so; every error is re-raised prefixed with the rank.
 - `FaultInjector` is the test hook: `FSF_FAULT=raise:RANK:STEP` raises on that rank
-  at the start of that optimizer step, `FSF_FAULT=hang:RANK:STEP` sleeps forever there.
+  at the start of that optimizer step, `FSF_FAULT=hang:RANK:STEP` sleeps forever there,
+  `FSF_FAULT=nan:RANK:STEP` makes that rank's loss NaN at that step (the loop's `train.nonfinite`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class RankFailure(RuntimeError):
 
 @dataclass
 class FaultInjector:
-    kind: Optional[str] = None  # "raise" | "hang" | None
+    kind: Optional[str] = None  # "raise" | "hang" | "nan" | None
     rank: int = -1
     step: int = -1
     my_rank: int = 0
@@ -40,14 +41,19 @@ class FaultInjector:
             return cls(my_rank=my_rank)
         try:
             kind, rank, step = spec.split(":")
-            if kind not in ("raise", "hang"):
+            if kind not in ("raise", "hang", "nan"):
                 raise ValueError
             return cls(kind=kind, rank=int(rank), step=int(step), my_rank=my_rank)
         except ValueError:
-            raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP or hang:RANK:STEP") from None
+            raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP, hang:RANK:STEP "
+                             "or nan:RANK:STEP") from None
+
+    def poisons(self, step: int) -> bool:
+        """Whether this rank's loss is to be made NaN at `step` (kind "nan")."""
+        return self.kind == "nan" and self.rank == self.my_rank and self.step == step
 
     def maybe_fail(self, step: int) -> None:
-        if self.kind is None or self.rank != self.my_rank or self.step != step:
+        if self.kind in (None, "nan") or self.rank != self.my_rank or self.step != step:
             return
         if self.kind == "raise":
             raise RankFailure(f"rank {self.my_rank}: injected fault at step {step} ({FAULT_ENV})")

@@ -121,6 +121,9 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
     barrier()
     if rank == 0:
         (tmp / CONFIG_FILE).write_text(config_yaml)
+        # DeepSpeed's tools (the zero_to_fp32.py it copies here, load_checkpoint without a tag) find
+        # the engine's folder through a `latest` file beside it: `python zero_to_fp32.py . OUT` works
+        (tmp / LATEST).write_text(ENGINE_TAG)
         save_tokenizer(tokenizer, tmp)
         _write_manifest(tmp)
         if final.exists():  # a re-save of the same step after a resume

@@ -52,7 +52,8 @@ class Monitor:
         if self.writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"train/{key}", value, record["step"])
+                    # keys with a section of their own ("val/loss") keep it; the rest are train/
+                    self.writer.add_scalar(key if "/" in key else f"train/{key}", value, record["step"])
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
                                  tps=f"{record['tokens_per_s']:.0f}")

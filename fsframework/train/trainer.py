@@ -6,6 +6,7 @@ step is `train_step`, which runs `grad_accum` calls of `forward_backward`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.train.distributed import DistInfo, barrier, init_distributed
 from fsframework.train.monitor import Monitor, console
+from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
+from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
+                                          StopRequests)
 from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
 
@@ -34,6 +38,9 @@ class TrainState:
     tokens: int = 0  # training tokens consumed (all ranks)
     best_val_ppl: float = float("inf")  # validation perplexity (train.eval_every), best so far
     evals_since_best: int = 0  # evaluations in a row without a new best (early stopping)
+    skipped_steps: int = 0  # steps whose update a non-finite loss skipped (train.nonfinite=skip)
+    nonfinite_in_row: int = 0  # of them, the latest ones in a row
+
 
 
 class LanguageModelingLoss(nn.Module):
@@ -102,6 +109,7 @@ class Trainer:
         self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
+        self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
@@ -136,13 +144,18 @@ class Trainer:
         shape = (f", {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads"
                  if hasattr(model, "layers") else f", d_model {cfg.model.d_model}")  # AR-GRC has no layers
         self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
-        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+        if cfg.train.activation_checkpointing:
+            from fsframework.models.recompute import enable_activation_checkpointing
+
+            enable_activation_checkpointing(model)
+        optimizer = SkippableAdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, cfg.train.max_steps, cfg.optim))
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=LanguageModelingLoss(model), optimizer=optimizer, lr_scheduler=scheduler,
             config=deepspeed_config(cfg))
+        self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
         self.model = model
         dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                          seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
@@ -162,20 +175,23 @@ class Trainer:
         self.state = TrainState(**client["train_state"])
         self.loader.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
-        self.resumed_from = found  # pruning never deletes it
+        self.resumed_from = self.last_checkpoint = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}"
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
 
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
-        ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg), rank=self.dist.rank,
-                     keep=self.cfg.train.keep_checkpoints, tokenizer=self.tokenizer, protect=self.resumed_from)
+        self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
+                                            rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
+                                            tokenizer=self.tokenizer, protect=self.resumed_from)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
         dev = self.engine.device
         weights = batch["weights"].to(dev) if "weights" in batch else None
         loss = self.engine(batch["inputs"].to(dev), batch["targets"].to(dev), weights)
+        if self.faults.poisons(self.state.step + 1):  # a test's injected NaN (FSF_FAULT=nan:RANK:STEP)
+            loss = loss * float("nan")
         self.engine.backward(loss)
         return loss.detach(), self.engine.module.last_plain_loss
 
@@ -189,7 +205,7 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, plain_losses = [], []
-        pre_step_norm = None
+        pre_step_norm, finite = None, True
         t = self.cfg.train
         short = t.short_seq_len if self.state.step < t.short_seq_steps else 0
         # the data stream is not read during the copy warmup
@@ -204,17 +220,17 @@ class Trainer:
             losses.append(loss)
             plain_losses.append(plain)
             if self.engine.is_gradient_accumulation_boundary():
-                pre_step_norm = self._local_grad_norm()
+                both = self._mean_losses(losses, plain_losses)
+                # the same on every rank (averaged): a non-finite loss anywhere skips the update everywhere
+                finite = bool(torch.isfinite(both[0]))
+                self.optimizer_base.skip_next = not finite
+                pre_step_norm = self._local_grad_norm() if finite else None
             self.engine.step()
-        both = torch.stack([torch.stack(losses).mean(), torch.stack(plain_losses).mean()])
-        if self.dist.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(both)
-            both /= self.dist.world_size
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:
             grad_norm = pre_step_norm
+        if not finite:
+            grad_norm = None
         metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "seq_len": self.cfg.research.copy_warmup_seq_len if warmup else short or self.cfg.data.seq_len,
                    "copy_warmup": int(warmup)}
@@ -222,8 +238,18 @@ class Trainer:
             metrics["plain_loss"] = float(both[1])
         return metrics
 
-    def validation_perplexity(self) -> float:
-        """Perplexity on the first `train.eval_batches` micro-batches of the held-out split (the
+    def _mean_losses(self, losses: list[torch.Tensor], plain_losses: list[torch.Tensor]) -> torch.Tensor:
+        """[optimised loss, plain CE] of this step, averaged over micro-batches and ranks."""
+        both = torch.stack([torch.stack(losses).mean(), torch.stack(plain_losses).mean()])
+        if self.dist.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(both)
+            both /= self.dist.world_size
+        return both
+
+    def validation_loss(self) -> float:
+        """Mean cross entropy on the first `train.eval_batches` micro-batches of the held-out split (the
         same windows at every evaluation), through the training loss path: the same for every
         model, sequence parallelism and ZeRO stage; averaged over all ranks."""
         from fsframework.data.loader import data_streams
@@ -253,7 +279,36 @@ class Trainer:
 
             dist.all_reduce(loss)
             loss /= self.dist.world_size
-        return float(torch.exp(loss))
+        return float(loss)
+
+    def check_finite(self, loss: float) -> None:
+        """Apply `train.nonfinite` after a step (its update was already skipped when `loss` is not finite)."""
+        apply_nonfinite_policy(loss, self.state, self.cfg.train, self.last_checkpoint, self.log)
+
+    def resume_hint(self) -> str:
+        if self.last_checkpoint is None:
+            return "no checkpoint was written yet: a rerun starts from step 0"
+        return f"a rerun resumes from {self.last_checkpoint} (step {int(self.last_checkpoint.name.split('_')[-1])})"
+
+    def stop_on_request(self, stops: StopRequests, saved: bool) -> None:
+        """At a step boundary: act on a signal any rank received (collective). Preemption saves
+        a checkpoint (unless this step's was just written) and raises RunStopped(EXIT_PREEMPTED);
+        SIGINT raises RunStopped(EXIT_INTERRUPTED) without saving."""
+        with reraise_naming_rank(self.dist.rank, self.dist.world_size, self.cfg.parallel.timeout_s):
+            request = stops.agree(self.dist.world_size, self.dist.device)
+        if request == NONE:
+            return
+        step = self.state.step
+        if request == PREEMPT:
+            if not saved:
+                self.save()
+            self.log(f"[bold yellow]preempted[/] ({stops.signal_name}) at step {step}: saved "
+                     f"{escape(str(self.last_checkpoint))}; exiting with code {EXIT_PREEMPTED} so the job can be "
+                     f"requeued ({escape(self.resume_hint())})", soft_wrap=True)
+            raise RunStopped(EXIT_PREEMPTED)
+        assert request == INTERRUPT
+        self.log(f"[bold yellow]interrupted[/] (SIGINT) at step {step}: {escape(self.resume_hint())}", soft_wrap=True)
+        raise RunStopped(EXIT_INTERRUPTED)
 
     def early_stop(self, ppl: float) -> bool:
         """Record a validation perplexity; True when `train.early_stop_patience` evaluations in a
@@ -268,8 +323,19 @@ class Trainer:
 
     def fit(self) -> TrainState:
         cfg = self.cfg
-        self.build()
-        self.maybe_resume()
+        # before build(): a signal while the engine and data are set up is acted on after the
+        # first step, and data-loader workers forked here inherit the handlers instead of dying
+        stops = StopRequests(cfg.train.preempt_signals)
+        stops.install()
+        try:
+            self.build()
+            self.maybe_resume()
+            return self._loop(stops)
+        finally:
+            stops.restore()
+
+    def _loop(self, stops: StopRequests) -> TrainState:
+        cfg = self.cfg
         tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
@@ -288,22 +354,29 @@ class Trainer:
                 self.state.tokens += tokens_per_step
                 stop = False
                 if cfg.train.eval_every and self.state.step % cfg.train.eval_every == 0:
-                    metrics["val_ppl"] = self.validation_perplexity()
-                    stop = self.early_stop(metrics["val_ppl"])
-                    metrics["best_val_ppl"] = self.state.best_val_ppl
+                    metrics["val/loss"] = self.validation_loss()
+                    metrics["val/ppl"] = math.exp(min(metrics["val/loss"], 80.0))
+                    stop = self.early_stop(metrics["val/ppl"])
+                    metrics["val/best_ppl"] = self.state.best_val_ppl
+                if not math.isfinite(metrics["loss"]):
+                    metrics["update_skipped"] = 1  # logged whatever train.nonfinite says, then acted on
                 if (self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps
-                        or "val_ppl" in metrics):
+                        or "val/loss" in metrics or not math.isfinite(metrics["loss"])):
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens,
                                  "tokens_per_s": tokens_per_step / elapsed,
                                  "memory_mb": _memory_mb(self.dist.device)})
                 else:
                     monitor.advance(self.state.step)
-                if self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last or stop:
+                self.check_finite(metrics["loss"])
+                saved = self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last or stop
+                if saved:
                     self.save()
                 if stop:
                     self.log(f"early stop at step {self.state.step}: validation perplexity has not improved on "
                              f"{self.state.best_val_ppl:.3f} for {cfg.train.early_stop_patience} evaluations")
                     break
+                if self.state.step < last:
+                    self.stop_on_request(stops, saved)
         finally:
             monitor.close()
         return self.state

@@ -104,6 +104,50 @@ def test_slurm_script(tmp_path):
     assert bash.returncode == 0, bash.stderr
 
 
+def _fake_slurm_tools(bin_dir: Path) -> None:
+    """srun: a job step that exits 1 (torchrun's code for a rank's 75) when signalled with USR1;
+    scancel signals it; scontrol names a node or records a requeue."""
+    bin_dir.mkdir()
+    tools = {
+        "srun": 'echo $$ > "$STATE/step.pid"\ntrap \'exit 1\' USR1\n[ -n "$STEP_DONE" ] && exit 0\n'
+                'while true; do sleep 0.05; done',
+        "scancel": 'echo "scancel $*" >> "$STATE/calls"\nkill -USR1 "$(cat "$STATE/step.pid")"',
+        "scontrol": '[ "$1" = show ] && { echo node-a; exit 0; }\necho "scontrol $*" >> "$STATE/calls"',
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + body + "\n")
+        (bin_dir / name).chmod(0o755)
+
+
+def test_slurm_script_requeues_after_the_preemption_signal(tmp_path):
+    import signal
+    import time
+
+    res, snap = launch(tmp_path, "--slurm", "--dry-run", "--signal-lead", "120")
+    assert res.exit_code == 0, res.output
+    script = snap / "job.sbatch"
+    assert "#SBATCH --signal=B:USR1@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+    srun = line_with(script.read_text(), "srun ")
+    assert srun.startswith("""srun --kill-on-bad-exit=1 bash -c 'trap "" USR1; exec """)
+    _fake_slurm_tools(tmp_path / "bin")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "STATE": str(tmp_path),
+           "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node-a"}
+    # finished before the time limit: the step's own exit code, no requeue
+    done = subprocess.run(["bash", str(script)], env={**env, "STEP_DONE": "1"}, capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and not (tmp_path / "calls").exists(), done.stderr
+    (tmp_path / "step.pid").unlink()
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "step.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)  # what SLURM sends --signal-lead seconds before --time
+    out, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err
+    assert (tmp_path / "calls").read_text().splitlines() == ["scancel --signal=USR1 42", "scontrol requeue 42"]
+    assert "requeueing job 42" in out
+
+
 def test_slurm_submits_with_sbatch_or_says_it_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     res, snap = launch(tmp_path, "--slurm")

@@ -42,7 +42,7 @@ def test_validation_perplexity_and_early_stopping(tmp_path, data_cache):
     assert "early stop at step 3" in proc.stdout
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["val_ppl"] > 1.0 for r in records)
+    assert all(r["val/ppl"] > 1.0 and r["val/loss"] > 0.0 for r in records)
     assert (run / "checkpoints" / "step_00000003").is_dir()
     again = run_fsf("train", *args)  # resuming a run that stopped early trains no further
     assert "early stop" not in again.stdout

@@ -20,6 +20,8 @@ QUICKSTART = str(REPO / "yamls" / "quickstart.yaml")
 COMMON = [*TINY_DATA, *TINY_MODEL, "model.attention.block_size=16", f"train.max_steps={STEPS}", "train.ckpt_every=3",
           "optim.warmup_steps=2", "train.progress=false", "train.tensorboard=false"]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# SP + ZeRO-3 runs recompute their blocks in backward: their losses still equal the single process's
+SP2_ZERO3 = ["parallel.sp=2", "parallel.zero_stage=3", "train.activation_checkpointing=true"]
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -61,7 +63,7 @@ def single(tmp_path_factory, data_cache) -> Path:
 @pytest.fixture(scope="module")
 def sp_zero3(tmp_path_factory, data_cache) -> Path:
     run_dir = tmp_path_factory.mktemp("sp2_zero3")
-    torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.zero_stage=3"))
+    torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3))
     return run_dir
 
 
@@ -73,9 +75,9 @@ def test_sp2_zero3_losses_equal_single_process(single, sp_zero3):
 
 def test_sp2_zero3_resume_is_exact(sp_zero3, tmp_path, data_cache):
     run_dir = tmp_path / "split"
-    torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.zero_stage=3", "train.stop_at_step=3"))
+    torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3, "train.stop_at_step=3"))
     assert (run_dir / "checkpoints" / "step_00000003" / "client_rank1.pt").is_file()
-    proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.zero_stage=3"))
+    proc = torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3))
     assert "resumed from step_00000003" in proc.stdout
     assert losses(run_dir) == losses(sp_zero3)
 
@@ -162,9 +164,10 @@ def test_a_hanging_rank_is_named_by_the_health_check(tmp_path, data_cache):
 def test_argrc_sp2_zero3_losses_equal_single_process(tmp_path, data_cache):
     # AR-GRC's own sequence-parallel form (ranks exchange block roots) under ZeRO-3 and torchrun: the
     # two ranks' slices ([0, 32) and [32, 63)) apply the cell different numbers of times, so ZeRO-3
-    # must gather the cell's weights once per scan (a leaf module), not once per application
+    # must gather the cell's weights once per scan (a leaf module), not once per application; with
+    # activation checkpointing the recomputed cells run inside the same gathered scan
     argrc = ["model.name=argrc", "model.argrc.d_state=24", "model.tie_embeddings=true"]
     single_run, sp_run = tmp_path / "argrc_single", tmp_path / "argrc_sp2"
     run_fsf(*train_args(single_run, data_cache, *argrc))
-    torchrun(2, *train_args(sp_run, data_cache, *argrc, "parallel.sp=2", "parallel.zero_stage=3"))
+    torchrun(2, *train_args(sp_run, data_cache, *argrc, *SP2_ZERO3))  # cells recomputed in backward too
     assert_close(losses(sp_run), losses(single_run))

@@ -1,0 +1,29 @@
+"""`fsf eval` results in the run's tensorboard, next to the training curves (docs/evaluation.md).
+
+Scalars `eval/<task>/<length>` (and `eval/ruler_mean/<length>`) at the evaluated checkpoint's
+step, so evaluations of successive checkpoints draw a curve per task and length; the plots of
+the evaluation as images under `eval_plots/<name>`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def log_eval_results(log_dir: Path, results: dict, step: int) -> None:
+    """Append `results` (from `fsframework.eval.suite.run_eval`) to the tensorboard events in `log_dir`."""
+    import matplotlib.image
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(log_dir))
+    try:
+        series = {**results.get("scores", {}), "ruler_mean": results.get("ruler_mean", {})}
+        for task, by_length in series.items():
+            for length, value in by_length.items():
+                if isinstance(value, (int, float)):  # None: the length did not fit the model or the data
+                    writer.add_scalar(f"eval/{task}/{length}", value, step)
+        for plot in results.get("plots", []):
+            image = matplotlib.image.imread(plot)  # H x W x (3 or 4), floats in [0, 1]
+            writer.add_image(f"eval_plots/{Path(plot).stem}", image[..., :3], step, dataformats="HWC")
+    finally:
+        writer.close()
