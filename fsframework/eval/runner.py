@@ -26,7 +26,8 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                     out_path=str(out), plots_dir=str(out.parent),
                     # held-out text is needed (and, for the embedded corpus, built) only for perplexity
                     data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
-                    device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)})
+                    device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
+                    mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
 
 
 def read_path(model, cfg) -> dict:
