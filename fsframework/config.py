@@ -110,7 +110,7 @@ class StreamConfig:
 
 @dataclass
 class MqarConfig:
-    """Multi-query associative recall, generated on the fly (`data.source=mqar`, docs/evaluation.md §5):
+    """Multi-query associative recall, generated on the fly (`data.source=mqar`, docs/evaluation.md §4.6):
     `pairs` key-value pairs of token ids spread over the context, filler between them, then
     `queries` of the keys each followed by its value. Ids: keys `[0, keys)`, values
     `[keys, keys + values)`, filler `[keys + values, keys + values + filler)`."""
@@ -339,7 +339,7 @@ def _check_validation(cfg: Config) -> None:
 
 
 def _check_mqar(cfg: Config) -> None:
-    """The associative-recall source (docs/evaluation.md §5): ids within the vocabulary, room for the pairs."""
+    """The associative-recall source (docs/evaluation.md §4.6): ids within the vocabulary, room for the pairs."""
     m = cfg.data.mqar
     for key in ("pairs", "queries", "keys", "values", "filler"):
         _positive(f"data.mqar.{key}", getattr(m, key))

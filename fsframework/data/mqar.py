@@ -1,4 +1,4 @@
-"""Multi-query associative recall (MQAR), generated on the fly (docs/evaluation.md §5).
+"""Multi-query associative recall (MQAR), generated on the fly (docs/evaluation.md §4.6).
 
 A row holds `pairs` key-value pairs (two tokens each: a key id, then its value id) at
 random places in a context of filler tokens, then `queries` of the keys again, each

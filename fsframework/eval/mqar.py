@@ -1,4 +1,4 @@
-"""The `mqar` evaluation task: associative-recall accuracy at any length (docs/evaluation.md §5).
+"""The `mqar` evaluation task: associative-recall accuracy at any length (docs/evaluation.md §4.6).
 
 Rows come from `fsframework.data.mqar.recall_rows` with the run's `data.mqar` sizes, the pairs
 spread over the whole context of the evaluated length. One forward pass per batch, teacher

@@ -1,4 +1,4 @@
-"""The associative-recall rows (docs/evaluation.md §5): every scored target is the value that
+"""The associative-recall rows (docs/evaluation.md §4.6): every scored target is the value that
 followed the same key in the context, seeded rows, exact resume of the training loader."""
 
 from __future__ import annotations

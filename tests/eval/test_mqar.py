@@ -1,4 +1,4 @@
-"""The `mqar` task scores each queried value, split by the stacked windows' reach (docs/evaluation.md §5),
+"""The `mqar` task scores each queried value, split by the stacked windows' reach (docs/evaluation.md §4.6),
 and runs end to end: `fsf train` on `data.source=mqar`, then `fsf eval --tasks mqar`."""
 
 from __future__ import annotations
