@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,9 +52,16 @@ def sizes(args) -> list[str]:
             "train.log_every=25", "train.progress=false", "train.tensorboard=false"]
 
 
+def _last_step(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
 def train(args, variant: str, seed: int) -> Path:
     run = Path(args.out) / f"{variant}-s{seed}"
-    if not (run / "metrics.jsonl").exists() or args.fresh:
+    if args.fresh or _last_step(run) < args.steps:
+        shutil.rmtree(run, ignore_errors=True)  # unfinished or unwanted: train from scratch
         cmd = [sys.executable, "-m", "fsframework", "train", str(REPO / "yamls" / "quickstart.yaml"),
                f"run_dir={run}", f"train.seed={seed}", f"data.shuffle_seed={seed + 1234}", *sizes(args),
                *VARIANTS[variant]]
