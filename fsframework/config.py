@@ -109,8 +109,23 @@ class StreamConfig:
 
 
 @dataclass
+class MqarConfig:
+    """Multi-query associative recall, generated on the fly (`data.source=mqar`, docs/evaluation.md §4.6):
+    `pairs` key-value pairs of token ids spread over the context, filler between them, then
+    `queries` of the keys each followed by its value. Ids: keys `[0, keys)`, values
+    `[keys, keys + values)`, filler `[keys + values, keys + values + filler)`."""
+
+    pairs: int = 8
+    queries: int = 8  # at most `pairs`: each query asks a different pair
+    keys: int = 64
+    values: int = 64
+    filler: int = 16
+
+
+@dataclass
 class DataConfig:
-    source: str = "embedded"  # "embedded" (built-in corpus) or a local/remote MDS directory
+    # "embedded" (built-in corpus), a local/remote MDS directory, or "mqar" (associative recall)
+    source: str = "embedded"
     streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, `source` is ignored
     cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
     tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
@@ -125,6 +140,7 @@ class DataConfig:
     # below 1 most documents fit whole in one training window, needle and question together
     embedded_retrieval_max_fraction: float = 1.5
     eval_fraction: float = 0.02  # held out for perplexity
+    mqar: MqarConfig = field(default_factory=MqarConfig)
 
 
 @dataclass
@@ -322,6 +338,8 @@ def _check_fsb(a: AttentionConfig) -> None:
     if a.fsb_beam_width < a.fsb_top_k:
         raise ConfigError(f"model.attention.fsb_beam_width={a.fsb_beam_width} must be >= "
                           f"model.attention.fsb_top_k={a.fsb_top_k}")
+
+
 def _check_validation(cfg: Config) -> None:
     t = cfg.train
     _positive("train.eval_every", t.eval_every, zero_ok=True)
@@ -341,6 +359,35 @@ def _check_loop_policies(cfg: Config) -> None:
     _positive("train.nonfinite_max_skips", t.nonfinite_max_skips)
     for name in t.preempt_signals:
         _choice("train.preempt_signals", name, PREEMPT_SIGNALS)
+
+
+def _check_mqar(cfg: Config) -> None:
+    """The associative-recall source (docs/evaluation.md §4.6): ids within the vocabulary, room for the pairs."""
+    m = cfg.data.mqar
+    for key in ("pairs", "queries", "keys", "values", "filler"):
+        _positive(f"data.mqar.{key}", getattr(m, key))
+    if m.queries > m.pairs:
+        raise ConfigError(f"data.mqar.queries={m.queries} exceeds data.mqar.pairs={m.pairs}: each query asks a "
+                          "different pair")
+    if m.pairs > m.keys:
+        raise ConfigError(f"data.mqar.pairs={m.pairs} exceeds data.mqar.keys={m.keys}: the keys of one sequence "
+                          "are distinct")
+    if cfg.data.source == "mqar":
+        ids = m.keys + m.values + m.filler
+        if ids > cfg.model.vocab_size:
+            raise ConfigError(f"data.mqar uses {ids} token ids (keys + values + filler), more than "
+                              f"model.vocab_size={cfg.model.vocab_size}")
+        if 2 * (m.pairs + m.queries) > cfg.data.seq_len:
+            raise ConfigError(f"data.seq_len={cfg.data.seq_len} cannot hold data.mqar's {m.pairs} pairs and "
+                              f"{m.queries} queries (2 tokens each)")
+        if cfg.data.streams:
+            raise ConfigError("data.source=mqar generates its data: remove data.streams")
+        if cfg.loss.recall_weighting:
+            raise ConfigError("loss.recall_weighting does not apply to data.source=mqar (its loss is on the "
+                              "queried values only): set loss.recall_weighting=false")
+        if cfg.train.eval_every:
+            raise ConfigError("train.eval_every reads the held-out text split, which data.source=mqar has not: "
+                              "set train.eval_every=0 and score recall with `fsf eval RUN --tasks mqar`")
 
 
 def _check_argrc(cfg: Config) -> None:
@@ -437,6 +484,7 @@ def validate(cfg: Config) -> Config:
     _check_short_sequences(cfg)
     _check_copy_warmup(cfg)
     _check_argrc(cfg)
+    _check_mqar(cfg)
     _check_validation(cfg)
     _check_loop_policies(cfg)
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):

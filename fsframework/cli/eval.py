@@ -11,7 +11,7 @@ from fsframework.cli.common import fail
 from fsframework.eval.ruler import RULER_TASKS
 
 # the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
-TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity")
+TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity", "mqar")
 
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),

@@ -26,7 +26,8 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                        batch_size=batch_size or cfg.eval.batch_size, out_path=str(out), plots_dir=str(out.parent),
                        # held-out text is needed (and, for the embedded corpus, built) only for perplexity
                        data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
-                       device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)})
+                       device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
+                       mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
     if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
         from fsframework.eval.tensorboard import log_eval_results
 

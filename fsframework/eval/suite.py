@@ -1,6 +1,6 @@
 """Run long-context evaluation tasks over several lengths: scores, a table, JSON and plots.
 
-Tasks: the eight RULER NIAH tasks, "passkey", "ffact" and "perplexity" (docs/evaluation.md).
+Tasks: the eight RULER NIAH tasks, "passkey", "ffact", "perplexity" and "mqar" (docs/evaluation.md).
 Scores are 0-100 (RULER string_match_all for NIAH, exact match for passkey, value
 found for F-fact); perplexity is reported as is. `ruler_mean` averages the NIAH
 tasks that ran at each length.
@@ -23,7 +23,8 @@ from fsframework.eval.passkey import PASSKEY_GEN_TOKENS, passkey_samples
 from fsframework.eval.ruler import NIAH_GEN_TOKENS, RULER_TASKS, NaturalHaystack, PromptTooLong, niah_samples
 from fsframework.eval.scoring import mean, passkey_match, postprocess_pred, sample_match_all
 
-TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity")
+TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity", "mqar")
+UNPROMPTED = ("perplexity", "mqar")  # scored from one forward pass, not from generated text
 DEFAULT_GEN_TOKENS = {**{t: NIAH_GEN_TOKENS for t in RULER_TASKS}, "passkey": PASSKEY_GEN_TOKENS,
                       "ffact": FFACT_GEN_TOKENS}
 
@@ -119,6 +120,21 @@ def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir
     results["scores"]["perplexity"] = scores
 
 
+def _run_mqar(model, spec, reach, lengths, num_samples, seed, batch_size, device, advance, results):
+    from fsframework.eval.mqar import mqar_scores
+
+    if spec is None:
+        raise ValueError("task 'mqar' needs the run's data.mqar sizes (mqar=...)")
+    scores, breakdown = {}, {}
+    for length in lengths:
+        found = mqar_scores(model, spec, length, num_samples, seed, batch_size, reach, device)
+        scores[str(length)] = found.pop("score")
+        breakdown[str(length)] = found
+        advance(1)
+    results["scores"]["mqar"] = scores
+    results["breakdown"]["mqar"] = breakdown
+
+
 def print_table(results: dict, console: Console | None = None) -> Table:
     """Rich table: one row per task (F-fact also per fact count), one column per length."""
     lengths = [str(n) for n in results["meta"]["lengths"]]
@@ -133,6 +149,10 @@ def print_table(results: dict, console: Console | None = None) -> Table:
     for task, series in results["scores"].items():
         digits = 2 if task == "perplexity" else 1
         table.add_row(task, *(cell(series.get(n), digits) for n in lengths))
+        if task == "mqar":
+            for split in ("within", "beyond"):
+                table.add_row(f"  {split} reach", *(cell(results["breakdown"]["mqar"].get(n, {}).get(split))
+                                                    for n in lengths))
         if task == "ffact":
             for count in FACT_COUNTS:
                 table.add_row(f"  F={count}", *(cell(results["breakdown"].get("ffact", {}).get(n, {}).get(str(count)))
@@ -146,15 +166,17 @@ def print_table(results: dict, console: Console | None = None) -> Table:
 def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samples: int, seed: int,
              batch_size: int, out_path: str | None, plots_dir: str | None, data_dir: str | None, device,
              gen_tokens: dict[str, int] | None = None, console: Console | None = None,
-             progress_callback: Callable[[str, int], None] | None = None, meta: dict | None = None) -> dict:
+             progress_callback: Callable[[str, int], None] | None = None, meta: dict | None = None,
+             mqar=None, mqar_reach: int = 0) -> dict:
     """Run `tasks` at every length in `lengths` and return the result dict.
 
     `num_samples` is samples per task and length (F-fact: prefixes per fact count;
     perplexity: sequences per length). `gen_tokens` overrides the generation budget per
     task (defaults: RULER's 128 for NIAH, 16 for passkey and F-fact). A length too
     short for a task's fixed prompt is skipped with its reason under `skipped`.
-    Writes `out_path` (JSON with scores and per-sample records) and PNGs under
-    `plots_dir` when given. `meta` (e.g. the checkpoint and its read path) joins the file's "meta".
+    `mqar` (a `MqarConfig`, the run's `data.mqar`) and `mqar_reach` (the stacked windows' reach
+    in tokens) are what the "mqar" task needs. Writes `out_path` (JSON with scores and
+    per-sample records) and PNGs under `plots_dir` when given. `meta` (e.g. the checkpoint and its read path) joins the file's "meta".
     """
     validate_tasks(tasks, lengths)
     if "perplexity" in tasks and not data_dir:
@@ -169,7 +191,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
                         "gen_tokens": {t: gen[t] for t in tasks if t in gen}, **(meta or {})},
                "scores": {}, "breakdown": {}, "skipped": {}, "ruler_mean": {}, "samples": {}}
     haystack = None
-    if any(t != "perplexity" and t != "niah_single_1" for t in tasks):
+    if any(t not in UNPROMPTED and t != "niah_single_1" for t in tasks):
         haystack = NaturalHaystack(tokenizer, max_chars=_haystack_chars(lengths))
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
@@ -178,7 +200,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
         with Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
             for task in tasks:
-                total = len(lengths) if task == "perplexity" else _expected_prompts(task, num_samples) * len(lengths)
+                total = len(lengths) if task in UNPROMPTED else _expected_prompts(task, num_samples) * len(lengths)
                 bar = progress.add_task(task, total=total)
 
                 def advance(n: int, _bar=bar, _task=task) -> None:
@@ -189,6 +211,9 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
                 if task == "perplexity":
                     _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results)
                     advance(len(lengths))
+                elif task == "mqar":
+                    _run_mqar(model, mqar, mqar_reach, lengths, num_samples, seed, batch_size, device, advance,
+                              results)
                 else:
                     _run_task(task, model, tokenizer, lengths, num_samples, seed, batch_size, gen[task], haystack,
                               device, advance, results)

@@ -121,13 +121,15 @@ class Trainer:
         from fsframework.parallel.deepspeed_config import deepspeed_config
 
         cfg = self.cfg
+        generated = cfg.data.source == "mqar"  # drawn on the fly: no shards to build or check
         if self.dist.is_main:
             self.tokenizer = ckpt_io.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run.config.write_text(to_yaml(cfg))
-            data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
+            if not generated:
+                data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
         barrier()
-        streams = data_streams(cfg, "train", build=False)
+        streams = [] if generated else data_streams(cfg, "train", build=False)
         check_shard_files([location for location, _ in streams])
 
         torch.manual_seed(cfg.train.seed)
@@ -157,12 +159,18 @@ class Trainer:
             config=deepspeed_config(cfg))
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
         self.model = model
-        dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
-                                         seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
-                                         local_cache=str(self.run.data_cache))
-        self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
-                                  recall=cfg.loss if cfg.loss.recall_weighting else None,
-                                  locations=[location for location, _ in streams])
+        if generated:  # the ranks of one SP group read the same rows
+            from fsframework.data.mqar import RecallTaskLoader
+
+            self.loader = RecallTaskLoader(cfg.data.mqar, cfg.data.micro_batch_size, cfg.data.seq_len,
+                                           cfg.data.shuffle_seed, self.groups.dp_rank)
+        else:
+            dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
+                                             seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
+                                             local_cache=str(self.run.data_cache))
+            self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
+                                      recall=cfg.loss if cfg.loss.recall_weighting else None,
+                                      locations=[location for location, _ in streams])
 
     def maybe_resume(self) -> None:
         found = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))

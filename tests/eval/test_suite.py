@@ -14,11 +14,11 @@ from fsframework.config import ModelConfig
 from fsframework.data.tokenizers import load_tokenizer
 from fsframework.eval import decoding
 from fsframework.eval.ruler import NIAH_GEN_TOKENS
-from fsframework.eval.suite import TASKS, run_eval
+from fsframework.eval.suite import TASKS, UNPROMPTED, run_eval
 from fsframework.models.registry import build_model
 
 TOK = load_tokenizer("byte")
-GENERATION_TASKS = [t for t in TASKS if t != "perplexity"]
+GENERATION_TASKS = [t for t in TASKS if t not in UNPROMPTED]  # scored from generated text
 
 
 def _tiny_model():
