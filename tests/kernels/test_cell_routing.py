@@ -132,3 +132,20 @@ def test_reference_module_dispatches_here(device):
     q, k = (torch.randn(1, 100, 1, 16, device=device) for _ in range(2))
     kwargs = dict(variant="fsl", cell_size=8, block_size=16, top_k=2, retained_cells=3, recent_cells=1)
     assert torch.equal(reference(q, k, **kwargs, impl="triton"), reference(q, k, **kwargs, impl="reference"))
+
+
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_offset_call_equals_the_rows_of_the_whole_call(variant, device):
+    """With q_start the kernel scores only the given queries (their blocks): the same cells as rows
+    [q_start, q_start + n) of the call on the whole sequence, a partial last block included."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 200, 1, 16, generator=gen).to(device) for _ in range(2))
+    kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=2, lam=0.8)
+    whole = select_cells(q, k, **kwargs)
+    for q_start, n in ((96, 104), (64, 32)):  # to the partial last block, and one block inside
+        got = select_cells(q[:, q_start:q_start + n], k[:, :q_start + n], q_start=q_start, **kwargs)
+        assert got.shape == (1, n, 1, 3)
+        assert torch.equal(got, whole[:, q_start:q_start + n]), (q_start, n)
+    # the op's offset form reaches the kernel with the offset (no padding of the earlier queries)
+    got = reference(q[:, 160:], k, q_start=160, impl="triton", **kwargs)
+    assert torch.equal(got, whole[:, 160:])
