@@ -20,11 +20,10 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_routing_args, per_head
-from fsf_kernels.common.support import routing_unsupported
+from fsf_kernels.common.support import routing_cell_tile, routing_unsupported
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
 
-_BC = 64  # FS: cells scored per step
 
 
 @triton.jit
@@ -214,7 +213,8 @@ def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, b
     """The scorer's constexprs for a launch (shared with the compile check, `launches`)."""
     return dict(
         BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
-        BM=max(16, min(64, next_pow2(block_size))), BC=_BC, PP=pp, BCK=min(pp, _BC),
+        BM=max(16, min(64, next_pow2(block_size))), BC=routing_cell_tile(dim), PP=pp,
+        BCK=min(pp, routing_cell_tile(dim)),
         FSL=variant == "fsl",
         # routing math is fp32; half inputs accept tf32 products for speed
         **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),

@@ -16,11 +16,12 @@ import torch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
-MAX_TOP_K = 64  # the running top-K of the routing scorer, and the readout's cells per query
+MAX_TOP_K = 64  # the routing scorer's running top-K, and the cells per query the readout reads
 MAX_RETAINED = 1024  # FS-L P
 MAX_NEW_CELLS = 64  # block_size / cell_size: cells that become eligible at once (FS-L retention)
 MAX_CELL_SIZE = 128  # the readout's K/V tile rows
-MAX_SCAN_WIDTH = 4096  # GRC tree scan: the gates/LayerNorm kernels hold whole rows
+MAX_CELL_TILE = 8192  # the readout's K/V tile elements, cell size x padded head dim (32 x 256, 128 x 64)
+MAX_SCAN_WIDTH = 2048  # GRC tree scan: the gates/LayerNorm kernels hold whole rows
 
 
 def _common(dtype: torch.dtype, dim: int) -> str | None:
@@ -52,7 +53,12 @@ def readout_unsupported(dtype: torch.dtype, dim: int, *, top_k: int, cell_size: 
         return f"K={top_k} cells per query (the kernel reads at most {MAX_TOP_K})"
     if cell_size > MAX_CELL_SIZE:
         return f"cell_size={cell_size} (the kernel's tiles hold at most {MAX_CELL_SIZE} tokens)"
-    return _common(dtype, dim)
+    reason = _common(dtype, dim)
+    if reason is None and padded_dim(cell_size) * padded_dim(dim) > MAX_CELL_TILE:
+        # a cell's K and V tiles, pipelined, would not fit the shared memory of a block
+        return (f"cell_size={cell_size} at head dim {dim} (a cell's tile, cell size x padded head dim, holds at "
+                f"most {MAX_CELL_TILE} values: cell_size <= {MAX_CELL_TILE // padded_dim(dim)} at this head dim)")
+    return reason
 
 
 def window_unsupported(dtype: torch.dtype, dim: int, *, rope: bool) -> str | None:
@@ -79,6 +85,12 @@ def scan_unsupported(dtype: torch.dtype, width: int) -> str | None:
 def padded_dim(dim: int) -> int:
     """The tile width of a head dim: a power of two, at least 16 (a `tl.dot` extent)."""
     return max(16, 1 << max(0, dim - 1).bit_length())
+
+
+def routing_cell_tile(dim: int) -> int:
+    """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
+    256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32)."""
+    return 64 if padded_dim(dim) <= 128 else 32
 
 
 def window_tiles(dtype: torch.dtype, dim: int, arch: int) -> tuple[int, int, int]:
