@@ -27,6 +27,7 @@ GPU_CASES = [
     (2, 4099, 2, 128, 32, 4, "d", "random", BF16),
     (1, 4096, 2, 32, 16, 8, "hd", "fs", F16),
     (1, 2048, 2, 64, 32, 4, None, "random", F32),
+    (1, 1024, 2, 256, 32, 8, "hd", "fs", BF16),  # the largest cell tile at d = 256
 ]
 
 
@@ -121,6 +122,7 @@ def test_reference_module_dispatches_here(device):
     assert_close(got, reference(q, k, v, cells, cell_size=8, impl="reference"), torch.float32, "out")
 
 
+@gpu  # also in the GPU check: on a device this runs the compiled kernels
 def test_offset_call_equals_the_rows_of_the_whole_call(device):
     """With q_start the kernel reads out only the given queries over keys [0, q_start + n): the rows
     of the whole call, and the gradients the whole call gives when only those rows carry one."""

@@ -26,6 +26,7 @@ GPU_CASES = [
     ("fs", 1, 8192, 4, 64, 32, 128, 4, 64, 8, BF16),
     ("fsl", 1, 16384, 4, 64, 32, 128, 4, 64, 8, BF16),
     ("fsl", 2, 4099, 2, 128, 32, 128, 4, 64, 8, F32),
+    ("fsl", 1, 8192, 2, 256, 16, 128, 64, 1024, 8, BF16),  # the largest K and P, at d = 256
 ]
 
 
@@ -134,6 +135,7 @@ def test_reference_module_dispatches_here(device):
     assert torch.equal(reference(q, k, **kwargs, impl="triton"), reference(q, k, **kwargs, impl="reference"))
 
 
+@gpu  # also in the GPU check: on a device this runs the compiled kernels
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
 def test_offset_call_equals_the_rows_of_the_whole_call(variant, device):
     """With q_start the kernel scores only the given queries (their blocks): the same cells as rows
