@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200:
-#   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  ~30 s
-#   2. the GPU-marked kernel tests (bf16/fp16 and large shapes), if pytest is installed     <= 200 s
-#   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 300 s
+#   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 90 s
+#   2. the GPU-marked kernel tests (bf16/fp16 and large shapes), if pytest is installed     <= 180 s
+#   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 280 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, summary.txt.
 # Needs only torch and triton: the repository is put on PYTHONPATH, nothing is installed.
@@ -27,7 +27,7 @@ note() { echo "$*" | tee -a "$RESULTS/summary.txt"; }
 "$PY" -c "import torch, triton" 2>/dev/null || { note "gpu_check: torch/triton do not import"; exit 1; }
 
 echo "== one tiny kernel, compiled and launched"
-timeout 120 "$PY" -c "from fsframework.cli.info import kernel_launch_check; r = kernel_launch_check(); print(r); raise SystemExit(not r.startswith('yes'))" \
+timeout 90 "$PY" -c "from fsframework.cli.info import kernel_launch_check; r = kernel_launch_check(); print(r); raise SystemExit(not r.startswith('yes'))" \
   2>&1 | tee "$RESULTS/launch.txt"
 launch=${PIPESTATUS[0]}
 note "launch check: exit $launch"
@@ -35,10 +35,10 @@ note "launch check: exit $launch"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
   echo "== GPU kernel tests"
-  timeout 200 "$PY" -m pytest -q -m gpu tests/kernels -p no:cacheprovider --durations=10 \
+  timeout 180 "$PY" -m pytest -q -m gpu tests/kernels -p no:cacheprovider --durations=10 \
     --junitxml="$RESULTS/tests.xml" 2>&1 | tee "$RESULTS/tests.txt"
   tests=${PIPESTATUS[0]}
-  [ "$tests" -eq 124 ] && note "gpu_check: tests timed out after 200s"
+  [ "$tests" -eq 124 ] && note "gpu_check: tests timed out after 180s"
   note "GPU tests: exit $tests ($(tail -n 1 "$RESULTS/tests.txt"))"
   [ "$tests" -ne 0 ] && status=$tests
 else
@@ -46,9 +46,9 @@ else
 fi
 
 echo "== benchmark"
-timeout 300 "$PY" tools/bench_kernels.py --budget-s 220 "$@" 2>&1 | tee "$RESULTS/bench.txt"
+timeout 280 "$PY" tools/bench_kernels.py --budget-s 200 "$@" 2>&1 | tee "$RESULTS/bench.txt"
 bench=${PIPESTATUS[0]}
-[ "$bench" -eq 124 ] && note "gpu_check: benchmark timed out after 300s (partial results in bench.txt)"
+[ "$bench" -eq 124 ] && note "gpu_check: benchmark timed out after 280s (partial results in bench.txt)"
 note "benchmark: exit $bench"
 [ "$bench" -ne 0 ] && status=$bench
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"

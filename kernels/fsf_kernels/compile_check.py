@@ -178,7 +178,8 @@ def configurations(full: bool = False) -> list[Config]:
     out.append(_cfg("routing", dtype=BF16, dim=64, variant="fs", top_k=4, retained=0, cell_size=32, block_size=128,
                     only="scorer"))
     out.append(_cfg("readout", dtype=BF16, dim=256, top_k=kmax, cell_size=support.MAX_CELL_TILE // 256))
-    out.append(_cfg("readout", dtype=F32, dim=64, top_k=kmax, cell_size=smax, only="bwd"))
+    out.append(_cfg("readout", dtype=F32, dim=256, top_k=kmax, cell_size=support.MAX_CELL_TILE // 256,
+                    only="readout bwd"))
     # the GRC matmuls have fixed tiles and the row kernels hold no tiles in shared memory (64 and
     # 4,096 B at the widest rows): one matmul stands for them here
     out.append(_cfg("grc_scan", dtype=BF16, width=support.MAX_SCAN_WIDTH, only="W1"))

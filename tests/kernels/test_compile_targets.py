@@ -6,7 +6,7 @@ subprocess without TRITON_INTERPRET (this directory's conftest turns the interpr
 interpreted kernel cannot be compiled); launches shared by configurations compile once. The
 default suite checks the representative set of `fsf_kernels.compile_check` (each kernel at its
 extremes: d = 256, the largest K and P and cell, fp32 and half); `python -m
-fsf_kernels.compile_check --full` (tools/kernel_resources.sh) sweeps every configuration.
+fsf_kernels.compile_check --full` sweeps every configuration (many minutes; docs/kernels.md).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_readout_args
-from fsf_kernels.common.support import padded_dim, readout_unsupported
+from fsf_kernels.common.support import padded_dim, readout_stages, readout_unsupported
 from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.utils import dot_args, next_pow2
 
@@ -222,6 +222,7 @@ def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int,
     cell_readout_fwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
         s_gh, seq, k.shape[1], heads, num_tiles, eps, _LOG2E / math.sqrt(dim), HAS_G=has_g, **meta,
+        num_stages=readout_stages(q.dtype, dim, cell_size),
     )
     return out, y, lse, rstd
 
@@ -247,6 +248,7 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
     cell_readout_bwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
         seq, total, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim), PREC_DY=prec_dy, **meta,
+        num_stages=readout_stages(q.dtype, dim, cell_size),
     )
     dg = None
     if rms_weight is not None:
@@ -261,18 +263,21 @@ def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int) -> list:
     """The compiled variants of the readout for one configuration (`fsf_kernels.common.targets`);
     the tiles do not depend on the target."""
     meta, prec_dy = _meta(dtype, dim, cell_size, top_k, gpu=True)
+    stages = readout_stages(dtype, dim, cell_size)
     p, f32, i32 = ptr(dtype), "*fp32", "*i32"
     out = []
     for has_g in (False, True):
         out.append(launch(f"readout fwd{' gain' if has_g else ''}", cell_readout_fwd_kernel,
                           dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, g=p, out=p, y=f32, lse=f32,
-                               rstd=f32), dict(meta, HAS_G=has_g), floats={"eps", "qk_scale"}))
+                               rstd=f32), dict(meta, HAS_G=has_g), floats={"eps", "qk_scale"},
+                          num_stages=stages))
     out.append(launch("readout bwd rows", cell_readout_bwd_preprocess_kernel,
                       dict(do=p, y=f32, rstd=f32, g=p, dy=f32, delta=f32, dg_part=f32),
                       dict(D=dim, BD=meta["BD"], BM=_BM, HAS_G=True)))
     out.append(launch("readout bwd", cell_readout_bwd_kernel,
                       dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, dy=f32, lse=f32, delta=f32, dq=p,
-                           dk=f32, dv=f32), dict(meta, PREC_DY=prec_dy), floats={"qk_scale", "scale"}))
+                           dk=f32, dv=f32), dict(meta, PREC_DY=prec_dy), floats={"qk_scale", "scale"},
+                      num_stages=stages))
     return out
 
 

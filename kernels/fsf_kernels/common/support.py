@@ -87,6 +87,13 @@ def padded_dim(dim: int) -> int:
     return max(16, 1 << max(0, dim - 1).bit_length())
 
 
+def readout_stages(dtype: torch.dtype, dim: int, cell_size: int) -> int:
+    """Pipeline stages of the readout kernels: 3, or 2 for fp32 at the largest cell tile, where the
+    backward needs 167,936 B with 3 (d = 256, s = 32), over sm_80's 166,912 B."""
+    big = padded_dim(cell_size) * padded_dim(dim) >= MAX_CELL_TILE
+    return 2 if dtype == torch.float32 and big else 3
+
+
 def routing_cell_tile(dim: int) -> int:
     """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
     256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32)."""
