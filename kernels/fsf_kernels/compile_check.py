@@ -168,16 +168,19 @@ def configurations(full: bool = False) -> list[Config]:
         return out
     # representative, within the default suite's time: each kernel at its largest tiles (d = 256, the
     # largest K, P and cell size), the tile changes of the window kernel (half d = 256, whose tiles
-    # differ per target; fp32 d = 128, 32 x 32 tiles), and the 340M recipe's routing. fp32 launches
-    # compile slowly (exact fp32 dots), so of those only the one with the most shared memory.
-    out.append(_cfg("window", dtype=BF16, dim=256))
+    # differ per target; fp32 d = 128, 32 x 32 tiles), the tightest fits measured, and the
+    # 340M recipe's routing. Launches compile slowly (seconds each, fp32 the slowest: exact fp32
+    # dots), so of a kernel's launches mostly the one with the most shared memory.
+    out.append(_cfg("window", dtype=BF16, dim=256, only="dk/dv"))  # of the three, the most shared memory
     out.append(_cfg("window", dtype=F32, dim=128, only="dk/dv"))
     out.append(_cfg("rewired", dtype=BF16, dim=256, only="dk/dv"))
+    out.append(_cfg("rewired", dtype=F32, dim=64, only="dk/dv"))  # the tightest fit: 164,864 B on sm_80
     out.append(_cfg("routing", dtype=BF16, dim=256, variant="fsl", top_k=kmax, retained=pmax, cell_size=32,
                     block_size=128))
     out.append(_cfg("routing", dtype=BF16, dim=64, variant="fs", top_k=4, retained=0, cell_size=32, block_size=128,
                     only="scorer"))
     out.append(_cfg("readout", dtype=BF16, dim=256, top_k=kmax, cell_size=support.MAX_CELL_TILE // 256))
+    out.append(_cfg("readout", dtype=BF16, dim=64, top_k=kmax, cell_size=smax, only="readout bwd"))
     out.append(_cfg("readout", dtype=F32, dim=256, top_k=kmax, cell_size=support.MAX_CELL_TILE // 256,
                     only="readout bwd"))
     # the GRC matmuls have fixed tiles and the row kernels hold no tiles in shared memory (64 and
