@@ -61,7 +61,8 @@ def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
         return None
     try:
         return getattr(importlib.import_module(f"fsf_kernels.{module}"), name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # ImportError, a missing name, or a Triton install that fails at import
+
         reason = f"{type(exc).__name__}: {exc}"
         if impl == "triton":
             raise RuntimeError(f"impl='triton' requested but {target} is unavailable ({reason}); "

@@ -11,8 +11,10 @@ q, k, v are the UNROTATED projections (no RoPE in routing or readout). The
 reference routing lives in `freesolo_routing.py` (block by block, `O(N)`
 memory), the reference readout in `freesolo_readout.py` (chunks of queries,
 recomputed in the backward pass, `O(N H d)` memory). `impl="auto"` runs the
-Triton kernels of `fsf_kernels` on CUDA tensors when they import, the
-reference elsewhere (see `fsframework.ops.dispatch`).
+Triton kernels of `fsf_kernels` on CUDA tensors when they import and support
+the call (`fsf_kernels.common.support`), the reference elsewhere (see
+`fsframework.ops.dispatch`). Both take `q_start` natively: only the given
+queries are routed and read out.
 """
 
 from __future__ import annotations
