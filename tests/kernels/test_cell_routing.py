@@ -151,3 +151,13 @@ def test_offset_call_equals_the_rows_of_the_whole_call(variant, device):
     # the op's offset form reaches the kernel with the offset (no padding of the earlier queries)
     got = reference(q[:, 160:], k, q_start=160, impl="triton", **kwargs)
     assert torch.equal(got, whole[:, 160:])
+
+
+def test_fsl_at_the_largest_p_retains_every_cell(device):
+    """P = 1024 (the largest the kernel takes, 16 chunks of the retained list per tile): with fewer
+    cells than P, FS-L retains them all and selects what FS selects."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 96, 1, 16, generator=gen).to(device) for _ in range(2))
+    common = dict(cell_size=4, block_size=32, top_k=3, recent_cells=1)
+    fs = select_cells(q, k, variant="fs", **common)
+    assert torch.equal(select_cells(q, k, variant="fsl", retained_cells=1024, **common), fs)
