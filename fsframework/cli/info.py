@@ -40,6 +40,8 @@ def kernel_launch_check(device: str = "cuda") -> str:
     from fsframework.ops.local_attention import sliding_window_attention
 
     if torch.device(device).type == "cuda":
+        if not torch.cuda.is_available():
+            return "NO: no CUDA device is visible to torch"
         major, minor = torch.cuda.get_device_capability(device)
         name = f"CUDA {torch.cuda.get_device_name(device)}, sm_{major}{minor}"
         sync = torch.cuda.synchronize

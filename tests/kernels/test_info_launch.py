@@ -25,3 +25,8 @@ def test_a_kernel_that_fails_is_reported_not_raised(monkeypatch):
 def test_without_a_gpu_the_status_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert info.triton_status().startswith("no GPU")
+
+
+def test_the_launch_check_without_a_device_says_so(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert info.kernel_launch_check("cuda") == "NO: no CUDA device is visible to torch"
