@@ -28,17 +28,13 @@ _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.
 
 def device_arch(device: torch.device) -> int:
     """Compute capability as an int (90 for sm_90) of a CUDA device; 90 off the GPU (the interpreter
-    ignores resources, and sm_90 is the target the tiles are tuned for)."""
+    ignores resources, and sm_90 is the target the tiles are tuned for). The tiles treat anything
+    below sm_90 as sm_80; consumer parts with less shared memory (sm_86/89: 101,376 B) are not a
+    target of these kernels."""
     if device.type != "cuda":
         return 90
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
-
-
-def fitting_arch(arch: int) -> int:
-    """The checked target whose limit applies to `arch`: sm_90 for Hopper and newer, else sm_80
-    (Ampere's 166,912 B; smaller consumer parts are not a target of these kernels)."""
-    return 90 if arch >= 90 else 80
 
 
 def ptr(dtype: torch.dtype) -> str:
