@@ -1,31 +1,55 @@
 #!/usr/bin/env bash
-# One prepared GPU check for the fsf_kernels Triton kernels (about 10 minutes on one H200):
-#   1. the GPU-marked kernel tests (bf16/fp16 and large shapes), if pytest is installed;
-#   2. tools/bench_kernels.py (its own correctness pass, then timings per size).
+# One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200:
+#   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 90 s
+#   2. the GPU-marked kernel tests (bf16/fp16 and large shapes), if pytest is installed     <= 180 s
+#   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 280 s
+# Every step's output goes to the results folder (the first argument, else $OUT, else
+# ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, summary.txt.
 # Needs only torch and triton: the repository is put on PYTHONPATH, nothing is installed.
-# Usage: tools/gpu_check.sh [extra bench_kernels.py arguments]
+# Usage: tools/gpu_check.sh [RESULTS_DIR] [extra bench_kernels.py arguments]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+RESULTS="${1:-${OUT:-$PWD/gpu_check_results}}"
+[ $# -gt 0 ] && shift
+mkdir -p "$RESULTS"
 PY="${PYTHON:-python}"
 export PYTHONPATH="$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET
 status=0
+started=$(date +%s)
+note() { echo "$*" | tee -a "$RESULTS/summary.txt"; }
 
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null || echo "nvidia-smi unavailable"
-"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())" \
-  || { echo "gpu_check: torch/triton do not import"; exit 1; }
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv 2>/dev/null || echo "nvidia-smi unavailable"
+  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
+} 2>&1 | tee "$RESULTS/env.txt"
+"$PY" -c "import torch, triton" 2>/dev/null || { note "gpu_check: torch/triton do not import"; exit 1; }
+
+echo "== one tiny kernel, compiled and launched"
+timeout 90 "$PY" -c "from fsframework.cli.info import kernel_launch_check; r = kernel_launch_check(); print(r); raise SystemExit(not r.startswith('yes'))" \
+  2>&1 | tee "$RESULTS/launch.txt"
+launch=${PIPESTATUS[0]}
+note "launch check: exit $launch"
+[ "$launch" -ne 0 ] && status=$launch
 
 if "$PY" -c "import pytest" 2>/dev/null; then
   echo "== GPU kernel tests"
-  timeout 240 "$PY" -m pytest -q -m gpu tests/kernels -p no:cacheprovider -x --durations=10 || status=$?
-  [ "$status" -eq 124 ] && echo "gpu_check: tests timed out after 240s"
+  timeout 180 "$PY" -m pytest -q -m gpu tests/kernels -p no:cacheprovider --durations=10 \
+    --junitxml="$RESULTS/tests.xml" 2>&1 | tee "$RESULTS/tests.txt"
+  tests=${PIPESTATUS[0]}
+  [ "$tests" -eq 124 ] && note "gpu_check: tests timed out after 180s"
+  note "GPU tests: exit $tests ($(tail -n 1 "$RESULTS/tests.txt"))"
+  [ "$tests" -ne 0 ] && status=$tests
 else
-  echo "== pytest is not installed: skipping the GPU tests (bench_kernels.py still checks correctness)"
+  note "pytest is not installed: GPU tests skipped (bench_kernels.py still checks correctness)"
 fi
 
 echo "== benchmark"
-timeout 330 "$PY" tools/bench_kernels.py --budget-s 240 "$@"
-bench=$?
-[ "$bench" -eq 124 ] && echo "gpu_check: benchmark timed out after 330s (partial results above)"
+timeout 280 "$PY" tools/bench_kernels.py --budget-s 200 "$@" 2>&1 | tee "$RESULTS/bench.txt"
+bench=${PIPESTATUS[0]}
+[ "$bench" -eq 124 ] && note "gpu_check: benchmark timed out after 280s (partial results in bench.txt)"
+note "benchmark: exit $bench"
 [ "$bench" -ne 0 ] && status=$bench
+note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsf_kernels.common.support import scan_unsupported
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import dropout
 from fsframework.models.losses import lm_losses
@@ -128,7 +129,7 @@ class TreeScan(nn.Module):
         # reads leaf T, so a zero row stands there
         padded = torch.cat((h, h.new_zeros(h.shape[0], 1, h.shape[2])), dim=1)
         impl = self.attention_cfg.impl
-        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h)
+        kernel = kernel_for("grc_scan", "grc_exclusive_scan", impl, h, scan_unsupported(h.dtype, h.shape[-1]))
         fused = isinstance(self.cell, GRCCell)  # what the kernel implements
         if kernel is not None and not fused and impl == "triton":
             raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "

@@ -4,10 +4,13 @@ Every op with an `impl` argument asks `kernel_for` and runs the reference when
 it answers None:
 
     "reference"  always the reference;
-    "triton"     the kernel, or RuntimeError naming why it cannot be imported;
-    "auto"       the kernel on CUDA tensors when it imports, the reference
-                 elsewhere; a kernel that fails to import on CUDA is reported
-                 once (a RuntimeWarning naming the reason), never silently.
+    "triton"     the kernel; RuntimeError naming why it cannot be imported, or
+                 ValueError naming what of the call it does not support;
+    "auto"       the kernel on CUDA tensors when it imports and supports the call
+                 (dtype, head dim, K, P: `fsf_kernels.common.support`), the
+                 reference elsewhere. A kernel that fails to import on CUDA, or
+                 a call it cannot run, is reported once (a RuntimeWarning naming
+                 the reason), never silently.
 
 The kernels are imported on first use, so the references run without Triton.
 """
@@ -22,7 +25,7 @@ import torch
 
 IMPLS = ("auto", "reference", "triton")
 
-_warned: set[str] = set()  # kernels whose failed import "auto" has already reported
+_warned: set[str] = set()  # what "auto" has already reported: failed imports and refused calls
 
 
 def check_impl(impl: str) -> None:
@@ -31,24 +34,39 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
-def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor) -> Callable | None:
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message + " (reported once)", RuntimeWarning, stacklevel=4)
+
+
+def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
+               unsupported: str | None = None) -> Callable | None:
     """The Triton function `fsf_kernels.<module>.<name>` for `impl`, or None to run the reference.
 
     tensor: an input of the op; "auto" picks the kernel only when it is on CUDA.
+    unsupported: why the kernel cannot run this call (from `fsf_kernels.common.support`), or
+    None when it can.
     """
     check_impl(impl)
     if impl == "reference" or (impl == "auto" and not tensor.is_cuda):
         return None
     target = f"fsf_kernels.{module}.{name}"
+    if unsupported is not None:
+        if impl == "triton":
+            raise ValueError(f"impl='triton': {target} does not support {unsupported}; use impl='reference' or "
+                             "'auto' (which runs the reference for it)")
+        _warn_once(f"{target}: {unsupported}", f"impl='auto': {target} does not support {unsupported}; running "
+                   "the PyTorch reference for such calls")
+        return None
     try:
         return getattr(importlib.import_module(f"fsf_kernels.{module}"), name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # ImportError, a missing name, or a Triton install that fails at import
+
         reason = f"{type(exc).__name__}: {exc}"
         if impl == "triton":
             raise RuntimeError(f"impl='triton' requested but {target} is unavailable ({reason}); "
                                "use impl='reference' or 'auto'") from exc
-        if target not in _warned:
-            _warned.add(target)
-            warnings.warn(f"impl='auto': {target} is unavailable ({reason}); running the PyTorch reference "
-                          "instead (reported once)", RuntimeWarning, stacklevel=3)
+        _warn_once(target, f"impl='auto': {target} is unavailable ({reason}); running the PyTorch reference "
+                   "instead")
         return None

@@ -11,15 +11,18 @@ q, k, v are the UNROTATED projections (no RoPE in routing or readout). The
 reference routing lives in `freesolo_routing.py` (block by block, `O(N)`
 memory), the reference readout in `freesolo_readout.py` (chunks of queries,
 recomputed in the backward pass, `O(N H d)` memory). `impl="auto"` runs the
-Triton kernels of `fsf_kernels` on CUDA tensors when they import, the
-reference elsewhere (see `fsframework.ops.dispatch`).
+Triton kernels of `fsf_kernels` on CUDA tensors when they import and support
+the call (`fsf_kernels.common.support`), the reference elsewhere (see
+`fsframework.ops.dispatch`). Both take `q_start` natively: only the given
+queries are routed and read out.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fsf_kernels.common.args import check_qkv, check_readout_args, check_routing_args
+from fsf_kernels.common.args import check_qkv, check_readout_args
+from fsf_kernels.common.support import readout_unsupported, routing_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_readout import selected_cell_attention
 from fsframework.ops.freesolo_routing import select_cells_reference
@@ -64,23 +67,16 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
         return select_cells_fsb(q, k, tau=tau, beam_width=beam_width, bound_c=bound_c, forests=forests,
                                 cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
                                 q_start=q_start)
-    kernel = kernel_for("cell_routing", "select_cells", impl, q)
+    kernel = kernel_for("cell_routing", "select_cells", impl, q,
+                        routing_unsupported(q.dtype, q.shape[-1], top_k=top_k, variant=variant,
+                                            retained_cells=retained_cells, recent_cells=recent_cells,
+                                            cell_size=cell_size, block_size=block_size))
     kwargs = dict(variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
-                  recent_cells=recent_cells, retained_cells=retained_cells)
+                  recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
     if kernel is not None:
-        check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                           recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
-        with torch.no_grad():
-            # the kernel takes whole sequences: zero queries stand in for the earlier slices
-            return kernel(_pad_queries(q.detach(), q_start), k.detach(), **kwargs)[:, q_start:]
-    return select_cells_reference(q.detach(), k.detach(), q_start=q_start, **kwargs)
-
-
-def _pad_queries(x: torch.Tensor, q_start: int, value: float = 0.0) -> torch.Tensor:
-    """`[Bt, n, ...]` -> `[Bt, q_start + n, ...]`, filled with `value` in front."""
-    if q_start == 0:
-        return x
-    return torch.cat((x.new_full((x.shape[0], q_start, *x.shape[2:]), value), x), dim=1)
+        # the kernel scores only the given queries (their blocks), over the summaries of every key
+        return kernel(q.detach(), k.detach(), **kwargs)
+    return select_cells_reference(q.detach(), k.detach(), **kwargs)
 
 
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int = 32,
@@ -100,13 +96,15 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     q_start: q and cells hold only the queries of positions `[q_start, q_start + n)`,
     k and v the keys of `[0, q_start + n)`; the result is `[Bt, n, H, d]`.
     """
-    kernel = kernel_for("cell_readout", "cell_readout", impl, q)
-    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start,
-                       values=kernel is None)  # the range check syncs: reference only
-    if kernel is not None:
-        # the kernel takes whole sequences: earlier positions get zero queries that select nothing
-        return kernel(_pad_queries(q, q_start), k, v, _pad_queries(cells, q_start, -1), cell_size=cell_size,
-                      rms_weight=rms_weight, eps=eps)[:, q_start:]
+    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
+    kernel = kernel_for("cell_readout", "cell_readout", impl, q,
+                        readout_unsupported(q.dtype, q.shape[-1], top_k=cells.shape[-1], cell_size=cell_size))
+    if kernel is None:  # the range check reads the cells (a device sync): reference only
+        check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start,
+                           values=True)
+    else:
+        # the kernel reads out only the given queries
+        return kernel(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, eps=eps, q_start=q_start)
     y = selected_cell_attention(q, k, v, cells, cell_size)
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
     if rms_weight is not None:

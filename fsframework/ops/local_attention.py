@@ -14,6 +14,7 @@ import math
 import torch
 
 from fsf_kernels.common.args import check_window_args
+from fsf_kernels.common.support import window_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.rope import rotate
 
@@ -66,7 +67,8 @@ def sliding_window_attention(
     when the kernel is importable, the reference elsewhere).
     """
     check_window_args(q, k, v, window)
-    kernel = kernel_for("window_attention", "sliding_window_attention", impl, q)
+    kernel = kernel_for("window_attention", "sliding_window_attention", impl, q,
+                        window_unsupported(q.dtype, q.shape[-1], rope=rope_theta is not None))
     if kernel is not None:
         return kernel(q, k, v, window=window, rope_theta=rope_theta, start_pos=start_pos)
     if rope_theta is not None:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from fsf_kernels.common.support import rewired_unsupported
 from fsframework.ops.dispatch import kernel_for
 
 RUNWAYS = ("last", "mean")
@@ -136,7 +137,8 @@ def rewired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torc
     """
     score = score if score is not None else ("dot" if bmat is None else "bilinear")
     check_rewired_args(q, k, v, u, runway=runway, score=score, bmat=bmat, q_start=q_start)
-    kernel = kernel_for("rewired_attention", "rewired_attention_rows", impl, q)
+    kernel = kernel_for("rewired_attention", "rewired_attention_rows", impl, q,
+                        rewired_unsupported(q.dtype, q.shape[-1]))
     r = rewired_rows(u, runway, bmat, q_start, q.shape[1])
     if kernel is not None:
         return kernel(q, k, v, r, u, q_start=q_start)

@@ -30,9 +30,27 @@ def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
+# worst-row bounds: the largest error of any one row (a query's output, a key's gradient) against
+# the RMS of the reference. An average can hide one wrong row (a tail tile, a masked edge); this
+# cannot. An element of a half-precision result is off by a few ulps of itself, and elements run to
+# several times the RMS, hence the factor over the RMS bounds.
+ROW_TOL = {dtype: 10 * tol for dtype, tol in TOL.items()}
+
+
+def worst_row(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max over rows of max |got - want| along the last axis, over the RMS of `want` (fp64)."""
+    got, want = got.double(), want.double()
+    den = want.pow(2).mean().sqrt().item()
+    err = (got - want).abs().amax(-1).max().item() if got.numel() else 0.0
+    return err / den if den > 0 else err
+
+
 def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, name: str) -> None:
     err = rel_rms(got, want)
     assert err <= TOL[dtype], f"{name}: relative RMS error {err:.3e} > {TOL[dtype]:.1e}"
+    row = worst_row(got, want)
+    assert row <= ROW_TOL[dtype], f"{name}: worst row's max error {row:.3e} (of the reference's RMS) > " \
+                                  f"{ROW_TOL[dtype]:.1e}"
 
 
 def routing_scores(q, k, cells, *, cell_size, block_size, sigma, lam):

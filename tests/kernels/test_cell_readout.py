@@ -27,6 +27,7 @@ GPU_CASES = [
     (2, 4099, 2, 128, 32, 4, "d", "random", BF16),
     (1, 4096, 2, 32, 16, 8, "hd", "fs", F16),
     (1, 2048, 2, 64, 32, 4, None, "random", F32),
+    (1, 1024, 2, 256, 32, 8, "hd", "fs", BF16),  # the largest cell tile at d = 256
 ]
 
 
@@ -119,3 +120,32 @@ def test_reference_module_dispatches_here(device):
     cells = reference_select(q, k, cell_size=8, block_size=16, top_k=2, impl="reference")
     got = reference(q, k, v, cells, cell_size=8, impl="triton")
     assert_close(got, reference(q, k, v, cells, cell_size=8, impl="reference"), torch.float32, "out")
+
+
+@gpu  # also in the GPU check: on a device this runs the compiled kernels
+def test_offset_call_equals_the_rows_of_the_whole_call(device):
+    """With q_start the kernel reads out only the given queries over keys [0, q_start + n): the rows
+    of the whole call, and the gradients the whole call gives when only those rows carry one."""
+    gen = torch.Generator().manual_seed(7)
+    bsz, seq, heads, dim, s = 1, 112, 2, 16, 8
+    q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device).requires_grad_() for _ in range(3))
+    g = (1 + 0.3 * torch.randn(heads, dim, generator=gen)).to(device).requires_grad_()
+    cells = reference_select(q.detach(), k.detach(), cell_size=s, block_size=16, top_k=3, impl="reference")
+    grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device)
+    for q_start, n in ((48, 64),):
+        end = q_start + n
+        whole = cell_readout(q[:, :end], k[:, :end], v[:, :end], cells[:, :end], cell_size=s, rms_weight=g)
+        row_grad = grad[:, :end].clone()
+        row_grad[:, :q_start] = 0
+        want = torch.autograd.grad(whole, (q, k, v, g), row_grad)
+        got_out = cell_readout(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], cell_size=s,
+                               rms_weight=g, q_start=q_start)
+        assert got_out.shape == (bsz, n, heads, dim)
+        assert torch.equal(got_out, whole[:, q_start:])
+        got = torch.autograd.grad(got_out, (q, k, v, g), grad[:, q_start:end])
+        for name, a, b in zip(("dq", "dk", "dv", "drms_weight"), got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} at q_start={q_start}")
+        # through the op's dispatcher, as the FreeSolo layer calls it
+        via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], cell_size=s,
+                           rms_weight=g, q_start=q_start, impl="triton")
+        assert torch.equal(via_op, got_out)

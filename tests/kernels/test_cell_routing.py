@@ -26,6 +26,7 @@ GPU_CASES = [
     ("fs", 1, 8192, 4, 64, 32, 128, 4, 64, 8, BF16),
     ("fsl", 1, 16384, 4, 64, 32, 128, 4, 64, 8, BF16),
     ("fsl", 2, 4099, 2, 128, 32, 128, 4, 64, 8, F32),
+    ("fsl", 1, 8192, 2, 256, 16, 128, 64, 1024, 8, BF16),  # the largest K and P, at d = 256
 ]
 
 
@@ -132,3 +133,31 @@ def test_reference_module_dispatches_here(device):
     q, k = (torch.randn(1, 100, 1, 16, device=device) for _ in range(2))
     kwargs = dict(variant="fsl", cell_size=8, block_size=16, top_k=2, retained_cells=3, recent_cells=1)
     assert torch.equal(reference(q, k, **kwargs, impl="triton"), reference(q, k, **kwargs, impl="reference"))
+
+
+@gpu  # also in the GPU check: on a device this runs the compiled kernels
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_offset_call_equals_the_rows_of_the_whole_call(variant, device):
+    """With q_start the kernel scores only the given queries (their blocks): the same cells as rows
+    [q_start, q_start + n) of the call on the whole sequence, a partial last block included."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(1, 200, 1, 16, generator=gen).to(device) for _ in range(2))
+    kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=2, lam=0.8)
+    whole = select_cells(q, k, **kwargs)
+    for q_start, n in ((96, 104), (64, 32)):  # to the partial last block, and one block inside
+        got = select_cells(q[:, q_start:q_start + n], k[:, :q_start + n], q_start=q_start, **kwargs)
+        assert got.shape == (1, n, 1, 3)
+        assert torch.equal(got, whole[:, q_start:q_start + n]), (q_start, n)
+    # the op's offset form reaches the kernel with the offset (no padding of the earlier queries)
+    got = reference(q[:, 160:], k, q_start=160, impl="triton", **kwargs)
+    assert torch.equal(got, whole[:, 160:])
+
+
+def test_fsl_at_the_largest_p_retains_every_cell(device):
+    """P = 1024 (the largest the kernel takes, 16 chunks of the retained list per tile): with fewer
+    cells than P, FS-L retains them all and selects what FS selects."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 96, 1, 16, generator=gen).to(device) for _ in range(2))
+    common = dict(cell_size=4, block_size=32, top_k=3, recent_cells=1)
+    fs = select_cells(q, k, variant="fs", **common)
+    assert torch.equal(select_cells(q, k, variant="fsl", retained_cells=1024, **common), fs)

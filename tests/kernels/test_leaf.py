@@ -16,7 +16,8 @@ import fsframework
 KERNELS = Path(fsf_kernels.__file__).resolve().parent
 ALLOWED = {"torch", "triton", "fsf_kernels"} | set(sys.stdlib_module_names)
 # modules that must load without Triton (the references in fsframework.ops use them)
-TORCH_ONLY = ("fsf_kernels", "fsf_kernels.common", "fsf_kernels.common.args", "fsf_kernels.common.rope_tables")
+TORCH_ONLY = ("fsf_kernels", "fsf_kernels.common", "fsf_kernels.common.args", "fsf_kernels.common.rope_tables",
+              "fsf_kernels.common.support")
 
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -73,7 +74,8 @@ def test_references_and_torch_only_kernel_modules_import_without_triton():
         import torch
         for name in {TORCH_ONLY!r} + ("fsframework.ops.dispatch", "fsframework.ops.rope",
                                       "fsframework.ops.freesolo_routing", "fsframework.ops.freesolo_readout",
-                                      "fsframework.ops.freesolo", "fsframework.ops.local_attention"):
+                                      "fsframework.ops.freesolo", "fsframework.ops.local_attention",
+                                      "fsframework.ops.rewired"):
             importlib.import_module(name)
         assert sys.modules["triton"] is None
         assert not any(m.startswith("triton.") for m in sys.modules), "a triton submodule was imported"
@@ -97,15 +99,19 @@ def test_references_and_torch_only_kernel_modules_import_without_triton():
 def test_kernels_and_references_share_one_copy_of_the_checks_and_tables():
     import importlib
 
-    from fsf_kernels.common import args, rope_tables
+    from fsf_kernels.common import args, rope_tables, support
     from fsframework.ops import freesolo, freesolo_routing, local_attention, rope
 
     # the subpackages export functions named like their modules: fetch the modules themselves
     kernel_readout, kernel_routing, kernel_window = (importlib.import_module(f"fsf_kernels.{name}.{name}") for name in
                                                      ("cell_readout", "cell_routing", "window_attention"))
 
-    for module in (kernel_routing, freesolo_routing, freesolo):
+    for module in (kernel_routing, freesolo_routing):
         assert module.check_routing_args is args.check_routing_args
+    # one table of what the kernels accept, read by the kernels and by the dispatching ops
+    assert kernel_routing.routing_unsupported is freesolo.routing_unsupported is support.routing_unsupported
+    assert kernel_readout.readout_unsupported is freesolo.readout_unsupported is support.readout_unsupported
+    assert kernel_window.window_unsupported is local_attention.window_unsupported is support.window_unsupported
     assert kernel_routing.per_head is freesolo_routing.per_head is args.per_head
     assert kernel_readout.check_readout_args is freesolo.check_readout_args is args.check_readout_args
     assert kernel_window.check_window_args is local_attention.check_window_args is args.check_window_args

@@ -25,6 +25,10 @@ GPU_CASES = [
     (1, 4099, 2, 128, 512, 10000.0, 100, BF16),
     (1, 2048, 4, 32, 300, 10000.0, 0, F16),
     (1, 1000, 2, 64, 512, None, 0, F32),
+    # the tile changes of `fsf_kernels.common.support.window_tiles`: d = 256 (2 stages on sm_90,
+    # 32 x 32 on sm_80) and fp32 at d = 128 (32 x 32)
+    (1, 1500, 2, 256, 512, 10000.0, 0, BF16),
+    (1, 1000, 2, 128, 300, 10000.0, 0, F32),
 ]
 
 

@@ -112,3 +112,55 @@ def test_an_op_on_cuda_falls_back_to_the_reference_with_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="fsf_kernels.window_attention.sliding_window_attention"):
         got = sliding_window_attention(q, k, v, window=3, impl="auto")
     assert torch.equal(got, sliding_window_attention(q, k, v, window=3, impl="reference"))
+
+
+def test_a_call_the_kernel_does_not_support(fake_kernel, monkeypatch):
+    """"auto" runs the reference for it (reported once per reason), "triton" refuses it by name."""
+    monkeypatch.setattr(dispatch, "_warned", set())
+    why = "head dim 300 (the kernels take 1..256)"
+    with pytest.raises(ValueError, match=r"impl='triton'.*fake_op\.op does not support head dim 300"):
+        kernel_for("fake_op", "op", "triton", torch.zeros(1), why)
+    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*does not support head dim 300.*reference"):
+        assert kernel_for("fake_op", "op", "auto", CudaLike(), why) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel_for("fake_op", "op", "auto", CudaLike(), why) is None  # reported once
+        assert kernel_for("fake_op", "op", "auto", torch.zeros(1), why) is None  # CPU: the reference anyway
+        assert kernel_for("fake_op", "op", "reference", CudaLike(), why) is None
+        assert kernel_for("fake_op", "op", "auto", CudaLike(), None) is fake_kernel
+
+
+def test_the_ops_ask_what_the_kernels_support():
+    """The limits reach the ops: a call beyond them is refused under "triton" before any kernel runs."""
+    x = torch.zeros(1, 64, 1, 8)
+    with pytest.raises(ValueError, match="top_k=65"):
+        select_cells(x, x, top_k=65, cell_size=4, block_size=8, impl="triton")
+    with pytest.raises(ValueError, match="retained_cells=1025"):
+        select_cells(x, x, variant="fsl", retained_cells=1025, cell_size=4, block_size=8, impl="triton")
+    with pytest.raises(ValueError, match="dtype torch.float64"):
+        sliding_window_attention(x.double(), x.double(), x.double(), window=2, impl="triton")
+    wide = torch.zeros(1, 64, 1, 256)
+    with pytest.raises(ValueError, match="cell_size=64 at head dim 256"):
+        cell_readout(wide, wide, wide, torch.full((1, 64, 1, 1), -1), cell_size=64, impl="triton")
+
+
+def test_the_limits():
+    from fsf_kernels.common import support
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert support.window_unsupported(bf16, 256, rope=True) is None
+    assert "head dim 257" in support.window_unsupported(bf16, 257, rope=False)
+    assert "odd head dim" in support.window_unsupported(bf16, 63, rope=True)
+    assert support.routing_unsupported(f32, 64, top_k=64, variant="fsl", retained_cells=1024) is None
+    assert "retained_cells=1025" in support.routing_unsupported(f32, 64, top_k=4, variant="fsl", retained_cells=1025)
+    assert support.routing_unsupported(f32, 64, top_k=4, variant="fs", retained_cells=1025) is None  # P unused
+    assert "variant 'fsb'" in support.routing_unsupported(f32, 64, top_k=4, variant="fsb")
+    assert support.readout_unsupported(bf16, 256, top_k=64, cell_size=32) is None
+    assert support.readout_unsupported(f32, 64, top_k=4, cell_size=128) is None
+    assert "cell_size <= 32" in support.readout_unsupported(f32, 200, top_k=4, cell_size=33)
+    assert support.scan_unsupported(bf16, 1536) is None
+    assert "scan width 4096" in support.scan_unsupported(bf16, 4096)
+    # the window tiles change with the target only where sm_80's smaller shared memory needs it
+    assert support.window_tiles(bf16, 256, 90) == (64, 64, 2)
+    assert support.window_tiles(bf16, 256, 80) == (32, 32, 3)
+    assert support.window_tiles(f32, 128, 80) == support.window_tiles(f32, 128, 90) == (32, 32, 3)

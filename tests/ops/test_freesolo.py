@@ -334,7 +334,7 @@ def test_bad_inputs_raise_value_error(call, match):
 
 
 def test_dispatch_to_kernels(monkeypatch):
-    q, k, v = (randn(1, 40, 2, 8, seed=i) for i in range(3))
+    q, k, v = (randn(1, 40, 2, 8, seed=i).float() for i in range(3))  # a dtype the kernels take
     monkeypatch.setitem(sys.modules, "fsf_kernels.cell_routing", None)  # import fails
     with pytest.raises(RuntimeError, match="triton"):
         select_cells(q, k, impl="triton")
@@ -348,5 +348,5 @@ def test_dispatch_to_kernels(monkeypatch):
     monkeypatch.setitem(sys.modules, "fsf_kernels.cell_readout", readout)
     long_range_attention(q, k, v, impl="triton", cell_size=4, block_size=8, top_k=2, eps=1e-6)
     assert set(calls["route"][0]) == {"variant", "cell_size", "block_size", "top_k", "sigma", "lam",
-                                      "recent_cells", "retained_cells"}
-    assert calls["read"][0] == {"cell_size": 4, "rms_weight": None, "eps": 1e-6}
+                                      "recent_cells", "retained_cells", "q_start"}
+    assert calls["read"][0] == {"cell_size": 4, "rms_weight": None, "eps": 1e-6, "q_start": 0}

@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_readout_args
+from fsf_kernels.common.support import padded_dim, readout_stages, readout_unsupported
+from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
@@ -33,7 +35,7 @@ _NONE = 2147483647  # sorts after every cell id
 @triton.jit
 def cell_readout_fwd_kernel(
     q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
-    s_gh, N, H, NT, eps, qk_scale,
+    s_gh, n, T, H, NT, eps, qk_scale,
     S: tl.constexpr, SP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
     BM: tl.constexpr, HAS_G: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -41,17 +43,17 @@ def cell_readout_fwd_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     o_m = pid_t * BM + tl.arange(0, BM)
-    m_row = o_m < N
+    m_row = o_m < n
     o_d = tl.arange(0, BD)
     m_d = o_d < D
     o_s = tl.arange(0, SP)
-    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    row_off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     b_q = tl.load(q + row_off, mask=m_row[:, None] & m_d[None, :], other=0.0).to(DT)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
     o_k = tl.arange(0, KP)
-    b_c = tl.load(cells + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
+    b_c = tl.load(cells + ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
                   mask=m_row[:, None] & (o_k[None, :] < K), other=-1)
     lst = (b * H + h) * NT + pid_t
     for u in range(0, tl.load(ucount + lst)):
@@ -59,8 +61,8 @@ def cell_readout_fwd_kernel(
         # how often each row lists c: the reference counts a duplicated cell twice
         mult = tl.sum((b_c == c).to(tl.float32), 1)
         tok = c.to(tl.int64) * S + o_s
-        m_tok = (o_s < S) & (tok < N)
-        kv_off = ((b * N + tok[:, None]) * H + h) * D + o_d[None, :]
+        m_tok = (o_s < S) & (tok < T)
+        kv_off = ((b * T + tok[:, None]) * H + h) * D + o_d[None, :]
         b_k = tl.load(k + kv_off, mask=m_tok[:, None] & m_d[None, :], other=0.0).to(DT)
         b_v = tl.load(v + kv_off, mask=m_tok[:, None] & m_d[None, :], other=0.0).to(DT)
         s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
@@ -82,14 +84,14 @@ def cell_readout_fwd_kernel(
     mask = m_row[:, None] & m_d[None, :]
     tl.store(out + row_off, o.to(out.dtype.element_ty), mask=mask)
     tl.store(y + row_off, b_y, mask=mask)
-    stat = (b * H + h) * N + o_m
+    stat = (b * H + h) * n + o_m
     tl.store(lse + stat, tl.where(l_i > 0, m_i + tl.log2(l_safe), 0.0), mask=m_row)
     tl.store(rstd + stat, b_rstd, mask=m_row)
 
 
 @triton.jit
 def cell_readout_bwd_preprocess_kernel(
-    do, y, rstd, g, dy, delta, dg_part, s_gh, N, H,
+    do, y, rstd, g, dy, delta, dg_part, s_gh, n, H,
     D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, HAS_G: tl.constexpr,
 ):
     """RMSNorm backward per row: dy = r (u - r^2 y mean(u y)), u = g do; delta = dy . y; partial sums of dg."""
@@ -97,20 +99,20 @@ def cell_readout_bwd_preprocess_kernel(
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     o_m = pid_t * BM + tl.arange(0, BM)
-    m_row = o_m < N
+    m_row = o_m < n
     o_d = tl.arange(0, BD)
     mask = m_row[:, None] & (o_d[None, :] < D)
-    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    row_off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     b_do = tl.load(do + row_off, mask=mask, other=0.0).to(tl.float32)
     b_y = tl.load(y + row_off, mask=mask, other=0.0)
-    b_r = tl.load(rstd + (b * H + h) * N + o_m, mask=m_row, other=0.0)
+    b_r = tl.load(rstd + (b * H + h) * n + o_m, mask=m_row, other=0.0)
     u = b_do
     if HAS_G:
         u = b_do * tl.load(g + h * s_gh + o_d, mask=o_d < D, other=0.0).to(tl.float32)[None, :]
     uy = tl.sum(u * b_y, 1) / D
     b_dy = b_r[:, None] * (u - (b_r * b_r * uy)[:, None] * b_y)
     tl.store(dy + row_off, b_dy, mask=mask)
-    tl.store(delta + (b * H + h) * N + o_m, tl.sum(b_dy * b_y, 1), mask=m_row)
+    tl.store(delta + (b * H + h) * n + o_m, tl.sum(b_dy * b_y, 1), mask=m_row)
     # dg partials [B, NT, H, D], summed on the host (deterministic, no atomics)
     part = tl.sum(b_do * b_y * b_r[:, None], 0)
     tl.store(dg_part + ((b * tl.num_programs(0) + pid_t) * H + h) * D + o_d, part, mask=o_d < D)
@@ -119,29 +121,30 @@ def cell_readout_bwd_preprocess_kernel(
 @triton.jit
 def cell_readout_bwd_kernel(
     q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
-    N, H, NT, qk_scale, scale,
+    n, T, H, NT, qk_scale, scale,
     S: tl.constexpr, SP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, PREC_DY: tl.constexpr,
 ):
     pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     o_m = pid_t * BM + tl.arange(0, BM)
-    m_row = o_m < N
+    m_row = o_m < n
     o_d = tl.arange(0, BD)
     m_d = o_d < D
     o_s = tl.arange(0, SP)
-    row_off = ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
+    row_off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
     row_mask = m_row[:, None] & m_d[None, :]
     b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
-    # dy in the input dtype, as dO in FlashAttention: half-precision dots, fp32 accumulators
-    b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0).to(b_q.dtype)
-    stat = (b * H + h) * N + o_m
+    # dy is the RMSNorm gradient, a difference of two terms: it stays fp32 through its dots
+    # (PREC_DY: exact, or three tf32 passes for half inputs) instead of rounding to bf16
+    b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0)
+    stat = (b * H + h) * n + o_m
     b_lse = tl.load(lse + stat, mask=m_row, other=0.0)
     b_delta = tl.load(delta + stat, mask=m_row, other=0.0)
     b_dq = tl.zeros([BM, BD], tl.float32)
     o_k = tl.arange(0, KP)
-    b_c = tl.load(cells + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
+    b_c = tl.load(cells + ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
                   mask=m_row[:, None] & (o_k[None, :] < K), other=-1)
     lst = (b * H + h) * NT + pid_t
     for u in range(0, tl.load(ucount + lst)):
@@ -149,20 +152,20 @@ def cell_readout_bwd_kernel(
         # how often each row lists c: the reference counts a duplicated cell twice
         mult = tl.sum((b_c == c).to(tl.float32), 1)
         tok = c.to(tl.int64) * S + o_s
-        m_tok = (o_s < S) & (tok < N)
-        kv_off = ((b * N + tok[:, None]) * H + h) * D + o_d[None, :]
+        m_tok = (o_s < S) & (tok < T)
+        kv_off = ((b * T + tok[:, None]) * H + h) * D + o_d[None, :]
         kv_mask = m_tok[:, None] & m_d[None, :]
         b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0).to(DT)
         b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0).to(DT)
         s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
         use = (mult > 0)[:, None] & m_tok[None, :]
         p = tl.where(use, tl.exp2(s - b_lse[:, None]) * mult[:, None], 0.0)
-        dp = tl.dot(b_dy, tl.trans(b_v), input_precision=PREC)
+        dp = tl.dot(b_dy, tl.trans(b_v.to(tl.float32)), input_precision=PREC_DY)
         ds = p * (dp - b_delta[:, None])
         b_dq += tl.dot(ds.to(b_k.dtype), b_k, input_precision=PREC)
         # this tile's share of the cell's gradients, one [S, D] block for all its queries
         b_dk = tl.dot(tl.trans(ds.to(b_q.dtype)), b_q, input_precision=PREC) * scale
-        b_dv = tl.dot(tl.trans(p.to(b_dy.dtype)), b_dy, input_precision=PREC)
+        b_dv = tl.dot(tl.trans(p), b_dy, input_precision=PREC_DY)
         tl.atomic_add(dk + kv_off, b_dk, mask=kv_mask)
         tl.atomic_add(dv + kv_off, b_dv, mask=kv_mask)
     tl.store(dq + row_off, (b_dq * scale).to(dq.dtype.element_ty), mask=row_mask)
@@ -196,8 +199,18 @@ def _gain(rms_weight, heads, device):
     return w, (w.shape[-1] if w.dim() == 2 else 0), True
 
 
+def _meta(dtype: torch.dtype, dim: int, cell_size: int, top_k: int, gpu: bool = False) -> tuple[dict, str]:
+    """Constexprs shared by the forward and backward kernels (and the compile check, `launches`),
+    and the input precision of the backward's fp32 dots with the RMSNorm gradient."""
+    dots = dot_args(dtype, gpu=gpu)
+    # exact for fp32 operands (and on the interpreter), 3xTF32 (about fp32 accuracy) for half inputs
+    prec_dy = dots["PREC"] if dots["DT"] == tl.float32 else "tf32x3"
+    return dict(S=cell_size, SP=max(16, next_pow2(cell_size)), K=top_k, KP=next_pow2(top_k), D=dim,
+                BD=padded_dim(dim), BM=_BM, **dots), prec_dy
+
+
 def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int, eps: float):
-    """Returns LR `[B, N, H, D]` (q's dtype), y fp32 `[B, N, H, D]`, lse and rstd fp32 `[B, H, N]`."""
+    """Returns LR `[B, n, H, D]` (q's dtype), y fp32 `[B, n, H, D]`, lse and rstd fp32 `[B, H, n]`."""
     bsz, seq, heads, dim = q.shape
     out = torch.empty_like(q)
     y = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
@@ -205,11 +218,11 @@ def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int,
     rstd = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
     g, s_gh, has_g = _gain(rms_weight, heads, q.device)
     num_tiles = ucount.shape[-1]
+    meta, _ = _meta(q.dtype, dim, cell_size, cells.shape[-1])
     cell_readout_fwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
-        s_gh, seq, heads, num_tiles, eps, _LOG2E / math.sqrt(dim),
-        S=cell_size, SP=max(16, next_pow2(cell_size)), K=cells.shape[-1], KP=next_pow2(cells.shape[-1]),
-        D=dim, BD=max(16, next_pow2(dim)), BM=_BM, HAS_G=has_g, **dot_args(q.dtype),
+        s_gh, seq, k.shape[1], heads, num_tiles, eps, _LOG2E / math.sqrt(dim), HAS_G=has_g, **meta,
+        num_stages=readout_stages(q.dtype, dim, cell_size),
     )
     return out, y, lse, rstd
 
@@ -217,25 +230,25 @@ def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int,
 def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do, cell_size: int):
     """Gradients dq, dk, dv (input dtypes) and d rms_weight (its shape and dtype, or None)."""
     bsz, seq, heads, dim = q.shape
+    total = k.shape[1]
     do = do.contiguous()
     g, s_gh, has_g = _gain(rms_weight, heads, q.device)
     num_tiles = ucount.shape[-1]
-    bd = max(16, next_pow2(dim))
     dy = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     delta = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
     dg_part = torch.empty((bsz, num_tiles, heads, dim), device=q.device, dtype=torch.float32)
     cell_readout_bwd_preprocess_kernel[(num_tiles, bsz * heads)](
-        do, y, rstd, g, dy, delta, dg_part, s_gh, seq, heads, D=dim, BD=bd, BM=_BM, HAS_G=has_g,
+        do, y, rstd, g, dy, delta, dg_part, s_gh, seq, heads, D=dim, BD=padded_dim(dim), BM=_BM, HAS_G=has_g,
     )
     dq = torch.empty_like(q)
     # atomics accumulate here; cells nobody chose (and the incomplete tail) keep zero gradients
-    dk = torch.zeros((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
-    dv = torch.zeros((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
+    dk = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
+    dv = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
+    meta, prec_dy = _meta(q.dtype, dim, cell_size, cells.shape[-1])
     cell_readout_bwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
-        seq, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim),
-        S=cell_size, SP=max(16, next_pow2(cell_size)), K=cells.shape[-1], KP=next_pow2(cells.shape[-1]),
-        D=dim, BD=bd, BM=_BM, **dot_args(q.dtype),
+        seq, total, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim), PREC_DY=prec_dy, **meta,
+        num_stages=readout_stages(q.dtype, dim, cell_size),
     )
     dg = None
     if rms_weight is not None:
@@ -244,6 +257,28 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
             dg = dg.sum(dim=0)
         dg = dg.to(rms_weight.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype), dg
+
+
+def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int) -> list:
+    """The compiled variants of the readout for one configuration (`fsf_kernels.common.targets`);
+    the tiles do not depend on the target."""
+    meta, prec_dy = _meta(dtype, dim, cell_size, top_k, gpu=True)
+    stages = readout_stages(dtype, dim, cell_size)
+    p, f32, i32 = ptr(dtype), "*fp32", "*i32"
+    out = []
+    for has_g in (False, True):
+        out.append(launch(f"readout fwd{' gain' if has_g else ''}", cell_readout_fwd_kernel,
+                          dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, g=p, out=p, y=f32, lse=f32,
+                               rstd=f32), dict(meta, HAS_G=has_g), floats={"eps", "qk_scale"},
+                          num_stages=stages))
+    out.append(launch("readout bwd rows", cell_readout_bwd_preprocess_kernel,
+                      dict(do=p, y=f32, rstd=f32, g=p, dy=f32, delta=f32, dg_part=f32),
+                      dict(D=dim, BD=meta["BD"], BM=_BM, HAS_G=True)))
+    out.append(launch("readout bwd", cell_readout_bwd_kernel,
+                      dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, dy=f32, lse=f32, delta=f32, dq=p,
+                           dk=f32, dv=f32), dict(meta, PREC_DY=prec_dy), floats={"qk_scale", "scale"},
+                      num_stages=stages))
+    return out
 
 
 class CellReadoutFunction(torch.autograd.Function):
@@ -273,6 +308,7 @@ def cell_readout(
     cell_size: int = 32,
     rms_weight: torch.Tensor | None = None,
     eps: float = 1e-8,
+    q_start: int = 0,
 ) -> torch.Tensor:
     """Selected-cell readout, same contract as `fsframework.ops.freesolo.cell_readout`.
 
@@ -284,11 +320,18 @@ def cell_readout(
     `rms_weight` `[H, D]`, `[D]` or None and `eps`. Rows that selected
     nothing are exactly 0 with zero gradients. Returns `[B, N, H, D]` in q's
     dtype; differentiable w.r.t. q, k, v and rms_weight.
+
+    q_start: q and cells hold only the n queries of positions `[q_start, q_start + n)`, k and v
+    the keys of `[0, q_start + n)`; only those queries are read out -> `[B, n, H, D]` (the logits
+    carry no position, so the offset only sets which keys exist).
     """
-    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight)
+    check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q)
-    if cells.shape[3] > 64:
-        raise ValueError(f"cells: K must be <= 64 for the Triton kernel, got {cells.shape[3]}")
+    reason = readout_unsupported(q.dtype, q.shape[-1], top_k=cells.shape[3], cell_size=cell_size)
+    if reason:
+        raise ValueError(f"the Triton readout kernel does not support this call: {reason}")
+    if q.shape[1] == 0:
+        return q * 0  # an empty slice, still on q's graph
     return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps))

@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_routing_args, per_head
+from fsf_kernels.common.support import routing_cell_tile, routing_unsupported
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
 
-_BC = 64  # FS: cells scored per step
 
 
 @triton.jit
@@ -49,37 +49,40 @@ def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.
                       NEW: tl.constexpr, NEWP: tl.constexpr):
     """kept `[B*H, NB, PP]` int32: per block, the P eligible cells of largest a (ties: earlier), -1 = empty.
 
-    Sequential over blocks, one program per (batch, head): the state is the
-    previous block's top-P, merged with the NEW = BLK/S newly eligible cells by
-    ranking the union and compacting ranks < P into slots (slot = rank).
+    Sequential over blocks, one program per (batch, head). Row j-1 holds the previous block's
+    top-P sorted best first; the NEW = BLK/S newly eligible cells are merged into it (a sorted
+    merge): a kept cell's new slot is its old slot plus the new cells that beat it, a new cell's
+    slot is the kept cells it does not beat plus the new cells that beat it. The comparisons are
+    `[PP, NEWP]` and `[NEWP, NEWP]`, never `[PP, PP]`, so registers and compile time grow with P,
+    not P^2. The merged row is scattered to global memory and read back as the next state.
     """
     bh = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, PP)
     o_new = tl.arange(0, NEWP)
     valid_n = o_new < NEW
-    sv = tl.full([PP], float("-inf"), tl.float32)
-    si = tl.full([PP], -1, tl.int32)
     row = kept + bh * NB * PP
-    tl.store(row + slots, si)
+    tl.store(row + slots, tl.full([PP], -1, tl.int32))
     for j in range(1, NB):
-        n_prev = (j - 1) * BLK // S
-        c_new = n_prev + o_new
-        nv = tl.load(a + bh * C + c_new, mask=valid_n, other=float("-inf"))
+        tl.debug_barrier()  # row j-1 written by every thread before any reads it
+        si = tl.load(row + (j - 1) * PP + slots)
         valid_s = si >= 0
-        # every kept cell precedes every new cell, so equal a goes to the kept one
-        s_beats_s = (sv[None, :] > sv[:, None]) | ((sv[None, :] == sv[:, None]) & (si[None, :] < si[:, None]))
-        rank_s = tl.sum((s_beats_s & valid_s[None, :]).to(tl.int32), 1)
-        rank_s += tl.sum(((nv[None, :] > sv[:, None]) & valid_n[None, :]).to(tl.int32), 1)
-        n_beats_n = (nv[None, :] > nv[:, None]) | ((nv[None, :] == nv[:, None]) & (c_new[None, :] < c_new[:, None]))
-        rank_n = tl.sum(((sv[None, :] >= nv[:, None]) & valid_s[None, :]).to(tl.int32), 1)
+        count = tl.sum(valid_s.to(tl.int32), 0)
+        sv = tl.load(a + bh * C + si, mask=valid_s, other=float("-inf"))
+        c_new = (j - 1) * BLK // S + o_new
+        nv = tl.load(a + bh * C + c_new, mask=valid_n, other=float("-inf"))
+        # every kept cell precedes every new cell, so on equal a the kept one wins
+        new_beats_kept = (nv[None, :] > sv[:, None]) & valid_n[None, :]  # [PP, NEWP]
+        rank_s = slots + tl.sum(new_beats_kept.to(tl.int32), 1)
+        rank_n = tl.sum(((sv[None, :] >= nv[:, None]) & valid_s[None, :]).to(tl.int32), 1)  # [NEWP, PP] -> [NEWP]
+        n_beats_n = (nv[None, :] > nv[:, None]) | ((nv[None, :] == nv[:, None]) & (o_new[None, :] < o_new[:, None]))
         rank_n += tl.sum((n_beats_n & valid_n[None, :]).to(tl.int32), 1)
-        hit_s = (valid_s & (rank_s < P))[None, :] & (rank_s[None, :] == slots[:, None])  # [slot, x]
-        hit_n = (valid_n & (rank_n < P))[None, :] & (rank_n[None, :] == slots[:, None])
-        si = (tl.sum(tl.where(hit_s, si[None, :] + 1, 0), 1) + tl.sum(tl.where(hit_n, c_new[None, :] + 1, 0), 1)
-              - 1)
-        sv = tl.sum(tl.where(hit_s, sv[None, :], 0.0), 1) + tl.sum(tl.where(hit_n, nv[None, :], 0.0), 1)
-        sv = tl.where(si >= 0, sv, float("-inf"))
-        tl.store(row + j * PP + slots, si)
+        # ranks of the union are 0 .. count + NEW - 1, each once: the scatter fills exactly the
+        # first min(P, count + NEW) slots, and the rest are emptied
+        out = row + j * PP
+        total = tl.minimum(count + NEW, P)
+        tl.store(out + slots, tl.full([PP], -1, tl.int32), mask=slots >= total)
+        tl.store(out + rank_s, si, mask=valid_s & (rank_s < P))
+        tl.store(out + rank_n, c_new, mask=valid_n & (rank_n < P))
 
 
 @triton.jit
@@ -100,23 +103,27 @@ def _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S:
 def select_cells_fwd_kernel(
     q, kbar, a, kept, sigma, lam, out,
     s_qb, s_qt, s_qh,
-    N, H, C, NB, TPB, W, scale,
+    n, J0, H, C, NB, TPB, W, scale,
     BLK: tl.constexpr, S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-    BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, WP: tl.constexpr, FSL: tl.constexpr,
+    BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, BCK: tl.constexpr, FSL: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One query tile inside query block j: every row shares the eligible prefix of n_j cells."""
+    """One query tile inside query block j: every row shares the eligible prefix of n_j cells.
+
+    q and out hold the n queries of positions `[J0 BLK, J0 BLK + n)` (J0 = q_start / BLK): the
+    grid covers only their blocks, and positions (the prior, eligibility) are absolute."""
     pid, pid_bh = tl.program_id(0), tl.program_id(1)
-    j = pid // TPB
+    j = J0 + pid // TPB
     r0 = (pid % TPB) * BM
     b = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
     bh = b * H + h
     o_r = r0 + tl.arange(0, BM)
-    o_m = j * BLK + o_r
-    m_row = (o_r < BLK) & (o_m < N)
+    o_m = j * BLK + o_r  # absolute positions
+    o_l = o_m - J0 * BLK  # rows of q and out
+    m_row = (o_r < BLK) & (o_l < n)
     o_d = tl.arange(0, BD)
-    p_q = q + b * s_qb + h.to(tl.int64) * s_qh + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :]
+    p_q = q + b * s_qb + h.to(tl.int64) * s_qh + o_l.to(tl.int64)[:, None] * s_qt + o_d[None, :]
     b_q = tl.load(p_q, mask=m_row[:, None] & (o_d[None, :] < D), other=0.0).to(tl.float32)
     pos = o_m.to(tl.float32)
     lam_h = tl.load(lam + h)
@@ -125,24 +132,25 @@ def select_cells_fwd_kernel(
     a_bh = a + bh * C
     n_j = j * BLK // S
     run_v, run_i = topk_init(BM, KP, K)
+    low = 0
     if FSL:
         low = tl.maximum(n_j - W, 0)
-        idx = tl.load(kept + (bh * NB + j) * PP + tl.arange(0, PP))
-        # kept cells inside the recent window are counted once, as recent
-        valid = (idx >= 0) & (idx < low)
-        s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
-        run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, PP)), K, KP)
-        idx = low + tl.arange(0, WP)
+        row_k = kept + (bh * NB + j) * PP
+        # the retained list in chunks of BCK slots, so registers do not grow with P
+        for c0 in range(0, PP, BCK):
+            idx = tl.load(row_k + c0 + tl.arange(0, BCK))
+            # kept cells inside the recent window are counted once, as recent
+            valid = (idx >= 0) & (idx < low)
+            s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
+            run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BCK)), K, KP)
+    # FS: every cell before the block; FS-L: the W most recent of them
+    for c0 in range(low, n_j, BC):
+        idx = c0 + tl.arange(0, BC)
         s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
-        run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, WP)), K, KP)
-    else:
-        for c0 in range(0, n_j, BC):
-            idx = c0 + tl.arange(0, BC)
-            s = _score_tile(b_q, kbar_bh, a_bh, idx, idx < n_j, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
-            run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BC)), K, KP)
+        run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BC)), K, KP)
     sel = topk_sorted(run_v, run_i, K, KP)
     o_k = tl.arange(0, KP)
-    p_out = out + ((b * N + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :]
+    p_out = out + ((b * n + o_l.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :]
     tl.store(p_out, sel.to(tl.int64), mask=m_row[:, None] & (o_k[None, :] < K))
 
 
@@ -166,7 +174,7 @@ def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, r
     """Retained cells per query block, `[B*H, NB, PP]` int32 (-1 = empty)."""
     bsz, heads, num_alloc = a.shape
     num_blocks = triton.cdiv(seq, block_size)
-    pp = max(16, next_pow2(retained))
+    pp = retained_width(retained)
     if retained == 0:
         return torch.full((bsz * heads, num_blocks, pp), -1, device=a.device, dtype=torch.int32)
     kept = torch.empty((bsz * heads, num_blocks, pp), device=a.device, dtype=torch.int32)
@@ -177,27 +185,45 @@ def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, r
     return kept
 
 
-def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, block_size, top_k, recent_cells):
-    """Top-K cells `[B, N, H, K]` int64 in descending score, -1 where fewer are available."""
+def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, block_size, top_k, recent_cells,
+                     q_start: int = 0):
+    """Top-K cells `[B, n, H, K]` int64 in descending score, -1 where fewer are available, for the
+    queries q `[B, n, H, D]` at positions `[q_start, q_start + n)` (q_start a multiple of block_size)."""
     bsz, seq, heads, dim = q.shape
     if q.stride(3) != 1:
         q = q.contiguous()
     out = torch.empty((bsz, seq, heads, top_k), device=q.device, dtype=torch.long)
-    num_blocks = triton.cdiv(seq, block_size)
+    if seq == 0:
+        return out
     bm = max(16, min(64, next_pow2(block_size)))
     tiles = triton.cdiv(block_size, bm)
     fsl = variant == "fsl"
-    select_cells_fwd_kernel[(num_blocks * tiles, bsz * heads)](
+    select_cells_fwd_kernel[(triton.cdiv(seq, block_size) * tiles, bsz * heads)](
         q, kbar, a, kept, sigma_h, lam_h, out,
         q.stride(0), q.stride(1), q.stride(2),
-        seq, heads, kbar.shape[2], num_blocks, tiles, recent_cells, 1.0 / math.sqrt(dim),
-        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)), BM=bm,
-        BC=_BC,
-        PP=kept.shape[-1], WP=max(16, next_pow2(recent_cells)), FSL=fsl,
-        # routing math is fp32; half inputs accept tf32 products for speed
-        **dot_args(torch.float32, "ieee" if q.dtype == torch.float32 else "tf32"),
+        seq, q_start // block_size, heads, kbar.shape[2], kept.shape[1], tiles, recent_cells, 1.0 / math.sqrt(dim),
+        **scorer_meta(q.dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
+                      pp=kept.shape[-1]),
     )
     return out
+
+
+def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, block_size: int, top_k: int,
+                pp: int) -> dict:
+    """The scorer's constexprs for a launch (shared with the compile check, `launches`)."""
+    return dict(
+        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
+        BM=max(16, min(64, next_pow2(block_size))), BC=routing_cell_tile(dim), PP=pp,
+        BCK=min(pp, routing_cell_tile(dim)),
+        FSL=variant == "fsl",
+        # routing math is fp32; half inputs accept tf32 products for speed
+        **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),
+    )
+
+
+def retained_width(retained: int) -> int:
+    """Slots of a retained list: P rounded up to a power of two, at least 16 (a `tl.dot` extent)."""
+    return max(16, next_pow2(retained))
 
 
 def select_cells(
@@ -212,6 +238,7 @@ def select_cells(
     lam: float | torch.Tensor = 1.0,
     recent_cells: int = 8,
     retained_cells: int = 64,
+    q_start: int = 0,
 ) -> torch.Tensor:
     """Top-K cells per query and head, same contract as `fsframework.ops.freesolo.select_cells`.
 
@@ -223,14 +250,20 @@ def select_cells(
     Returns int64 `[B, N, H, top_k]`, best first, -1 where fewer are available.
     For bf16/fp16 inputs the content term uses tf32 products on the GPU, so
     near-tied cells may be ordered differently from the fp32 reference.
+
+    q_start (a multiple of block_size): q holds only the n queries of positions
+    `[q_start, q_start + n)`, k the keys of `[0, q_start + n)`; only those queries are scored
+    (the cell summaries and FS-L's retained lists still read every key) -> `[B, n, H, top_k]`.
     """
     check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                       recent_cells=recent_cells, retained_cells=retained_cells)
+                       recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
     check_head_dim("q", q)
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    if top_k > 64:
-        raise ValueError(f"top_k must be <= 64 for the Triton kernel, got {top_k}")
+    reason = routing_unsupported(q.dtype, q.shape[-1], top_k=top_k, retained_cells=retained_cells,
+                                 recent_cells=recent_cells, variant=variant)
+    if reason:
+        raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
     heads = q.shape[2]
     like = torch.empty((), dtype=torch.float32, device=q.device)
     sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like).contiguous()
@@ -239,8 +272,8 @@ def select_cells(
         q, k = q.detach(), k.detach()
         kbar, a = cell_summary_fwd(k, cell_size)
         if variant == "fsl":
-            kept = fsl_retain_fwd(a, q.shape[1], cell_size, block_size, retained_cells)
+            kept = fsl_retain_fwd(a, k.shape[1], cell_size, block_size, retained_cells)
         else:
             kept = torch.full((1, 1, 16), -1, device=q.device, dtype=torch.int32)
         return select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
-                                block_size=block_size, top_k=top_k, recent_cells=recent_cells)
+                                block_size=block_size, top_k=top_k, recent_cells=recent_cells, q_start=q_start)

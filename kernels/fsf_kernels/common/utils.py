@@ -23,16 +23,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def dot_args(dtype: torch.dtype, fp32_precision: str = "ieee") -> dict:
+def dot_args(dtype: torch.dtype, fp32_precision: str = "ieee", *, gpu: bool = False) -> dict:
     """Constexprs `DT` (dtype of `tl.dot` operands) and `PREC` (its input_precision).
 
     Half types feed the tensor cores as they are. fp32 operands use exact
     products ("ieee") unless the caller accepts "tf32". numpy has no bfloat16,
     so the CPU interpreter computes bf16 dots wrongly: there every operand is
     widened to fp32 (bf16 x bf16 products are exact in fp32, so this matches
-    tensor-core math up to the summation order).
+    tensor-core math up to the summation order). `gpu` asks for the GPU's arguments even under
+    the interpreter (compiling for a GPU target, `fsf_kernels.common.targets`).
     """
-    if interpreting():
+    if interpreting() and not gpu:
         return dict(DT=tl.float32, PREC="ieee")
     if dtype == torch.float32:
         return dict(DT=tl.float32, PREC=fp32_precision)

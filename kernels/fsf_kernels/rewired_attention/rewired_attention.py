@@ -203,7 +203,7 @@ def rewired_bwd_dqdr_kernel(
 def tiles(dtype: torch.dtype, dim: int) -> int:
     """Tile rows for a head dim: 64 while a row takes at most 256 bytes, 32 up to 512 bytes (fp32 at
     d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every kernel within the
-    shared memory of an sm_80 block (`tools/rewired_kernel_smem.py` prints the figures)."""
+    shared memory of an sm_80 block (`python -m fsf_kernels.compile_check --only rewired` prints the figures)."""
     width = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size()
     return _TILE if width <= 256 else _TILE // 2 if width <= 512 else _TILE // 4
 

@@ -22,11 +22,11 @@ from fsf_kernels.common.args import check_head_dim, check_window_args
 from fsf_kernels.common.rope import rope_apply
 from fsf_kernels.common.rope_tables import rope_tables
 from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
-from fsf_kernels.common.utils import dot_args, next_pow2
+from fsf_kernels.common.support import padded_dim, window_tiles, window_unsupported
+from fsf_kernels.common.targets import device_arch, launch, ptr
+from fsf_kernels.common.utils import dot_args
 
 _LOG2E = 1.4426950408889634
-_BM = 64
-_BN = 64
 
 
 @triton.jit
@@ -165,6 +165,13 @@ def window_attention_bwd_dq_kernel(
     tl.store(dq + q_off, b_dq * scale, mask=q_mask)
 
 
+def _meta(dtype: torch.dtype, dim: int, arch: int, gpu: bool = False) -> tuple[dict, dict]:
+    """(constexprs, launch options) of the three kernels: tiles per (head dim, dtype, target),
+    `fsf_kernels.common.support.window_tiles`."""
+    bm, bn, stages = window_tiles(dtype, dim, arch)
+    return dict(D=dim, BD=padded_dim(dim), BM=bm, BN=bn, **dot_args(dtype, gpu=gpu)), dict(num_stages=stages)
+
+
 def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Banded attention on already-rotated q/k: returns o `[B, T, H, D]` and lse `[B, H, T]`."""
@@ -173,13 +180,13 @@ def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=q.dtype)
     lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dim)
-    grid = (triton.cdiv(seq, _BM), bsz * heads)
+    meta, opts = _meta(q.dtype, dim, device_arch(q.device))
+    grid = (triton.cdiv(seq, meta["BM"]), bsz * heads)
     window_attention_fwd_kernel[grid](
         q, k, v, o, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        seq, heads, window, scale * _LOG2E,
-        D=dim, BD=max(16, next_pow2(dim)), BM=_BM, BN=_BN, **dot_args(q.dtype),
+        seq, heads, window, scale * _LOG2E, **meta, **opts,
     )
     return o, lse
 
@@ -188,20 +195,34 @@ def window_attention_bwd(q, k, v, o, lse, do, window: int) -> tuple[torch.Tensor
     """Gradients w.r.t. the rotated q/k (fp32) and v (v's dtype); all contiguous."""
     bsz, seq, heads, dim = q.shape
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
-    bd = max(16, next_pow2(dim))  # tl.dot needs extents >= 16
     scale = 1.0 / math.sqrt(dim)
-    delta = softmax_bwd_delta(o, do, _BM)
+    meta, opts = _meta(q.dtype, dim, device_arch(q.device))
+    delta = softmax_bwd_delta(o, do, meta["BM"])
     dq = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dv = torch.empty_like(v)
-    meta = dict(D=dim, BD=bd, BM=_BM, BN=_BN, **dot_args(q.dtype))
-    window_attention_bwd_dkdv_kernel[(triton.cdiv(seq, _BN), bsz * heads)](
-        q, k, v, do, lse, delta, dk, dv, seq, heads, window, scale * _LOG2E, scale, **meta
+    window_attention_bwd_dkdv_kernel[(triton.cdiv(seq, meta["BN"]), bsz * heads)](
+        q, k, v, do, lse, delta, dk, dv, seq, heads, window, scale * _LOG2E, scale, **meta, **opts
     )
-    window_attention_bwd_dq_kernel[(triton.cdiv(seq, _BM), bsz * heads)](
-        q, k, v, do, lse, delta, dq, seq, heads, window, scale * _LOG2E, scale, **meta
+    window_attention_bwd_dq_kernel[(triton.cdiv(seq, meta["BM"]), bsz * heads)](
+        q, k, v, do, lse, delta, dq, seq, heads, window, scale * _LOG2E, scale, **meta, **opts
     )
     return dq, dk, dv
+
+
+def launches(dtype: torch.dtype, dim: int, arch: int) -> list:
+    """The compiled variants a launch on sm_`arch` uses (`fsf_kernels.common.targets`)."""
+    meta, opts = _meta(dtype, dim, arch, gpu=True)
+    p, f32 = ptr(dtype), "*fp32"
+    scales = {"qk_scale", "scale"}
+    return [
+        launch("window fwd", window_attention_fwd_kernel, dict(q=p, k=p, v=p, o=p, lse=f32), meta, floats=scales,
+               **opts),
+        launch("window bwd dk/dv", window_attention_bwd_dkdv_kernel,
+               dict(q=p, k=p, v=p, do=p, lse=f32, delta=f32, dk=f32, dv=p), meta, floats=scales, **opts),
+        launch("window bwd dq", window_attention_bwd_dq_kernel,
+               dict(q=p, k=p, v=p, do=p, lse=f32, delta=f32, dq=f32), meta, floats=scales, **opts),
+    ]
 
 
 class WindowAttentionFunction(torch.autograd.Function):
@@ -250,6 +271,9 @@ def sliding_window_attention(
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q, even=rope_theta is not None)
+    reason = window_unsupported(q.dtype, q.shape[-1], rope=rope_theta is not None)
+    if reason:
+        raise ValueError(f"the Triton window-attention kernel does not support this call: {reason}")
     if start_pos < 0:
         raise ValueError(f"start_pos must be >= 0, got {start_pos}")
     cos = sin = None

@@ -1,0 +1,116 @@
+"""What each Triton kernel accepts, and its tiles per (head dim, dtype, target): torch only.
+
+Every `*_unsupported` function returns None when the kernel runs the call, else the reason in
+words. The dispatcher (`fsframework.ops.dispatch.kernel_for`) asks it before picking a kernel:
+`impl="auto"` then runs the reference, `impl="triton"` raises ValueError with the reason. The
+limits are the largest configurations that `tests/kernels/test_compile_targets.py` compiles for
+sm_80 and sm_90 and finds within the target's shared memory, so an accepted call never fails at
+launch for want of shared memory.
+
+Legend: d head dim, K cells per query (top_k), P retained cells (FS-L), s cell size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+MAX_TOP_K = 64  # the routing scorer's running top-K, and the cells per query the readout reads
+MAX_RETAINED = 1024  # FS-L P
+MAX_NEW_CELLS = 64  # block_size / cell_size: cells that become eligible at once (FS-L retention)
+MAX_CELL_SIZE = 128  # the readout's K/V tile rows
+MAX_CELL_TILE = 8192  # the readout's K/V tile elements, cell size x padded head dim (32 x 256, 128 x 64)
+MAX_SCAN_WIDTH = 2048  # GRC tree scan: the gates/LayerNorm kernels hold whole rows
+
+
+def _common(dtype: torch.dtype, dim: int) -> str | None:
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (the kernels take float32, float16, bfloat16)"
+    if not 1 <= dim <= MAX_HEAD_DIM:
+        return f"head dim {dim} (the kernels take 1..{MAX_HEAD_DIM})"
+    return None
+
+
+def routing_unsupported(dtype: torch.dtype, dim: int, *, top_k: int, variant: str, retained_cells: int = 0,
+                        recent_cells: int = 0, cell_size: int = 1, block_size: int = 1) -> str | None:
+    """FS / FS-L cell routing (`fsf_kernels.cell_routing`)."""
+    if variant not in ("fs", "fsl"):
+        return f"variant {variant!r} (the kernel routes 'fs' and 'fsl')"
+    if top_k > MAX_TOP_K:
+        return f"top_k={top_k} (the kernel keeps at most {MAX_TOP_K})"
+    if variant == "fsl" and retained_cells > MAX_RETAINED:
+        return f"retained_cells={retained_cells} (the kernel retains at most {MAX_RETAINED})"
+    if variant == "fsl" and block_size // cell_size > MAX_NEW_CELLS:
+        return (f"block_size / cell_size = {block_size // cell_size} cells per block (FS-L retention merges at "
+                f"most {MAX_NEW_CELLS})")
+    return _common(dtype, dim)
+
+
+def readout_unsupported(dtype: torch.dtype, dim: int, *, top_k: int, cell_size: int) -> str | None:
+    """Selected-cell readout (`fsf_kernels.cell_readout`)."""
+    if top_k > MAX_TOP_K:
+        return f"K={top_k} cells per query (the kernel reads at most {MAX_TOP_K})"
+    if cell_size > MAX_CELL_SIZE:
+        return f"cell_size={cell_size} (the kernel's tiles hold at most {MAX_CELL_SIZE} tokens)"
+    reason = _common(dtype, dim)
+    if reason is None and padded_dim(cell_size) * padded_dim(dim) > MAX_CELL_TILE:
+        # a cell's K and V tiles, pipelined, would not fit the shared memory of a block
+        return (f"cell_size={cell_size} at head dim {dim} (a cell's tile, cell size x padded head dim, holds at "
+                f"most {MAX_CELL_TILE} values: cell_size <= {MAX_CELL_TILE // padded_dim(dim)} at this head dim)")
+    return reason
+
+
+def window_unsupported(dtype: torch.dtype, dim: int, *, rope: bool) -> str | None:
+    """Sliding-window attention (`fsf_kernels.window_attention`)."""
+    if rope and dim % 2:
+        return f"odd head dim {dim} with RoPE"
+    return _common(dtype, dim)
+
+
+def rewired_unsupported(dtype: torch.dtype, dim: int) -> str | None:
+    """Runway-rewired attention (`fsf_kernels.rewired_attention`)."""
+    return _common(dtype, dim)
+
+
+def scan_unsupported(dtype: torch.dtype, width: int) -> str | None:
+    """GRC tree scan (`fsf_kernels.grc_scan`)."""
+    if dtype not in DTYPES:
+        return f"dtype {dtype} (the kernels take float32, float16, bfloat16)"
+    if not 1 <= width <= MAX_SCAN_WIDTH:
+        return f"scan width {width} (the kernel takes 1..{MAX_SCAN_WIDTH})"
+    return None
+
+
+def padded_dim(dim: int) -> int:
+    """The tile width of a head dim: a power of two, at least 16 (a `tl.dot` extent)."""
+    return max(16, 1 << max(0, dim - 1).bit_length())
+
+
+def readout_stages(dtype: torch.dtype, dim: int, cell_size: int) -> int:
+    """Pipeline stages of the readout kernels: 3, or 2 for fp32 at the largest cell tile, where the
+    backward needs 167,936 B with 3 (d = 256, s = 32), over sm_80's 166,912 B."""
+    big = padded_dim(cell_size) * padded_dim(dim) >= MAX_CELL_TILE
+    return 2 if dtype == torch.float32 and big else 3
+
+
+def routing_cell_tile(dim: int) -> int:
+    """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
+    256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32)."""
+    return 64 if padded_dim(dim) <= 128 else 32
+
+
+def window_tiles(dtype: torch.dtype, dim: int, arch: int) -> tuple[int, int, int]:
+    """(query rows, key rows, pipeline stages) of the window-attention kernels.
+
+    64 x 64 tiles with 3 stages fit both targets up to d = 128 in half precision (107,520 B for
+    the dk/dv kernel); at d = 256 they need 263,168 B, so sm_90 drops to 2 stages (197,120 B) and
+    sm_80 to 32 x 32 tiles (100,864 B). fp32 rows are twice as wide: 64 x 64 up to d = 64
+    (98,304 B), 32 x 32 beyond (102,912 B at d = 128, 135,424 B with 2 stages at d = 256).
+    """
+    bd = padded_dim(dim)
+    if dtype == torch.float32:
+        return (64, 64, 3) if bd <= 64 else (32, 32, 3) if bd <= 128 else (32, 32, 2)
+    if bd <= 128:
+        return 64, 64, 3
+    return (64, 64, 2) if arch >= 90 else (32, 32, 3)
