@@ -67,8 +67,10 @@ def train(args, variant: str, seed: int) -> Path:
         cmd = [sys.executable, "-m", "fsframework", "train", str(REPO / "yamls" / "quickstart.yaml"),
                f"run_dir={run}", f"train.seed={seed}", f"data.shuffle_seed={seed + 1234}", *sizes(args),
                *VARIANTS[variant]]
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        if done.returncode:
+            raise RuntimeError(f"training {run} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return run
 
 

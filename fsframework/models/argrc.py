@@ -230,9 +230,10 @@ class ARGRCLanguageModel(nn.Module):
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
         return lm_losses(self(tokens), targets, weights)[0]
 
-    def make_decode_cache(self) -> "ScanDecodeCache":
-        """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it)."""
-        return ScanDecodeCache(self)
+    def make_decode_cache(self, chunk: Optional[int] = None) -> "ScanDecodeCache":
+        """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it);
+        `chunk`: prefill positions per step."""
+        return ScanDecodeCache(self, chunk)
 
     def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
                               gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
@@ -287,15 +288,27 @@ def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor,
         # gather's backward, which returns the other ranks' gradients on its roots
         for i, block in enumerate(aligned_blocks(s, e)):
             known[block] = gathered[r][i]
+    return prefixes_of_slice(combine, identity, start, local, levels, known)[0]
+
+
+def prefixes_of_slice(combine, identity: torch.Tensor, start: int, local: list[tuple[int, int]],
+                      levels: list[list[torch.Tensor]], known: dict[tuple[int, int], torch.Tensor]):
+    """The inclusive prefixes `[B, n, D]` of the positions `[start, start + n)` cut into the aligned
+    blocks `local` with their up-sweep `levels`, given `known`: the roots of aligned blocks, at
+    least those that tile `[0, start)` and the local ones. Also returns `root(first, size)`,
+    which computes (and keeps in `known`) the root of any aligned block inside
+    `[0, start + n)` from its halves."""
+    end = start + sum(size for _, size in local)
+    batch = levels[0][0].shape[0] if levels else identity.shape[0]
 
     def root(first: int, size: int) -> torch.Tensor:
-        if (first, size) not in known:  # a block over several ranks' blocks: from its halves
+        if (first, size) not in known:  # a block over several known blocks: from its halves
             half = size // 2
             known[(first, size)] = combine(root(first, half), root(first + half, half))
         return known[(first, size)]
 
     def prefix(position: int) -> torch.Tensor:
-        value, first = identity.expand(h.shape[0], -1), 0
+        value, first = identity.expand(batch, -1), 0
         for bit in reversed(range(position.bit_length())):
             if position >> bit & 1:
                 value = combine(value, root(first, 1 << bit))
@@ -304,7 +317,7 @@ def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor,
 
     parts = [down_sweep(lv, combine, prefix(first)) for lv, (first, _) in zip(levels, local)]
     exclusive = torch.cat(parts + [prefix(end)[:, None]], dim=1)  # exclusive prefixes at start .. end
-    return exclusive[:, 1:]
+    return exclusive[:, 1:], root
 
 
 class ScanDecodeCache:
@@ -313,18 +326,32 @@ class ScanDecodeCache:
     A new token pushes its leaf and merges equal-sized blocks; its prefix is the fold of the
     cell over the stack from the root value. O(log T) cell calls and memory per token.
 
+    Several tokens at once (a prompt) run `chunk` positions at a time as a slice of the tree,
+    as a sequence-parallel rank runs its slice (§6) with the stack's roots standing in for the
+    earlier ranks': no step holds more than one chunk's up-sweep.
+
     Same interface as `fsframework.models.decode_cache.DecodeCache`: `forward(tokens [B, n])`
     at positions `[length, length + n)` -> final hidden states `[B, n, E]`.
     """
 
-    def __init__(self, model: ARGRCLanguageModel):
+    def __init__(self, model: ARGRCLanguageModel, chunk: Optional[int] = None):
+        from fsframework.models.decode_cache import PREFILL_CHUNK
+
         self.model = model
+        self.chunk = PREFILL_CHUNK if chunk is None else chunk
+        if self.chunk < 1:
+            raise ValueError(f"the prefill chunk must be >= 1 positions, got {self.chunk}")
         self.length = 0
         self.blocks: list[tuple[int, torch.Tensor]] = []  # (size, root [B, D]), sizes decreasing
 
     @property
     def start(self) -> int:
         return self.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stack of block roots."""
+        return sum(root.numel() * root.element_size() for _, root in self.blocks)
 
     def _push(self, leaf: torch.Tensor) -> None:
         self.blocks.append((1, leaf))
@@ -338,23 +365,34 @@ class ScanDecodeCache:
             value = self.model.combine(value, root.to(value.dtype))
         return value
 
+    def _slice(self, h: torch.Tensor) -> torch.Tensor:
+        """Prefixes `[B, n, D]` of leaves `h` at `[length, length + n)`; the stack then covers them."""
+        combine, start = self.model.combine, self.length
+        known, first = {}, 0
+        for size, root in self.blocks:  # the stack tiles [0, start) with aligned blocks
+            known[(first, size)] = root.to(h.dtype)
+            first += size
+        local = aligned_blocks(start, start + h.shape[1])
+        levels = [up_sweep(h[:, f - start:f - start + size], combine) for f, size in local]
+        for block, lv in zip(local, levels):
+            known[block] = lv[-1][:, 0]
+        prefixes, root = prefixes_of_slice(combine, self.model.identity.to(h.dtype), start, local, levels, known)
+        self.blocks = [(size, root(f, size)) for f, size in aligned_blocks(0, start + h.shape[1])]
+        return prefixes
+
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """tokens `[B, n]` -> hidden states `[B, n, E]` (`last_only`: `[B, 1, E]`)."""
         if tokens.ndim != 2 or tokens.shape[1] == 0:
             raise ValueError(f"tokens must be [B, n] with n >= 1, got {tuple(tokens.shape)}")
-        h = self.model.leaves(tokens)
-        if self.length == 0:  # prefill: the full scan, and the stack read off its up-sweep
-            prefixes = self.model.inclusive_prefixes(h)
-            levels, first, n = up_sweep(h, self.model.combine), 0, h.shape[1]
-            for bit in reversed(range(n.bit_length())):
-                if n >> bit & 1:
-                    self.blocks.append((1 << bit, levels[bit][:, first >> bit]))
-                    first += 1 << bit
-        else:
-            states = []
-            for t in range(h.shape[1]):
-                self._push(h[:, t])
-                states.append(self._state(h.shape[0]))
-            prefixes = torch.stack(states, dim=1)
-        self.length += tokens.shape[1]
-        return self.model.readout(prefixes)
+        out = []
+        for at in range(0, tokens.shape[1], self.chunk):
+            h = self.model.leaves(tokens[:, at:at + self.chunk])
+            if h.shape[1] == 1:  # one token: push its leaf, fold the stack
+                self._push(h[:, 0])
+                prefixes = self._state(h.shape[0])[:, None]
+            else:
+                prefixes = self._slice(h)
+            self.length += h.shape[1]
+            out.append(self.model.readout(prefixes[:, -1:] if last_only else prefixes))
+        return out[-1] if last_only else torch.cat(out, dim=1)

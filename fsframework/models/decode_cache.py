@@ -99,17 +99,12 @@ class DecodeCache:
 
 def cache_bytes(cache) -> int:
     """Bytes a decode cache has allocated (`DecodeCache.nbytes`, or a model's own cache's)."""
-    if hasattr(cache, "nbytes"):
-        return int(cache.nbytes)
-    # AR-GRC's stack of block roots
-    return sum(root.numel() * root.element_size() for _, root in getattr(cache, "blocks", []))
+    return int(cache.nbytes)
 
 
 def prefill(cache, tokens: torch.Tensor) -> torch.Tensor:
     """Run `tokens` `[B, n]` through `cache`; the last position's hidden state `[B, D]`."""
-    if isinstance(cache, DecodeCache):
-        return cache.forward(tokens, last_only=True)[:, -1]
-    return cache.forward(tokens)[:, -1]
+    return cache.forward(tokens, last_only=True)[:, -1]
 
 
 def supports_decode_cache(model: nn.Module) -> bool:
@@ -132,4 +127,4 @@ def decode_cache(model: nn.Module, chunk: Optional[int] = None) -> Iterator[Deco
     if not supports_decode_cache(model):
         raise TypeError(f"{type(model).__name__} has no cached decoding form (needs a registry language model "
                         "that is not sequence parallel)")
-    yield model.make_decode_cache() if hasattr(model, "make_decode_cache") else DecodeCache(model, chunk)
+    yield model.make_decode_cache(chunk) if hasattr(model, "make_decode_cache") else DecodeCache(model, chunk)

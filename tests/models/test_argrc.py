@@ -132,3 +132,22 @@ def test_cached_decoding_of_every_variant():
             pieces = [cache.forward(tokens[:, :1])] + [cache.forward(tokens[:, t:t + 1]) for t in range(1, 21)]
             assert len(cache.blocks) == bin(21).count("1")  # the stack: one root per set bit of the length
     torch.testing.assert_close(model.lm_head(torch.cat(pieces, dim=1)), full, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 64])
+def test_prompts_prefill_in_chunks_as_slices_of_the_tree(chunk):
+    """A prompt of 23 tokens in chunks, then single tokens, then 9 tokens at once at an odd
+    length: every position's logits equal the full pass, and the stack is the binary counter."""
+    from fsframework.models.decode_cache import decode_cache
+
+    model = _tiny()
+    tokens = torch.randint(0, 50, (2, 35))
+    with torch.no_grad():
+        full = model(tokens)
+        with decode_cache(model, chunk=chunk) as cache:
+            pieces = [cache.forward(tokens[:, :23])]
+            pieces += [cache.forward(tokens[:, t:t + 1]) for t in (23, 24, 25)]
+            pieces.append(cache.forward(tokens[:, 26:35]))
+            assert [size for size, _ in cache.blocks] == [32, 2, 1]
+            assert cache.nbytes == 3 * 2 * 10 * 8  # three roots [B, D] in fp64
+    torch.testing.assert_close(model.lm_head(torch.cat(pieces, dim=1)), full, rtol=1e-9, atol=1e-9)
