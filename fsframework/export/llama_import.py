@@ -19,8 +19,8 @@ import torch
 from fsframework.checkpoints import CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, Checkpoint, check_state_dict
 from fsframework.config import Config, to_yaml, validate
 from fsframework.export.proof import logits_of, max_difference, proof_batch
-from fsframework.export.writer import (ExportError, ExportResult, ProofFailed, hf_config, commit_out_dir,
-                                       export_tensors, prepare_out_dir)
+from fsframework.export.writer import (ExportError, ExportResult, ProofFailed, export_tensors, hf_config,
+                                       staged_out_dir)
 from fsframework.models.llama import NotTransformerPlusPlus, from_llama_name, model_config_from_llama
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -78,8 +78,7 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
     check_state_dict(model, state, f"Llama checkpoint {hf_dir}", tied=model.cfg.tie_embeddings)
     model.load_state_dict(state, strict=False)
 
-    tmp = prepare_out_dir(out)
-    try:
+    with staged_out_dir(out) as tmp:
         save_file(export_tensors(model.state_dict(), cfg.model, dtype), str(tmp / EXPORT_WEIGHTS),
                   metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(to_yaml(cfg))
@@ -95,10 +94,6 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
         if not difference <= tolerance:
             raise ProofFailed(f"the imported tfpp model does not reproduce transformers' logits (largest difference "
                               f"{difference:.3g} > {tolerance:g})")
-        commit_out_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(out, difference, None, time.perf_counter() - started, len(state))
 
 

@@ -20,9 +20,10 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -129,9 +130,11 @@ def hf_config(cfg: Config, dtype: str, source: Path) -> dict[str, Any]:
     return {**fields, **special, "fsframework": record}
 
 
-def prepare_out_dir(out: Path) -> Path:
-    """The temporary directory an export is written in before it is renamed to `out`; `out` must
-    not exist or be empty."""
+@contextmanager
+def staged_out_dir(out: Path) -> Iterator[Path]:
+    """A temporary directory beside `out` to write an export in: renamed to `out` when the block
+    completes, removed when it raises (a failed proof leaves nothing). `out` must not exist or
+    be empty."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"output directory {out} exists and is not empty: name a new directory")
@@ -139,13 +142,14 @@ def prepare_out_dir(out: Path) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)  # left by an interrupted export
     tmp.mkdir(parents=True)
-    return tmp
-
-
-def commit_out_dir(tmp: Path, out: Path) -> None:
-    if out.is_dir():
-        out.rmdir()  # empty (prepare_out_dir checked)
-    os.replace(tmp, out)
+    try:
+        yield tmp
+        if out.is_dir():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32",
@@ -168,8 +172,7 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
     model.load_state_dict(state, strict=False)
     log(f"read {ckpt.path} ({cfg.model.name}, {len(state)} tensors) in {time.perf_counter() - started:.1f}s")
 
-    tmp = prepare_out_dir(out)
-    try:
+    with staged_out_dir(out) as tmp:
         tensors = export_tensors(model.state_dict(), cfg.model, dtype)
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(to_yaml(absolute_paths(saved, _training_cwd(saved, ckpt.run.root))))
@@ -183,10 +186,6 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
         if difference != 0.0:
             raise ProofFailed(f"the exported weights do not reproduce the checkpoint's logits (largest difference "
                               f"{difference:.3g}, expected 0)")
-        commit_out_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return ExportResult(out, difference, drift, time.perf_counter() - started, len(tensors))
 
 
