@@ -288,18 +288,17 @@ def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor,
         # gather's backward, which returns the other ranks' gradients on its roots
         for i, block in enumerate(aligned_blocks(s, e)):
             known[block] = gathered[r][i]
-    return prefixes_of_slice(combine, identity, start, local, levels, known)[0]
+    return prefixes_of_slice(combine, identity, h.shape[0], start, local, levels, known)[0]
 
 
-def prefixes_of_slice(combine, identity: torch.Tensor, start: int, local: list[tuple[int, int]],
+def prefixes_of_slice(combine, identity: torch.Tensor, batch: int, start: int, local: list[tuple[int, int]],
                       levels: list[list[torch.Tensor]], known: dict[tuple[int, int], torch.Tensor]):
-    """The inclusive prefixes `[B, n, D]` of the positions `[start, start + n)` cut into the aligned
+    """The inclusive prefixes `[batch, n, D]` of the positions `[start, start + n)` cut into the aligned
     blocks `local` with their up-sweep `levels`, given `known`: the roots of aligned blocks, at
     least those that tile `[0, start)` and the local ones. Also returns `root(first, size)`,
     which computes (and keeps in `known`) the root of any aligned block inside
     `[0, start + n)` from its halves."""
     end = start + sum(size for _, size in local)
-    batch = levels[0][0].shape[0] if levels else identity.shape[0]
 
     def root(first: int, size: int) -> torch.Tensor:
         if (first, size) not in known:  # a block over several known blocks: from its halves
@@ -376,7 +375,8 @@ class ScanDecodeCache:
         levels = [up_sweep(h[:, f - start:f - start + size], combine) for f, size in local]
         for block, lv in zip(local, levels):
             known[block] = lv[-1][:, 0]
-        prefixes, root = prefixes_of_slice(combine, self.model.identity.to(h.dtype), start, local, levels, known)
+        prefixes, root = prefixes_of_slice(combine, self.model.identity.to(h.dtype), h.shape[0], start, local, levels,
+                                           known)
         self.blocks = [(size, root(f, size)) for f, size in aligned_blocks(0, start + h.shape[1])]
         return prefixes
 
