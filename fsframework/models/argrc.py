@@ -24,7 +24,12 @@ from fsframework.models.blocks import dropout
 from fsframework.models.losses import lm_losses
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
-from fsframework.ops.scan import down_sweep, exclusive_scan, up_sweep
+from fsframework.ops.scan import down_sweep, exclusive_scan, row_tiled, up_sweep
+
+# The widest intermediate of one reference cell call (its `[rows, 4D]` hidden layer) is kept
+# to this many bytes when no backward follows: it stays in a core's L2 cache and under the
+# allocator's fresh-mapping threshold (`fsframework.ops.scan.row_tiled`, docs/argrc.md §8).
+CELL_TILE_BYTES = 2 * 2**20
 
 
 class ResidualMLP(nn.Module):
@@ -115,10 +120,20 @@ class TreeScan(nn.Module):
 
     def combine(self) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The cell, as the reference scan applies it: one call per tree level, which keeps only
-        its `[M, D]` output and recomputes its hidden layer when activations are recomputed."""
+        its `[M, D]` output and recomputes its hidden layer when activations are recomputed.
+        Without autograd (evaluation, decoding) a level runs in cache-sized row tiles."""
         if wants_recompute(self):
             return lambda a, b: recomputed(self.cell, a, b)
+        if not torch.is_grad_enabled():
+            return row_tiled(self.cell, self.tile_rows())
         return self.cell
+
+    def tile_rows(self) -> int:
+        """Rows per tile of a cell call without autograd: its `4D`-wide hidden layer in
+        `CELL_TILE_BYTES`, at least 64 rows (a matmul too thin wastes the weights' reads)."""
+        hidden = self.cell.w1.out_features
+        itemsize = self.cell.w1.weight.element_size()
+        return max(64, CELL_TILE_BYTES // (hidden * itemsize))
 
     def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None) -> torch.Tensor:
         identity = identity.to(h.dtype)

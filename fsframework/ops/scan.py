@@ -81,6 +81,33 @@ def exclusive_scan(x: torch.Tensor, combine: Combine, identity: torch.Tensor) ->
     return down_sweep(up_sweep(x, combine), combine, identity.to(x.dtype))
 
 
+def row_tiled(combine: Combine, rows: int) -> Combine:
+    """`combine` applied to tiles of at most `rows` rows, written into one `[M, D]` output.
+
+    The same function row by row (the combine is position-wise); only the working set of one
+    call shrinks. Why: a cell's hidden layer is `4D` wide, so a level of `M` pairs allocates
+    `[M, 4D]` intermediates. Past the allocator's fresh-mapping threshold (32 MiB in glibc)
+    every such buffer is mapped and zeroed by the kernel anew on each call, and past the
+    last-level cache each elementwise pass streams from memory: time per row then grows with
+    `N` (docs/argrc.md §8 measures it). Tiles that fit in cache keep the CPU time per row
+    constant. Meant for passes without autograd: with a graph, tiles would add a node each.
+    """
+    if rows < 1:
+        raise ValueError(f"rows per tile must be positive, got {rows}")
+
+    def tiled(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if a.shape[0] <= rows:
+            return combine(a, b)
+        head = combine(a[:rows], b[:rows])  # its dtype and width are the output's (autocast, bad shapes)
+        out = head.new_empty((a.shape[0], *head.shape[1:]))
+        out[:rows] = head
+        for first in range(rows, a.shape[0], rows):
+            out[first:first + rows] = combine(a[first:first + rows], b[first:first + rows])
+        return out
+
+    return tiled
+
+
 def block_roots(x: torch.Tensor, combine: Combine) -> torch.Tensor:
     """The root `[B, D]` of `x` `[B, 2**k, D]` reduced by its balanced tree."""
     n = x.shape[1]

@@ -71,6 +71,26 @@ def test_logits_follow_the_tree_and_ignore_what_comes_after(argrc):
         torch.testing.assert_close(model(tokens[:, :5]), logits[:, :5], rtol=1e-12, atol=1e-14)
 
 
+def test_passes_without_autograd_run_the_cell_in_row_tiles(monkeypatch):
+    """Evaluation keeps a level's hidden layer cache-sized (docs/argrc.md §8); same logits."""
+    import fsframework.models.argrc as argrc
+
+    model = _tiny(post_merge_mlp_hidden=6)
+    tokens = torch.randint(0, 50, (4, 70))  # 140 pairs at the first level
+    with torch.enable_grad():
+        want = model(tokens).detach()
+    monkeypatch.setattr(argrc, "CELL_TILE_BYTES", 8 * 40 * 5)  # 5 rows of the 40-wide hidden, fp64: 64 rows
+    assert model.scan.tile_rows() == 64
+    monkeypatch.setattr(argrc, "CELL_TILE_BYTES", 8 * 40 * 100)
+    assert model.scan.tile_rows() == 100
+    rows = []
+    model.scan.cell.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    with torch.no_grad():
+        got = model(tokens)
+    assert max(rows) == 100 and sum(rows) > 100  # the widest levels were cut
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_identity_variants_and_state_dict():
     assert "identity" in _tiny().state_dict()
     assert "identity" not in _tiny(identity="zeros").state_dict()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsframework.ops.scan import exclusive_scan
+from fsframework.ops.scan import exclusive_scan, row_tiled
 
 D = 3
 
@@ -85,3 +85,24 @@ def test_bad_input_names_the_problem():
         exclusive_scan(x, lambda a, b: torch.cat((a, b), dim=-1), torch.zeros(D))
     with pytest.raises(ValueError, match="x must be"):
         exclusive_scan(torch.randn(4, D), skew, torch.zeros(D))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 64])
+def test_row_tiles_give_the_same_rows_in_tiles_no_larger_than_asked(rows):
+    torch.manual_seed(3)
+    seen = []
+
+    def recording(a, b):
+        seen.append(a.shape[0])
+        return skew(a, b)
+
+    a, b = torch.randn(10, D, dtype=torch.float64), torch.randn(10, D, dtype=torch.float64)
+    torch.testing.assert_close(row_tiled(recording, rows)(a, b), skew(a, b), rtol=0, atol=0)
+    assert max(seen) == min(rows, 10) and sum(seen) == 10
+    x, e = torch.randn(2, 21, D, dtype=torch.float64), torch.randn(D, dtype=torch.float64)
+    torch.testing.assert_close(exclusive_scan(x, row_tiled(skew, rows), e), exclusive_scan(x, skew, e),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="combine must map"):  # a wrong width still gets the scan's error
+        exclusive_scan(x, row_tiled(lambda a, b: torch.cat((a, b), dim=-1), rows), e)
+    with pytest.raises(ValueError, match="rows per tile"):
+        row_tiled(skew, 0)
