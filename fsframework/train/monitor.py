@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def strict_json(record: dict[str, Any]) -> str:
+    """One line of standard JSON: a non-finite number (a NaN loss) becomes `null`, which every
+    JSON reader accepts (a bare `NaN` is Python's extension; jq, JavaScript and Go reject it)."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False)
 
 
 class Monitor:
@@ -48,10 +56,10 @@ class Monitor:
         if not self.enabled:
             return
         with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")
         if self.writer is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
+                if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     # keys with a section of their own ("val/loss") keep it; the rest are train/
                     self.writer.add_scalar(key if "/" in key else f"train/{key}", value, record["step"])
         if self.progress is not None:

@@ -101,8 +101,13 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
     assert (saved / "client_rank0.pt").is_file() and (saved / "client_rank1.pt").is_file()
     assert f"preempted (a peer rank's preemption signal) at step {_step(saved)}" in out
 
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    def strict(constant):
+        raise AssertionError(f"metrics.jsonl holds {constant}, which is not standard JSON")
+
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=strict) for line in lines]
     assert [r.get("update_skipped", 0) for r in records[:3]] == [0, 1, 0]
+    assert records[1]["loss"] is None and isinstance(records[2]["loss"], float)  # the NaN, as null
     assert "step 2: loss nan, update skipped (1 in a row, 1 in all" in out  # rank 0 saw rank 1's NaN
     state = torch.load(run_dir / "checkpoints" / "step_00000003" / "client_rank0.pt", weights_only=False)
     assert state["train_state"]["skipped_steps"] == 1 and state["train_state"]["nonfinite_in_row"] == 0
