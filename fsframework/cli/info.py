@@ -42,8 +42,15 @@ def kernel_launch_check(device: str = "cuda") -> str:
     if torch.device(device).type == "cuda":
         if not torch.cuda.is_available():
             return "NO: no CUDA device is visible to torch"
+        from fsf_kernels.common.support import SHARED_LIMIT, device_target, device_unsupported
+
+        refused = device_unsupported(torch.device(device))
+        if refused:
+            return f"NO: the kernels do not run on {refused}; models use reference ops"
         major, minor = torch.cuda.get_device_capability(device)
-        name = f"CUDA {torch.cuda.get_device_name(device)}, sm_{major}{minor}"
+        target = device_target(torch.device(device))
+        name = (f"CUDA {torch.cuda.get_device_name(device)}, sm_{major}{minor}, the sm_{target} tiles "
+                f"({SHARED_LIMIT[target]:,} B of shared memory per block)")
         sync = torch.cuda.synchronize
     else:  # the interpreter (TRITON_INTERPRET=1): how the tests exercise this check
         name, sync = "the CPU interpreter", lambda device: None

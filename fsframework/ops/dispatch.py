@@ -7,7 +7,8 @@ it answers None:
     "triton"     the kernel; RuntimeError naming why it cannot be imported, or
                  ValueError naming what of the call it does not support;
     "auto"       the kernel on CUDA tensors when it imports and supports the call
-                 (dtype, head dim, K, P: `fsf_kernels.common.support`), the
+                 (dtype, head dim, K, P, the device's shared memory:
+                 `fsf_kernels.common.support`), the
                  reference elsewhere. A kernel that fails to import on CUDA, or
                  a call it cannot run, is reported once (a RuntimeWarning naming
                  the reason), never silently.
@@ -52,6 +53,10 @@ def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
     if impl == "reference" or (impl == "auto" and not tensor.is_cuda):
         return None
     target = f"fsf_kernels.{module}.{name}"
+    if unsupported is None and tensor.is_cuda:
+        from fsf_kernels.common.support import device_unsupported  # torch only
+
+        unsupported = device_unsupported(tensor.device)
     if unsupported is not None:
         if impl == "triton":
             raise ValueError(f"impl='triton': {target} does not support {unsupported}; use impl='reference' or "

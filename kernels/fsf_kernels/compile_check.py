@@ -1,4 +1,4 @@
-"""Compile every kernel for sm_80 and sm_90 without a GPU and check its shared memory fits.
+"""Compile every kernel for sm_80, sm_86 and sm_90 without a GPU and check its shared memory fits.
 
     python -m fsf_kernels.compile_check [--full] [--arch 80 90] [--json]
 
@@ -60,7 +60,8 @@ def _routing(arch, dtype, dim, variant, top_k, retained, cell_size, block_size):
 
     p = ptr(dtype)
     pp = m.retained_width(retained) if variant == "fsl" else 16
-    meta = m.scorer_meta(dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, pp=pp)
+    meta = m.scorer_meta(dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, pp=pp,
+                         arch=arch)
     meta.update(m.dot_args(torch.float32, "ieee" if dtype == F32 else "tf32", gpu=True))
     out = [
         launch("routing cell summary", m.cell_summary_kernel, dict(k=p, kbar="*fp32", a="*fp32"),
@@ -80,24 +81,22 @@ def _readout(arch, dtype, dim, top_k, cell_size):
     import importlib
 
     # the package exports a function of the module's name: fetch the module itself
-    return importlib.import_module("fsf_kernels.cell_readout.cell_readout").launches(dtype, dim, cell_size, top_k)
+    return importlib.import_module("fsf_kernels.cell_readout.cell_readout").launches(dtype, dim, cell_size, top_k,
+                                                                                     arch)
 
 
 def _rewired(arch, dtype, dim):
-    from fsf_kernels.common.utils import dot_args
     from fsf_kernels.rewired_attention import rewired_attention as m
 
-    tile = m.tiles(dtype, dim)
-    meta = dict(D=dim, BD=support.padded_dim(dim), BM=tile, BN=tile, **dot_args(dtype, gpu=True))
+    meta = m.launch_meta(dtype, dim, arch, gpu=True)  # the launcher's own tiles and stages
+    opts = dict(floats={"qk_scale", "scale"}, num_stages=meta.pop("num_stages"))
     p, f32 = ptr(dtype), "*fp32"
-    scales = {"qk_scale", "scale"}
     return [
-        launch("rewired fwd", m.rewired_fwd_kernel, dict(q=p, k=p, v=p, r=p, u=p, o=p, lse=f32), meta,
-               floats=scales),
+        launch("rewired fwd", m.rewired_fwd_kernel, dict(q=p, k=p, v=p, r=p, u=p, o=p, lse=f32), meta, **opts),
         launch("rewired bwd dk/dv/du", m.rewired_bwd_dkdvdu_kernel,
-               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dk=f32, dv=p, du_h=f32), meta, floats=scales),
+               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dk=f32, dv=p, du_h=f32), meta, **opts),
         launch("rewired bwd dq/dr", m.rewired_bwd_dqdr_kernel,
-               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dq=f32, dr_h=f32), meta, floats=scales),
+               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dq=f32, dr_h=f32), meta, **opts),
     ]
 
 
@@ -173,8 +172,10 @@ def configurations(full: bool = False) -> list[Config]:
     # dots), so of a kernel's launches mostly the one with the most shared memory.
     out.append(_cfg("window", dtype=BF16, dim=256, only="dk/dv"))  # of the three, the most shared memory
     out.append(_cfg("window", dtype=F32, dim=128, only="dk/dv"))
+    out.append(_cfg("window", dtype=F32, dim=64, only="dk/dv"))  # sm_86's tightest: 115,712 B with 3 stages
     out.append(_cfg("rewired", dtype=BF16, dim=256, only="dk/dv"))
     out.append(_cfg("rewired", dtype=F32, dim=64, only="dk/dv"))  # the tightest fit: 164,864 B on sm_80
+    out.append(_cfg("rewired", dtype=F32, dim=256, only="dk/dv"))  # sm_86's tightest: 99,456 B with 2 stages
     out.append(_cfg("routing", dtype=BF16, dim=256, variant="fsl", top_k=kmax, retained=pmax, cell_size=32,
                     block_size=128))
     out.append(_cfg("routing", dtype=BF16, dim=64, variant="fs", top_k=4, retained=0, cell_size=32, block_size=128,

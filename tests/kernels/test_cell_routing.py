@@ -161,3 +161,14 @@ def test_fsl_at_the_largest_p_retains_every_cell(device):
     common = dict(cell_size=4, block_size=32, top_k=3, recent_cells=1)
     fs = select_cells(q, k, variant="fs", **common)
     assert torch.equal(select_cells(q, k, variant="fsl", retained_cells=1024, **common), fs)
+
+
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_the_small_shared_memory_tiles(monkeypatch, variant, device):
+    """GPUs with 101,376 B per block (sm_86 class) score 16 cells per step at d = 256
+    (`fsf_kernels.common.support.routing_cell_tile`): 25 cells take two steps; same selection."""
+    import importlib
+
+    module = importlib.import_module("fsf_kernels.cell_routing.cell_routing")
+    monkeypatch.setattr(module, "device_target", lambda device: 86)
+    _check((variant, 1, 200, 1, 256, 8, 16, 4, 20, 2, F32), device, atol=1e-5)

@@ -91,3 +91,14 @@ def test_bad_shapes():
     x = torch.randn(1, 8, 2, 16)
     with pytest.raises(ValueError, match="r must be"):
         rewired_attention_rows(x, x, x, torch.randn(1, 8, 15), torch.randn(1, 8, 16))
+
+
+def test_the_small_shared_memory_tiles(monkeypatch, device):
+    """GPUs with 101,376 B per block (sm_86 class) run tiles of 32 rows for bf16 at d = 128 (64
+    elsewhere; `fsf_kernels.rewired_attention.rewired_attention.tiles`); same results."""
+    import importlib
+
+    module = importlib.import_module("fsf_kernels.rewired_attention.rewired_attention")
+    monkeypatch.setattr(module, "device_target", lambda device: 86)
+    assert module.tiles(BF16, 128, 86) == 32
+    _check((1, 40, 1, 128, 30, BF16), device)

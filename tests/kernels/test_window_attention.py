@@ -104,3 +104,13 @@ def test_reference_module_dispatches_here(device):
     q, k, v = (torch.randn(1, 40, 1, 16, device=device) for _ in range(3))
     got = reference(q, k, v, window=8, impl="triton")
     assert_close(got, reference(q, k, v, window=8, impl="reference"), torch.float32, "out")
+
+
+def test_the_small_shared_memory_tiles(monkeypatch, device):
+    """GPUs with 101,376 B per block (sm_86 class) run smaller tiles: fp32 at d = 256 in 16 x 16
+    (`fsf_kernels.common.support.window_tiles`); same results."""
+    import importlib
+
+    module = importlib.import_module("fsf_kernels.window_attention.window_attention")
+    monkeypatch.setattr(module, "device_target", lambda device: 86)
+    _check((1, 45, 1, 256, 20, 10000.0, 0, F32), device)

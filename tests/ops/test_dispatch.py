@@ -19,9 +19,19 @@ FAKE = "fsf_kernels.fake_op"  # a stand-in kernel module, put into sys.modules b
 
 
 class CudaLike:
-    """What `kernel_for` reads of a tensor: only `is_cuda`."""
+    """What `kernel_for` reads of a tensor: `is_cuda`, and the device whose shared memory it asks."""
 
     is_cuda = True
+    device = torch.device("cuda", 0)
+
+
+@pytest.fixture(autouse=True)
+def h100_like(monkeypatch):
+    """The pretend CUDA device has an sm_90's shared memory per block (tests change it)."""
+    from fsf_kernels.common import support
+
+    monkeypatch.setattr(support, "_shared_per_block", lambda device: 232_448)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Pretend GPU")
 
 
 @pytest.fixture
@@ -164,3 +174,45 @@ def test_the_limits():
     assert support.window_tiles(bf16, 256, 90) == (64, 64, 2)
     assert support.window_tiles(bf16, 256, 80) == (32, 32, 3)
     assert support.window_tiles(f32, 128, 80) == support.window_tiles(f32, 128, 90) == (32, 32, 3)
+
+
+def test_devices_run_the_tiles_of_the_largest_target_their_shared_memory_holds(monkeypatch):
+    from fsf_kernels.common import support
+
+    assert support.target_for_shared_memory(232_448) == 90  # H100 / H200; B200 has the same
+    assert support.target_for_shared_memory(166_912) == 80  # A100
+    assert support.target_for_shared_memory(101_376) == 86  # A10, L4, L40, RTX 30xx / 40xx / 50xx
+    assert support.target_for_shared_memory(65_536) is None  # T4
+    assert support.device_target(torch.device("cpu")) == 90
+    monkeypatch.setattr(support, "_shared_per_block", lambda device: 101_376)
+    assert support.device_target(torch.device("cuda", 0)) == 86
+    assert support.device_unsupported(torch.device("cuda", 0)) is None
+
+
+def test_a_gpu_with_too_little_shared_memory_runs_the_references(fake_kernel, monkeypatch):
+    from fsf_kernels.common import support
+
+    monkeypatch.setattr(support, "_shared_per_block", lambda device: 65_536)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    with pytest.raises(ValueError, match=r"does not support Pretend GPU \(65,536 B .* at least 101,376 B\)"):
+        kernel_for("fake_op", "op", "triton", CudaLike())
+    with pytest.warns(RuntimeWarning, match="Pretend GPU"):
+        assert kernel_for("fake_op", "op", "auto", CudaLike()) is None
+    assert kernel_for("fake_op", "op", "triton", torch.zeros(1)) is fake_kernel  # the interpreter on CPU
+
+
+def test_the_small_target_takes_smaller_tiles_where_its_shared_memory_needs_it():
+    from fsf_kernels.common import support
+    from fsf_kernels.rewired_attention.rewired_attention import tiles
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    for dtype in (bf16, f32):
+        for dim in (16, 32, 64, 128, 256):
+            big, small = support.window_tiles(dtype, dim, 80), support.window_tiles(dtype, dim, 86)
+            assert small[0] * small[1] * small[2] <= big[0] * big[1] * big[2]
+            assert tiles(dtype, dim, 86) <= tiles(dtype, dim, 80)
+            assert support.routing_cell_tile(dim, 86) <= support.routing_cell_tile(dim, 80)
+            for cell in (8, 32):
+                assert support.readout_stages(dtype, dim, cell, 86) <= support.readout_stages(dtype, dim, cell, 80)
+    assert support.window_tiles(bf16, 64, 86) == (64, 64, 3)  # unchanged where it fits
+    assert tiles(f32, 256, 86) == 16 and support.routing_cell_tile(256, 86) == 16

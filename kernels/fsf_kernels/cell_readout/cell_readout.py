@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_readout_args
-from fsf_kernels.common.support import padded_dim, readout_stages, readout_unsupported
+from fsf_kernels.common.support import device_target, padded_dim, readout_stages, readout_unsupported
 from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.utils import dot_args, next_pow2
 
@@ -222,7 +222,7 @@ def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int,
     cell_readout_fwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, g, out, y, lse, rstd,
         s_gh, seq, k.shape[1], heads, num_tiles, eps, _LOG2E / math.sqrt(dim), HAS_G=has_g, **meta,
-        num_stages=readout_stages(q.dtype, dim, cell_size),
+        num_stages=readout_stages(q.dtype, dim, cell_size, device_target(q.device)),
     )
     return out, y, lse, rstd
 
@@ -248,7 +248,7 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
     cell_readout_bwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
         seq, total, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim), PREC_DY=prec_dy, **meta,
-        num_stages=readout_stages(q.dtype, dim, cell_size),
+        num_stages=readout_stages(q.dtype, dim, cell_size, device_target(q.device)),
     )
     dg = None
     if rms_weight is not None:
@@ -259,11 +259,11 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
     return dq, dk.to(k.dtype), dv.to(v.dtype), dg
 
 
-def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int) -> list:
-    """The compiled variants of the readout for one configuration (`fsf_kernels.common.targets`);
-    the tiles do not depend on the target."""
+def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int, arch: int) -> list:
+    """The compiled variants of the readout for one configuration on target `arch`
+    (`fsf_kernels.common.targets`); the tiles are the same on every target, the stages are not."""
     meta, prec_dy = _meta(dtype, dim, cell_size, top_k, gpu=True)
-    stages = readout_stages(dtype, dim, cell_size)
+    stages = readout_stages(dtype, dim, cell_size, arch)
     p, f32, i32 = ptr(dtype), "*fp32", "*i32"
     out = []
     for has_g in (False, True):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_routing_args, per_head
-from fsf_kernels.common.support import routing_cell_tile, routing_unsupported
+from fsf_kernels.common.support import device_target, routing_cell_tile, routing_unsupported
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
 
@@ -203,18 +203,18 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
         q.stride(0), q.stride(1), q.stride(2),
         seq, q_start // block_size, heads, kbar.shape[2], kept.shape[1], tiles, recent_cells, 1.0 / math.sqrt(dim),
         **scorer_meta(q.dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                      pp=kept.shape[-1]),
+                      pp=kept.shape[-1], arch=device_target(q.device)),
     )
     return out
 
 
 def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, block_size: int, top_k: int,
-                pp: int) -> dict:
-    """The scorer's constexprs for a launch (shared with the compile check, `launches`)."""
+                pp: int, arch: int) -> dict:
+    """The scorer's constexprs for a launch on target `arch` (shared with the compile check)."""
+    cells = routing_cell_tile(dim, arch)
     return dict(
         BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
-        BM=max(16, min(64, next_pow2(block_size))), BC=routing_cell_tile(dim), PP=pp,
-        BCK=min(pp, routing_cell_tile(dim)),
+        BM=max(16, min(64, next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
         FSL=variant == "fsl",
         # routing math is fp32; half inputs accept tf32 products for speed
         **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),

@@ -1,5 +1,11 @@
 """What each Triton kernel accepts, and its tiles per (head dim, dtype, target): torch only.
 
+A target is a shared-memory class of GPU, named by the architecture the tiles are compiled
+and checked for: 90 (232,448 B per block: H100/H200, and B200), 80 (166,912 B: A100, Jetson
+Orin) and 86 (101,376 B: A10/A40/RTX 30xx, L4/L40/RTX 40xx, RTX 50xx). A device runs the
+tiles of the largest target whose shared memory it has (`device_target`); a device with less
+than all of them (T4, V100) runs the references.
+
 Every `*_unsupported` function returns None when the kernel runs the call, else the reason in
 words. The dispatcher (`fsframework.ops.dispatch.kernel_for`) asks it before picking a kernel:
 `impl="auto"` then runs the reference, `impl="triton"` raises ValueError with the reason. The
@@ -14,6 +20,10 @@ from __future__ import annotations
 
 import torch
 
+# per-block shared memory (opt-in maximum) of each target, bytes
+SHARED_LIMIT = {80: 166_912, 86: 101_376, 90: 232_448}
+SMALLEST_TARGET = min(SHARED_LIMIT, key=SHARED_LIMIT.get)
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 MAX_TOP_K = 64  # the routing scorer's running top-K, and the cells per query the readout reads
@@ -22,6 +32,38 @@ MAX_NEW_CELLS = 64  # block_size / cell_size: cells that become eligible at once
 MAX_CELL_SIZE = 128  # the readout's K/V tile rows
 MAX_CELL_TILE = 8192  # the readout's K/V tile elements, cell size x padded head dim (32 x 256, 128 x 64)
 MAX_SCAN_WIDTH = 2048  # GRC tree scan: the gates/LayerNorm kernels hold whole rows
+
+
+def target_for_shared_memory(per_block: int) -> int | None:
+    """The target with the most shared memory that `per_block` bytes hold, or None."""
+    fitting = [t for t, limit in SHARED_LIMIT.items() if limit <= per_block]
+    return max(fitting, key=SHARED_LIMIT.get) if fitting else None
+
+
+def device_target(device: torch.device) -> int:
+    """The target whose tiles a launch on `device` uses: read from the CUDA device's shared memory
+    per block; 90 off the GPU (the interpreter ignores resources). A CUDA device below every target
+    is refused by `device_unsupported` before any launch."""
+    if device.type != "cuda":
+        return 90
+    return target_for_shared_memory(_shared_per_block(device)) or SMALLEST_TARGET
+
+
+def device_unsupported(device: torch.device) -> str | None:
+    """Why no kernel runs on `device` (too little shared memory per block), or None."""
+    if device.type != "cuda":
+        return None
+    per_block = _shared_per_block(device)
+    if target_for_shared_memory(per_block) is None:
+        return (f"{torch.cuda.get_device_name(device)} ({per_block:,} B of shared memory per block; the kernels' "
+                f"tiles need at least {SHARED_LIMIT[SMALLEST_TARGET]:,} B)")
+    return None
+
+
+def _shared_per_block(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    optin = getattr(props, "shared_memory_per_block_optin", 0)
+    return int(optin or props.shared_memory_per_block)
 
 
 def _common(dtype: torch.dtype, dim: int) -> str | None:
@@ -87,30 +129,45 @@ def padded_dim(dim: int) -> int:
     return max(16, 1 << max(0, dim - 1).bit_length())
 
 
-def readout_stages(dtype: torch.dtype, dim: int, cell_size: int) -> int:
-    """Pipeline stages of the readout kernels: 3, or 2 for fp32 at the largest cell tile, where the
-    backward needs 167,936 B with 3 (d = 256, s = 32), over sm_80's 166,912 B."""
-    big = padded_dim(cell_size) * padded_dim(dim) >= MAX_CELL_TILE
+def readout_stages(dtype: torch.dtype, dim: int, cell_size: int, arch: int = 90) -> int:
+    """Pipeline stages of the readout kernels on target `arch`: 3, or 2 for fp32 at the largest cell
+    tile, where the backward needs 167,936 B with 3 (d = 256, s = 32), over sm_80's 166,912 B;
+    sm_86 (101,376 B) takes 2 from a cell tile of 2,048 values on, 1 at the largest."""
+    tile = padded_dim(cell_size) * padded_dim(dim)
+    if arch == 86:
+        return 3 if tile < 2048 else 2 if tile < MAX_CELL_TILE else 1
+    big = tile >= MAX_CELL_TILE
     return 2 if dtype == torch.float32 and big else 3
 
 
-def routing_cell_tile(dim: int) -> int:
+def routing_cell_tile(dim: int, arch: int = 90) -> int:
     """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
-    256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32)."""
-    return 64 if padded_dim(dim) <= 128 else 32
+    256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32). sm_86 (101,376 B)
+    takes 32 at d = 128 and 16 at d = 256 (131,584 B at 32 for half queries)."""
+    bd = padded_dim(dim)
+    if arch == 86:
+        return 64 if bd <= 64 else 32 if bd <= 128 else 16
+    return 64 if bd <= 128 else 32
 
 
 def window_tiles(dtype: torch.dtype, dim: int, arch: int) -> tuple[int, int, int]:
-    """(query rows, key rows, pipeline stages) of the window-attention kernels.
+    """(query rows, key rows, pipeline stages) of the window-attention kernels on target `arch`.
 
-    64 x 64 tiles with 3 stages fit both targets up to d = 128 in half precision (107,520 B for
+    64 x 64 tiles with 3 stages fit sm_80 and sm_90 up to d = 128 in half precision (107,520 B for
     the dk/dv kernel); at d = 256 they need 263,168 B, so sm_90 drops to 2 stages (197,120 B) and
     sm_80 to 32 x 32 tiles (100,864 B). fp32 rows are twice as wide: 64 x 64 up to d = 64
     (98,304 B), 32 x 32 beyond (102,912 B at d = 128, 135,424 B with 2 stages at d = 256).
+    sm_86 (101,376 B) takes one step less where those do not fit: 2 stages for half d = 128 and
+    fp32 d = 64 and 128, and 16 x 16 tiles for fp32 d = 256.
     """
     bd = padded_dim(dim)
+    small = arch == 86
     if dtype == torch.float32:
-        return (64, 64, 3) if bd <= 64 else (32, 32, 3) if bd <= 128 else (32, 32, 2)
+        if bd <= 64:
+            return (64, 64, 2) if small and bd == 64 else (64, 64, 3)
+        if bd <= 128:
+            return (32, 32, 2) if small else (32, 32, 3)
+        return (16, 16, 2) if small else (32, 32, 2)
     if bd <= 128:
-        return 64, 64, 3
+        return (64, 64, 2) if small and bd == 128 else (64, 64, 3)
     return (64, 64, 2) if arch >= 90 else (32, 32, 3)

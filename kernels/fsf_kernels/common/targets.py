@@ -1,11 +1,11 @@
-"""GPU targets without a GPU: compile a kernel launch for sm_80 / sm_90 and read its shared memory.
+"""GPU targets without a GPU: compile a kernel launch for sm_80 / sm_86 / sm_90 and read its shared memory.
 
 Triton compiles for a CUDA target on any machine with its bundled ptxas; the result's
 `metadata.shared` is the shared memory one program needs, which must fit the target's
 per-block limit or the launch fails on the device. Each kernel module describes the
 launches its launcher really makes (`launches(...)`, built from the same tile choice
 as the launch itself), so the compile test (tests/kernels/test_compile_targets.py) and
-`tools/kernel_resources.py` check exactly what a GPU will run.
+`python -m fsf_kernels.compile_check` check exactly what a GPU will run.
 """
 
 from __future__ import annotations
@@ -18,23 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-# per-block shared memory (opt-in maximum) of each target, bytes
-SHARED_LIMIT = {80: 166_912, 90: 232_448}
-TARGETS = tuple(SHARED_LIMIT)
+from fsf_kernels.common.support import SHARED_LIMIT  # one table for the launches' tiles and the checks
+
+TARGETS = tuple(sorted(SHARED_LIMIT))
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
 _TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
-def device_arch(device: torch.device) -> int:
-    """Compute capability as an int (90 for sm_90) of a CUDA device; 90 off the GPU (the interpreter
-    ignores resources, and sm_90 is the target the tiles are tuned for). The tiles treat anything
-    below sm_90 as sm_80; consumer parts with less shared memory (sm_86/89: 101,376 B) are not a
-    target of these kernels."""
-    if device.type != "cuda":
-        return 90
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
 
 
 def ptr(dtype: torch.dtype) -> str:

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim
 from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
+from fsf_kernels.common.support import device_target
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
@@ -200,18 +201,30 @@ def rewired_bwd_dqdr_kernel(
     tl.store(dr_h + ((b * H + h) * n + o_m.to(tl.int64)[:, None]) * D + o_d[None, :], b_dr, mask=row_mask)
 
 
-def tiles(dtype: torch.dtype, dim: int) -> int:
-    """Tile rows for a head dim: 64 while a row takes at most 256 bytes, 32 up to 512 bytes (fp32 at
-    d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every kernel within the
-    shared memory of an sm_80 block (`python -m fsf_kernels.compile_check --only rewired` prints the figures)."""
+def tiles(dtype: torch.dtype, dim: int, arch: int = 90) -> int:
+    """Tile rows for a head dim on target `arch`: 64 while a row takes at most 256 bytes, 32 up to
+    512 bytes (fp32 at d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every
+    kernel within the shared memory of an sm_80 block; sm_86 (101,376 B) halves each step once more
+    (64 up to 128 bytes, 32 up to 256), down to 16 (`python -m fsf_kernels.compile_check --only
+    rewired` prints the figures)."""
     width = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size()
+    if arch == 86:
+        width *= 2
     return _TILE if width <= 256 else _TILE // 2 if width <= 512 else _TILE // 4
 
 
-def _meta(x: torch.Tensor) -> dict:
-    dim = x.shape[-1]
-    tile = tiles(x.dtype, dim)
-    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=tile, BN=tile, **dot_args(x.dtype))  # tl.dot needs >= 16
+def stages(dtype: torch.dtype, dim: int, arch: int = 90) -> int:
+    """Pipeline stages: 3, but 2 on sm_86 for fp32 at d = 256, whose 16-row tiles need 148,736 B
+    with 3 there."""
+    wide = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size() > 512
+    return 2 if arch == 86 and wide else 3
+
+
+def launch_meta(dtype: torch.dtype, dim: int, arch: int, gpu: bool = False) -> dict:
+    """Constexprs and the stage count (`num_stages`) of the three kernels on target `arch`."""
+    tile = tiles(dtype, dim, arch)
+    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=tile, BN=tile, num_stages=stages(dtype, dim, arch),
+                **dot_args(dtype, gpu=gpu))  # tl.dot needs >= 16
 
 
 def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +234,7 @@ def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor
     o = torch.empty_like(q)
     lse = torch.empty((bsz, heads, n), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dim)
-    meta = _meta(q)
+    meta = launch_meta(q.dtype, dim, device_target(q.device))
     rewired_fwd_kernel[(triton.cdiv(n, meta["BM"]), bsz * heads)](
         q, k, v, r, u, o, lse, n, total, heads, q_start, scale * _LOG2E, **meta,
     )
@@ -232,7 +245,7 @@ def rewired_bwd(q, k, v, r, u, o, lse, do, q_start: int):
     """dq, dk (fp32), dv (v's dtype), dr `[B, n, D]`, du `[B, T, D]` (fp32, summed over heads in order)."""
     bsz, n, heads, dim = q.shape
     total = k.shape[1]
-    meta = _meta(q)
+    meta = launch_meta(q.dtype, dim, device_target(q.device))
     tile = meta["BM"]
     scale = 1.0 / math.sqrt(dim)
     delta = softmax_bwd_delta(o, do, tile)

@@ -22,8 +22,8 @@ from fsf_kernels.common.args import check_head_dim, check_window_args
 from fsf_kernels.common.rope import rope_apply
 from fsf_kernels.common.rope_tables import rope_tables
 from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
-from fsf_kernels.common.support import padded_dim, window_tiles, window_unsupported
-from fsf_kernels.common.targets import device_arch, launch, ptr
+from fsf_kernels.common.support import device_target, padded_dim, window_tiles, window_unsupported
+from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.utils import dot_args
 
 _LOG2E = 1.4426950408889634
@@ -180,7 +180,7 @@ def window_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     o = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=q.dtype)
     lse = torch.empty((bsz, heads, seq), device=q.device, dtype=torch.float32)
     scale = 1.0 / math.sqrt(dim)
-    meta, opts = _meta(q.dtype, dim, device_arch(q.device))
+    meta, opts = _meta(q.dtype, dim, device_target(q.device))
     grid = (triton.cdiv(seq, meta["BM"]), bsz * heads)
     window_attention_fwd_kernel[grid](
         q, k, v, o, lse,
@@ -196,7 +196,7 @@ def window_attention_bwd(q, k, v, o, lse, do, window: int) -> tuple[torch.Tensor
     bsz, seq, heads, dim = q.shape
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     scale = 1.0 / math.sqrt(dim)
-    meta, opts = _meta(q.dtype, dim, device_arch(q.device))
+    meta, opts = _meta(q.dtype, dim, device_target(q.device))
     delta = softmax_bwd_delta(o, do, meta["BM"])
     dq = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
     dk = torch.empty((bsz, seq, heads, dim), device=q.device, dtype=torch.float32)
