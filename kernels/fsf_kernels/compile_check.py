@@ -1,6 +1,6 @@
 """Compile every kernel for sm_80, sm_86 and sm_90 without a GPU and check its shared memory fits.
 
-    python -m fsf_kernels.compile_check [--full] [--arch 80 90] [--json]
+    python -m fsf_kernels.compile_check [--full] [--arch 80 86 90] [--json]
 
 A configuration is one call the dispatcher can hand a kernel (dtype, head dim, K, P, FS / FS-L,
 ...); its launches are the compiled variants that call uses, built from the launchers' own tile

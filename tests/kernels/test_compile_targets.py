@@ -1,4 +1,4 @@
-"""Every kernel compiles for sm_80 and sm_90 and its shared memory fits the target: no GPU needed.
+"""Every kernel compiles for sm_80, sm_86 and sm_90 and its shared memory fits the target: no GPU needed.
 
 Triton compiles for a CUDA target on a CPU-only machine with its bundled ptxas; a launch whose
 shared memory exceeds the block limit would fail only on the device. The compiles run in one

@@ -10,7 +10,7 @@ Every `*_unsupported` function returns None when the kernel runs the call, else 
 words. The dispatcher (`fsframework.ops.dispatch.kernel_for`) asks it before picking a kernel:
 `impl="auto"` then runs the reference, `impl="triton"` raises ValueError with the reason. The
 limits are the largest configurations that `tests/kernels/test_compile_targets.py` compiles for
-sm_80 and sm_90 and finds within the target's shared memory, so an accepted call never fails at
+sm_80, sm_86 and sm_90 and finds within the target's shared memory, so an accepted call never fails at
 launch for want of shared memory.
 
 Legend: d head dim, K cells per query (top_k), P retained cells (FS-L), s cell size.
