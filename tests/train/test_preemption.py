@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fsframework.checkpoints import find_latest
 from fsframework.train.preemption import EXIT_INTERRUPTED, EXIT_PREEMPTED
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
@@ -68,10 +70,11 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_sigint_names_the_resume_
     assert "Traceback" not in err and find_latest(run_dir / "checkpoints") == saved  # SIGINT writes nothing
 
 
-def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache, monkeypatch):
-    """2 ranks, ZeRO-2, one torchrun launch: a NaN on one rank skips the update on both; a
-    preemption signal to one rank checkpoints both; DeepSpeed's zero_to_fp32.py reads the
-    checkpoints with its default arguments."""
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache, monkeypatch, zero_stage):
+    """2 ranks, ZeRO-2 and ZeRO-3 (their optimizers differ), one torchrun launch each: a NaN on one
+    rank skips the update on both; a preemption signal to one rank checkpoints both; DeepSpeed's
+    zero_to_fp32.py reads the checkpoints with its default arguments."""
     import psutil
     import torch
 
@@ -80,11 +83,11 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
     from tests.parallel.ranks import free_port
 
     run_dir = tmp_path / "run"
-    # ZeRO-2 with a NaN on rank 1 at step 2 (train.nonfinite=skip): every rank skips that update
+    # a NaN on rank 1 at step 2 (train.nonfinite=skip): every rank skips that update
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), "-m", "fsframework",
-           *_args(run_dir, data_cache, "parallel.zero_stage=2", "train.nonfinite=skip", "train.ckpt_every=1",
-                  "train.keep_checkpoints=1000")]
+           *_args(run_dir, data_cache, f"parallel.zero_stage={zero_stage}", "train.nonfinite=skip",
+                  "train.ckpt_every=1", "train.keep_checkpoints=1000")]
 
     def signal_rank_1(proc):  # a signal that reached one rank only: the all-reduce tells the other
         workers = psutil.Process(proc.pid).children(recursive=True)
