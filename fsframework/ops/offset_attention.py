@@ -29,8 +29,18 @@ def causal_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
     n, total = q.shape[1], k.shape[1]
     if total != start + n:
         raise ValueError(f"queries at [{start}, {start + n}) need keys [0, {start + n}), got {total}")
+    if bias is None and start > 0 and not q.is_cuda:
+        # On the CPU, SDPA has no fused kernel for a bottom-right causal mask: it materialises the
+        # mask and keeps the [H, n, start + n] probabilities for backward (650 MB for 8k queries
+        # over 16k keys, 4 heads). Zero queries in front make the call square and top-left causal,
+        # which the fused kernel runs in O(start + n) memory; their outputs are dropped (extra
+        # work start^2 / 2 scores per head).
+        q_pad = torch.cat((q.new_zeros((q.shape[0], start, *q.shape[2:])), q), dim=1)
+        y = F.scaled_dot_product_attention(q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True)
+        return y.transpose(1, 2)[:, start:]
     if bias is None:
-        # j <= i + start: a bottom-right aligned causal mask, which SDPA runs on its fused kernels
+        # j <= i + start: a bottom-right aligned causal mask, which SDPA runs on its fused GPU kernels
         # (an explicit boolean mask falls back to the slower unfused path)
         mask = causal_lower_right(n, total)
     else:
