@@ -18,6 +18,8 @@ Legend: d head dim, K cells per query (top_k), P retained cells (FS-L), s cell s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # per-block shared memory (opt-in maximum) of each target, bytes
@@ -61,14 +63,27 @@ def device_unsupported(device: torch.device) -> str | None:
 
 
 def _shared_per_block(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _shared_per_block_of(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_per_block_of(index: int) -> int:
+    """A CUDA device's per-block shared memory (opt-in maximum): read once, as every op call asks."""
+    props = torch.cuda.get_device_properties(index)
     optin = getattr(props, "shared_memory_per_block_optin", 0)
     return int(optin or props.shared_memory_per_block)
 
 
-def _common(dtype: torch.dtype, dim: int) -> str | None:
+def _dtype_unsupported(dtype: torch.dtype) -> str | None:
     if dtype not in DTYPES:
         return f"dtype {dtype} (the kernels take float32, float16, bfloat16)"
+    return None
+
+
+def _common(dtype: torch.dtype, dim: int) -> str | None:
+    if reason := _dtype_unsupported(dtype):
+        return reason
     if not 1 <= dim <= MAX_HEAD_DIM:
         return f"head dim {dim} (the kernels take 1..{MAX_HEAD_DIM})"
     return None
@@ -117,8 +132,8 @@ def rewired_unsupported(dtype: torch.dtype, dim: int) -> str | None:
 
 def scan_unsupported(dtype: torch.dtype, width: int) -> str | None:
     """GRC tree scan (`fsf_kernels.grc_scan`)."""
-    if dtype not in DTYPES:
-        return f"dtype {dtype} (the kernels take float32, float16, bfloat16)"
+    if reason := _dtype_unsupported(dtype):
+        return reason
     if not 1 <= width <= MAX_SCAN_WIDTH:
         return f"scan width {width} (the kernel takes 1..{MAX_SCAN_WIDTH})"
     return None
@@ -129,7 +144,7 @@ def padded_dim(dim: int) -> int:
     return max(16, 1 << max(0, dim - 1).bit_length())
 
 
-def readout_stages(dtype: torch.dtype, dim: int, cell_size: int, arch: int = 90) -> int:
+def readout_stages(dtype: torch.dtype, dim: int, cell_size: int, arch: int) -> int:
     """Pipeline stages of the readout kernels on target `arch`: 3, or 2 for fp32 at the largest cell
     tile, where the backward needs 167,936 B with 3 (d = 256, s = 32), over sm_80's 166,912 B;
     sm_86 (101,376 B) takes 2 from a cell tile of 2,048 values on, 1 at the largest."""
@@ -140,7 +155,7 @@ def readout_stages(dtype: torch.dtype, dim: int, cell_size: int, arch: int = 90)
     return 2 if dtype == torch.float32 and big else 3
 
 
-def routing_cell_tile(dim: int, arch: int = 90) -> int:
+def routing_cell_tile(dim: int, arch: int) -> int:
     """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
     256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32). sm_86 (101,376 B)
     takes 32 at d = 128 and 16 at d = 256 (131,584 B at 32 for half queries)."""

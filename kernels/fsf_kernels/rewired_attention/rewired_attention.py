@@ -27,8 +27,8 @@ import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim
 from fsf_kernels.common.softmax_bwd import softmax_bwd_delta
-from fsf_kernels.common.support import device_target
-from fsf_kernels.common.utils import dot_args, next_pow2
+from fsf_kernels.common.support import device_target, padded_dim
+from fsf_kernels.common.utils import dot_args
 
 _LOG2E = 1.4426950408889634
 _TILE = 64  # query and key tile rows; halved for wide fp32 rows, see `tiles`
@@ -201,30 +201,32 @@ def rewired_bwd_dqdr_kernel(
     tl.store(dr_h + ((b * H + h) * n + o_m.to(tl.int64)[:, None]) * D + o_d[None, :], b_dr, mask=row_mask)
 
 
-def tiles(dtype: torch.dtype, dim: int, arch: int = 90) -> int:
+def _row_bytes(dtype: torch.dtype, dim: int) -> int:
+    """Bytes of one tile row: the padded head dim in `dtype`."""
+    return padded_dim(dim) * dtype.itemsize
+
+
+def tiles(dtype: torch.dtype, dim: int, arch: int) -> int:
     """Tile rows for a head dim on target `arch`: 64 while a row takes at most 256 bytes, 32 up to
     512 bytes (fp32 at d = 128, half at d = 256), 16 beyond (fp32 at d = 256), which keeps every
     kernel within the shared memory of an sm_80 block; sm_86 (101,376 B) halves each step once more
     (64 up to 128 bytes, 32 up to 256), down to 16 (`python -m fsf_kernels.compile_check --only
     rewired` prints the figures)."""
-    width = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size()
-    if arch == 86:
-        width *= 2
+    width = _row_bytes(dtype, dim) * (2 if arch == 86 else 1)
     return _TILE if width <= 256 else _TILE // 2 if width <= 512 else _TILE // 4
 
 
-def stages(dtype: torch.dtype, dim: int, arch: int = 90) -> int:
+def stages(dtype: torch.dtype, dim: int, arch: int) -> int:
     """Pipeline stages: 3, but 2 on sm_86 for fp32 at d = 256, whose 16-row tiles need 148,736 B
     with 3 there."""
-    wide = max(16, next_pow2(dim)) * torch.empty((), dtype=dtype).element_size() > 512
-    return 2 if arch == 86 and wide else 3
+    return 2 if arch == 86 and _row_bytes(dtype, dim) > 512 else 3
 
 
 def launch_meta(dtype: torch.dtype, dim: int, arch: int, gpu: bool = False) -> dict:
     """Constexprs and the stage count (`num_stages`) of the three kernels on target `arch`."""
     tile = tiles(dtype, dim, arch)
-    return dict(D=dim, BD=max(16, next_pow2(dim)), BM=tile, BN=tile, num_stages=stages(dtype, dim, arch),
-                **dot_args(dtype, gpu=gpu))  # tl.dot needs >= 16
+    return dict(D=dim, BD=padded_dim(dim), BM=tile, BN=tile, num_stages=stages(dtype, dim, arch),
+                **dot_args(dtype, gpu=gpu))
 
 
 def rewired_fwd(q, k, v, r, u, q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
