@@ -31,16 +31,36 @@ LENGTHS = (512, 1024, 2048)
 VARIANTS: dict[str, list[str]] = {
     "swa": ["model.name=swa"],
     "tfpp": ["model.name=tfpp"],
-    "fs-g1": ["model.name=fs", "model.attention.readout_gain=1.0"],
-    "fs-g0.3": ["model.name=fs", "model.attention.readout_gain=0.3"],
-    "fs-g0.1": ["model.name=fs", "model.attention.readout_gain=0.1"],
-    "fs-g0.03": ["model.name=fs", "model.attention.readout_gain=0.03"],
-    "fs-g0": ["model.name=fs", "model.attention.readout_gain=0.0"],
-    "fs-gate-g1": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=1.0"],
-    "fs-gate-g0.03": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=0.03"],
-    "fs-lam0-g0.03": ["model.name=fs", "model.attention.lam=0.0", "model.attention.readout_gain=0.03"],
-    "fsl-g1": ["model.name=fsl", "model.attention.readout_gain=1.0"],
-    "fsl-g0.03": ["model.name=fsl", "model.attention.readout_gain=0.03"],
+    "fs-g1": ["model.name=fs", "model.attention.readout_gain=1.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-g0.3": ["model.name=fs", "model.attention.readout_gain=0.3", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-g0.1": ["model.name=fs", "model.attention.readout_gain=0.1", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-g0.03": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-g0": ["model.name=fs", "model.attention.readout_gain=0.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    # the readout gains in their own optimizer group at a multiple of optim.lr
+    "fs-g0.03-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=10"],
+    "fs-g0.03-lr30": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=30"],
+    "fs-g0.03-lr3": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=3"],
+    # the default: g = 0.03 in the forward pass, the branch's gradient as at gain 1
+    "fs-unit": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear",
+                "model.attention.readout_gain_lr=1", "model.attention.readout_backward=unit"],
+    # log g learned at 10x optim.lr, from g = 0.03
+    "fs-log-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=log", "model.attention.readout_backward=gain",
+                    "model.attention.readout_gain_lr=10"],
+    "fs-gate-g1": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=1.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-gate-g0.03": ["model.name=fs", "model.attention.combine=gate", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fs-lam0-g0.03": ["model.name=fs", "model.attention.lam=0.0", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fsl-g1": ["model.name=fsl", "model.attention.readout_gain=1.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
+    "fsl-g0.03": ["model.name=fsl", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain",
+                 "model.attention.readout_gain_lr=1"],
     "fs": ["model.name=fs"],  # whatever the default is
     "fsl": ["model.name=fsl"],
 }
@@ -92,8 +112,8 @@ def readout_gains(run_dir: Path) -> list[float] | None:
     from fsframework.checkpoints import load_model
 
     model, _ = load_model(run_dir, torch.device("cpu"))
-    gains = [float(layer.attn.lr_norm_weight.detach().abs().mean()) for layer in model.layers
-             if hasattr(layer.attn, "lr_norm_weight")]
+    gains = [float(layer.attn.readout_gain().detach().abs().mean()) for layer in model.layers
+             if hasattr(layer.attn, "readout_gain")]
     return gains or None
 
 

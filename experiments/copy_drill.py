@@ -114,7 +114,7 @@ def build(args, max_len: int) -> nn.Module:
 
     attention = AttentionConfig(window=args.window, cell_size=args.cell_size, block_size=args.block_size,
                                 top_k=args.top_k, retained_cells=args.retained_cells, recent_cells=args.recent_cells,
-                                combine=args.combine)
+                                combine=args.combine, readout_gain_param="linear")  # the drill sets gains directly
     return build_model(ModelConfig(name=args.model, vocab_size=args.vocab, d_model=args.d_model,
                                    n_layers=args.layers, n_heads=args.heads, init_std=args.init_std,
                                    attention=attention))

@@ -33,15 +33,25 @@ sys.path.insert(0, str(REPO))
 VARIANTS = {
     "tfpp": ["model.name=tfpp"],
     "swa": ["model.name=swa"],
-    "fs": ["model.name=fs"],  # the default readout gain (0.03)
+    "fs": ["model.name=fs"],  # the default readout gain (0.03, log g at 10x lr)
     "fsl": ["model.name=fsl"],
-    "fs-g1": ["model.name=fs", "model.attention.readout_gain=1.0"],  # the old default
+    "fs-g1": ["model.name=fs", "model.attention.readout_gain=1.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=1.0"],
+    "fs-g0.03": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=1.0"],
+    "fs-g0.03-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=10"],
+    "fs-g0.03-lr30": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=30"],
+    "fs-g0.03-lr3": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=3"],
+    # the default: g = 0.03 in the forward pass, the branch's gradient as at gain 1
+    "fs-unit": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear",
+                "model.attention.readout_gain_lr=1", "model.attention.readout_backward=unit"],
+    # log g learned at 10x optim.lr, from g = 0.03
+    "fs-log-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=log", "model.attention.readout_backward=gain",
+                    "model.attention.readout_gain_lr=10"],
 }
 
 
 def sizes(args) -> list[str]:
     return ["data.source=mqar", f"data.seq_len={args.seq_len}", f"data.micro_batch_size={args.batch}",
-            f"data.mqar.pairs={args.pairs}", f"data.mqar.queries={args.pairs}", "data.mqar.keys=64",
+            f"data.mqar.pairs={args.pairs}", f"data.mqar.queries={args.queries or args.pairs}", "data.mqar.keys=64",
             "data.mqar.values=64", "data.mqar.filler=16",
             f"model.d_model={args.d_model}", "model.n_layers=2", "model.n_heads=2",
             f"model.attention.window={args.window}", f"model.attention.block_size={args.window}",
@@ -49,7 +59,7 @@ def sizes(args) -> list[str]:
             # FS-L keeps 6 of the 16 cells of a 128-token sequence (the paper: 72 of 128 at 4k), so it
             # prunes in training too, not only past the training length
             "model.attention.retained_cells=6", "model.attention.recent_cells=2",
-            f"optim.lr={args.lr}", "optim.warmup_steps=20", "optim.weight_decay=0.0",
+            f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}", "optim.weight_decay=0.0",
             f"train.max_steps={args.steps}", f"train.ckpt_every={args.steps}", "train.keep_checkpoints=1",
             "train.log_every=25", "train.progress=false", "train.tensorboard=false"]
 
@@ -66,7 +76,7 @@ def train(args, variant: str, seed: int) -> Path:
         shutil.rmtree(run, ignore_errors=True)  # unfinished or unwanted: train from scratch
         cmd = [sys.executable, "-m", "fsframework", "train", str(REPO / "yamls" / "quickstart.yaml"),
                f"run_dir={run}", f"train.seed={seed}", f"data.shuffle_seed={seed + 1234}", *sizes(args),
-               *VARIANTS[variant]]
+               *VARIANTS[variant], *args.override]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
         if done.returncode:
@@ -97,9 +107,11 @@ def score(args, run: Path) -> dict:
             found.update(routing_best_head=best["best_head"], routing_any_head=best["any_head"],
                          routing_chance=best["chance"], routing_layer=best["layer"], routing_queries=best["queries"])
         out[str(factor)] = found
+    gains = [round(float(layer.readout_gain().abs().mean()), 3) for layer in freesolo_layers(model)]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [(r["step"], r["loss"]) for r in records]
-    return {"scores": out, "loss_curve": curve, "final_loss": curve[-1][1] if curve else None}
+    return {"scores": out, "loss_curve": curve, "final_loss": curve[-1][1] if curve else None,
+            "mean_abs_gain": gains}
 
 
 def one(args, variant: str, seed: int) -> dict:
@@ -146,6 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--queries", type=int, default=0, help="queries per row (0: one per pair)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("override", nargs="*", help="config overrides for every run (key=value)")
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--cell", type=int, default=8)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 COMBINE_MODES = ("sum", "gate", "separate_wo")
+READOUT_GAIN_PARAMS = ("log", "linear")  # model.attention.readout_gain_param
+READOUT_BACKWARDS = ("unit", "gain")  # model.attention.readout_backward
 FSB_FORESTS = ("both", "f0", "ftau")  # FS-B: both forests, or F0 / Ftau alone
 
 
@@ -42,9 +44,18 @@ class AttentionConfig:
     recent_cells: int = 8  # W (FS-L)
     retained_cells: int = 64  # P (FS-L)
     combine: str = "sum"  # sum | gate | separate_wo
-    # initial value of the long-range readout's RMSNorm gain (docs/freesolo.md §1.6): the read
+    # initial value of the long-range readout's RMSNorm gain g (docs/freesolo.md §1.6): the read
     # starts quiet next to the local branch; at 1 it drowns it and FS trains worse than SWA
     readout_gain: float = 0.03
+    # the gains' learning rate as a multiple of optim.lr (their own optimizer parameter group):
+    # at 10 a quiet read becomes loud within tens of steps where retrieval needs it (1: every run
+    # before schema 3, which learned associative recall a third as well as gain 1)
+    readout_gain_lr: float = 10.0
+    # how g is learned: "linear" (g itself) or "log" (log g, g > 0; measured worse, kept as an option)
+    readout_gain_param: str = "linear"
+    # the gradient the long-range branch learns from: "gain" (the true one) or "unit" (as if the
+    # read had gain 1 while the forward keeps g; measured: it spoils text, kept as an option)
+    readout_backward: str = "gain"
     # FS-B read path (model.name=fsb, inference only; docs/freesolo.md §1.8)
     fsb_top_k: int = 4  # K cells read per query, whatever top_k the checkpoint trained with
     fsb_beam_width: int = 16  # Wb, per forest; >= fsb_top_k
@@ -242,7 +253,7 @@ class EvalConfig:
 
 # Version of the config schema. A run's saved config.yaml records it (files written before it
 # was recorded are version 1); `load_run_config` migrates older files with SCHEMA_MIGRATIONS.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # SCHEMA_MIGRATIONS[v]: the keys changed from schema version v to v + 1, old dotted key ->
 # new dotted key, or None for a removed key.
@@ -254,6 +265,16 @@ SCHEMA_MIGRATIONS: dict[int, dict[str, Optional[str]]] = {
         "train.copy_warmup_max_passage": "research.copy_warmup_max_passage",
         "train.copy_warmup_draw": "research.copy_warmup_draw",
     },
+    2: {},
+}
+
+# SCHEMA_ADDED[v]: the keys added from schema version v to v + 1, with the value every run of
+# version v used (its behaviour then), so an old run keeps it when the new default differs.
+SCHEMA_ADDED: dict[int, dict[str, Any]] = {
+    1: {},
+    # the readout gain g itself trained at optim.lr
+    2: {"model.attention.readout_gain_param": "linear", "model.attention.readout_gain_lr": 1.0,
+        "model.attention.readout_backward": "gain"},
 }
 
 
@@ -428,6 +449,12 @@ def validate(cfg: Config) -> Config:
 
     _choice("model.name", m.name, MODEL_NAMES)
     _choice("model.attention.combine", a.combine, COMBINE_MODES)
+    _choice("model.attention.readout_gain_param", a.readout_gain_param, READOUT_GAIN_PARAMS)
+    _choice("model.attention.readout_backward", a.readout_backward, READOUT_BACKWARDS)
+    if a.readout_gain_param == "log" and not a.readout_gain > 0:
+        raise ConfigError(f"model.attention.readout_gain={a.readout_gain} must be > 0 with "
+                          "model.attention.readout_gain_param=log (it learns log g); set readout_gain_param=linear "
+                          "for a gain that starts at 0")
     _choice("model.attention.impl", a.impl, IMPLS)
     # runway-rewired attention (docs/rewired.md)
     _choice("model.attention.rewired_runway", a.rewired_runway, ("last", "mean"))
@@ -441,7 +468,8 @@ def validate(cfg: Config) -> Config:
     for key in ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "data.seq_len",
                 "data.micro_batch_size", "train.max_steps", "train.ckpt_every", "train.keep_checkpoints",
                 "train.log_every", "parallel.sp", "parallel.grad_accum", "eval.num_samples", "model.attention.cell_size",
-                "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size"):
+                "model.attention.block_size", "model.attention.top_k", "optim.lr", "eval.batch_size",
+                "model.attention.readout_gain_lr"):
         section, *rest = key.split(".")
         obj = getattr(cfg, section)
         for part in rest[:-1]:
@@ -584,7 +612,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
 
 def migrate(data: dict) -> dict:
     """A saved config (nested dict, any schema version; none recorded: version 1) brought to
-    SCHEMA_VERSION: removed keys dropped, moved keys put in their new place. A new dict."""
+    SCHEMA_VERSION: removed keys dropped, moved keys put in their new place, added keys set to
+    the value the old version used (SCHEMA_ADDED). A new dict."""
     import copy
 
     data = copy.deepcopy(data)
@@ -608,6 +637,12 @@ def migrate(data: dict) -> dict:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = value
+        for added, value in SCHEMA_ADDED[v].items():
+            *parents, leaf = added.split(".")
+            node = data
+            for part in parents:
+                node = node.setdefault(part, {})
+            node.setdefault(leaf, value)
     data["schema_version"] = SCHEMA_VERSION
     return data
 

@@ -112,9 +112,9 @@ def test_the_research_keys_are_checked_under_their_new_names():
 def test_saved_configs_record_the_schema_version():
     from fsframework.config import SCHEMA_VERSION, Config, to_yaml
 
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     text = to_yaml(Config())
-    assert text.startswith("schema_version: 2\n")
+    assert text.startswith("schema_version: 3\n")
     assert "max_seq_len" not in text and "research:\n  copy_warmup_steps: 0" in text
 
 
@@ -122,7 +122,10 @@ def test_version_1_run_configs_are_migrated():
     from fsframework.config import load_run_config
 
     cfg = load_run_config(V1_FREESOLO)
-    assert cfg.schema_version == 2 and cfg.model.name == "fs"
+    assert cfg.schema_version == 3 and cfg.model.name == "fs"
+    a = cfg.model.attention
+    assert (a.readout_gain_param, a.readout_gain_lr, a.readout_backward) == ("linear", 1.0, "gain"), \
+        "an old run keeps how it trained its gains"
     assert (cfg.research.copy_warmup_steps, cfg.research.copy_warmup_seq_len, cfg.research.copy_warmup_max_passage,
             cfg.research.copy_warmup_draw) == (3, 128, 32, 256)
     default = load_run_config(V1_DEFAULT)
@@ -141,12 +144,34 @@ def test_migrate_is_a_pure_function_of_the_saved_dict():
 
     old = {"model": {"name": "fs", "max_seq_len": 4096}, "train": {"copy_warmup_steps": 3, "max_steps": 7}}
     new = migrate(old)
-    assert new == {"schema_version": 2, "model": {"name": "fs"}, "train": {"max_steps": 7},
-                   "research": {"copy_warmup_steps": 3}}
+    assert new == {"schema_version": 3, "model": {"name": "fs", "attention": {"readout_gain_param": "linear", "readout_gain_lr": 1.0,
+                                                             "readout_backward": "gain"}},
+                   "train": {"max_steps": 7}, "research": {"copy_warmup_steps": 3}}
     assert old["train"]["copy_warmup_steps"] == 3, "the input is left alone"
     assert migrate(new) == new, "a current config passes through"
     with pytest.raises(ConfigError, match="schema_version=9 is unknown"):
         migrate({"schema_version": 9})
+
+
+def test_version_2_configs_keep_the_readout_gain_form_they_trained_with():
+    """Schema 3 added model.attention.readout_gain_param, readout_gain_lr and readout_backward; a version-2 run
+    trained g itself at optim.lr with the true gradient, and reads as such."""
+    import yaml
+
+    from fsframework.config import Config, migrate, to_yaml
+
+    data = yaml.safe_load(to_yaml(Config()))
+    data["schema_version"] = 2
+    del data["model"]["attention"]["readout_gain_lr"]
+    del data["model"]["attention"]["readout_gain_param"]
+    del data["model"]["attention"]["readout_backward"]
+    a = Config().model.attention
+    assert (a.readout_gain_param, a.readout_gain_lr, a.readout_backward) == ("linear", 10.0, "gain")
+    migrated = migrate(data)["model"]["attention"]
+    assert (migrated["readout_gain_param"], migrated["readout_gain_lr"], migrated["readout_backward"]) == \
+        ("linear", 1.0, "gain")
+    data["model"]["attention"]["readout_gain_lr"] = 7.0  # a value a run recorded is never replaced
+    assert migrate(data)["model"]["attention"]["readout_gain_lr"] == 7.0
 
 
 def test_the_checkpoint_reader_migrates_through_the_one_load_function(tmp_path):
@@ -161,7 +186,7 @@ def test_the_checkpoint_reader_migrates_through_the_one_load_function(tmp_path):
     assert read_config(run.config).research.copy_warmup_steps == 3
     # `fsf config` (as `fsf train`) reads a run's own config.yaml migrated, e.g. to resume it
     proc = run_fsf("config", str(run.config))
-    assert "schema_version: 2" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
+    assert "schema_version: 3" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
     bad = run_fsf("config", str(V1_FREESOLO), check=False)
     assert bad.returncode == 2 and "moved to research.copy_warmup_steps" in bad.stderr
 

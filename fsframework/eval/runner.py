@@ -74,4 +74,10 @@ def summary_table(run_dir: Path, scores: dict) -> None:
     for task, by_length in scores.get("scores", {}).items():
         for length, value in by_length.items():
             table.add_row(f"{task} @ {length}", f"{value:.2f}" if isinstance(value, float) else str(value))
+    # associative recall: also the queries whose answer lies beyond the stacked local windows,
+    # which only a branch that reads the whole prefix can answer
+    for length, split in scores.get("breakdown", {}).get("mqar", {}).items():
+        if split.get("beyond") is not None:
+            table.add_row(f"mqar beyond {split['reach']} tokens @ {length}",
+                          f"{split['beyond']:.2f} ({split['beyond_n']} queries)")
     Console().print(table)

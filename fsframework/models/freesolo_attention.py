@@ -24,7 +24,7 @@ from torch import nn
 from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
-from fsframework.ops.freesolo import cell_readout, select_cells
+from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
 from fsframework.ops.offset_attention import window_attention_at
 
 
@@ -33,8 +33,10 @@ class FreeSoloAttention(QKVAttention):
     (`"fsb"`, inference only: forest search, reading `fsb_top_k` cells; same parameters as FS, so
     FS and FS-L checkpoints load into it).
 
-    Parameters: `wq, wk, wv, wo` (D x D, no bias), `lr_norm_weight` `[H, Dh]` (readout
-    RMSNorm gain, one per layer and head, init `model.attention.readout_gain`); `w_gate` (D -> H, with bias) for
+    Parameters: `wq, wk, wv, wo` (D x D, no bias), the readout RMSNorm gain `[H, Dh]`, one per
+    layer and head, init `model.attention.readout_gain`: `lr_norm_log_gain` (log g, the
+    default `readout_gain_param=log`) or `lr_norm_weight` (g, `linear`), read through
+    `readout_gain()`; `w_gate` (D -> H, with bias) for
     combine="gate"; `wo_lr` (D x D) for combine="separate_wo". Buffers `sigma`, `lam`
     `[H]` (erf prior width and weight, persistent, never trained). FS-B: buffer `tau` `[H]`
     (Ftau's key-norm threshold, not saved: set from the checkpoint's calibration file by
@@ -49,7 +51,12 @@ class FreeSoloAttention(QKVAttention):
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
         super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo
-        self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
+        # the readout gain g, learned as g itself or as log g (docs/freesolo.md §1.6); the two
+        # forms have different names, so weights of one never load silently into the other
+        if a.readout_gain_param == "log":
+            self.lr_norm_log_gain = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
+        else:
+            self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
         # routing-only scalars: buffers, so they are saved with the model but receive no gradient
         self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
         self.register_buffer("lam", torch.full((cfg.n_heads,), float(a.lam)))
@@ -66,7 +73,10 @@ class FreeSoloAttention(QKVAttention):
     def reset_extra_parameters(self) -> None:
         """Re-initialise what the model-wide normal init must not touch or scales differently."""
         a = self.cfg.attention
-        self.lr_norm_weight.fill_(float(a.readout_gain))
+        if a.readout_gain_param == "log":
+            self.lr_norm_log_gain.fill_(math.log(a.readout_gain))
+        else:
+            self.lr_norm_weight.fill_(float(a.readout_gain))
         self.sigma.fill_(float(a.sigma))
         self.lam.fill_(float(a.lam))
         if a.combine == "gate":
@@ -74,6 +84,12 @@ class FreeSoloAttention(QKVAttention):
         elif a.combine == "separate_wo":
             # a residual-branch output projection, scaled down with depth like `wo`
             nn.init.normal_(self.wo_lr.weight, std=self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers))
+
+    def readout_gain(self) -> torch.Tensor:
+        """The long-range readout's RMSNorm gain g `[H, Dh]`, whichever form is learned."""
+        if self.cfg.attention.readout_gain_param == "log":
+            return self.lr_norm_log_gain.exp()
+        return self.lr_norm_weight
 
     def route(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """Unrotated q of positions `[q_start, q_start + n)` and k of `[0, q_start + n)`
@@ -121,8 +137,12 @@ class FreeSoloAttention(QKVAttention):
         if pad:
             q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
         cells = self.route(q, k, start - pad)
-        long_range = cell_readout(q, k, v, cells, cell_size=a.cell_size, rms_weight=self.lr_norm_weight,
-                                  impl=a.impl, q_start=start - pad)
+        if a.readout_backward == "unit":  # the branch learns as if read at gain 1 (docs/freesolo.md §1.6)
+            long_range = unit_gradient_gain(cell_readout(q, k, v, cells, cell_size=a.cell_size, impl=a.impl,
+                                                         q_start=start - pad), self.readout_gain())
+        else:
+            long_range = cell_readout(q, k, v, cells, cell_size=a.cell_size, rms_weight=self.readout_gain(),
+                                      impl=a.impl, q_start=start - pad)
         return local, long_range[:, pad:]
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:

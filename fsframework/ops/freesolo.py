@@ -112,6 +112,14 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     return y.to(q.dtype)
 
 
+def unit_gradient_gain(read: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """`gain * read` in the forward pass; in the backward pass `read` gets the gradient it
+    would get at gain 1, and `gain` its true gradient `sum(grad * read)` (docs/freesolo.md §1.6,
+    `readout_backward=unit`). read `[..., H, d]`, gain `[H, d]` or `[d]`. Plain autograd:
+    `read + (gain - 1) * read.detach()` equals `gain * read` up to rounding."""
+    return read + (gain.to(read.dtype) - 1) * read.detach()
+
+
 def long_range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          rms_weight: torch.Tensor | None = None, eps: float = 1e-8, impl: str = "auto",
                          variant: str = "fs", cell_size: int = 32, block_size: int = 128, top_k: int = 4,

@@ -81,11 +81,26 @@ def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str
     return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Decay matrices only; norms, gains and biases are left alone."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+# FreeSolo's long-range readout gains, g or log g (docs/freesolo.md §1.6): the group with its own lr
+READOUT_GAIN_NAMES = ("lr_norm_weight", "lr_norm_log_gain")
+
+
+def param_groups(model: nn.Module, weight_decay: float, lr: float,
+                 readout_gain_lr: float = 1.0) -> list[dict[str, Any]]:
+    """Decay matrices only; norms and biases are left alone. FreeSolo's readout gains (`[H, d]`)
+    form a third group at `readout_gain_lr * lr`, without decay, when that multiplier is not 1;
+    at 1 they stay in the decayed group, as every run before the multiplier trained them, so
+    such a run keeps its two groups (and its optimizer state resumes)."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    gains = [p for name, p in named if name.endswith(READOUT_GAIN_NAMES)] if readout_gain_lr != 1.0 else []
+    taken = {id(p) for p in gains}
+    decay = [p for _, p in named if p.dim() >= 2 and id(p) not in taken]
+    rest = [p for _, p in named if p.dim() < 2 and id(p) not in taken]
+    groups = [{"params": decay, "weight_decay": weight_decay, "lr": lr},
+              {"params": rest, "weight_decay": 0.0, "lr": lr}]
+    if gains:
+        groups.append({"params": gains, "weight_decay": 0.0, "lr": lr * readout_gain_lr})
+    return groups
 
 
 def _memory_mb(device: torch.device) -> float:
@@ -150,7 +165,9 @@ class Trainer:
             from fsframework.models.recompute import enable_activation_checkpointing
 
             enable_activation_checkpointing(model)
-        optimizer = SkippableAdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
+        # only FreeSolo models have readout gains; every other kind gets the two usual groups
+        groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.model.attention.readout_gain_lr)
+        optimizer = SkippableAdamW(groups, lr=cfg.optim.lr,
                                       betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, cfg.train.max_steps, cfg.optim))

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from fsframework.checkpoints import Checkpoint, CheckpointError, initial_weights, read_config
+from fsframework.config import SCHEMA_VERSION
 from fsframework.export import ExportError, ProofFailed, export_checkpoint
 from fsframework.models.registry import KINDS
 from tests.export.helpers import random_checkpoint
@@ -30,7 +31,7 @@ def test_export_round_trip_is_exact(kind, tmp_path):
     assert {p.suffix for p in out.iterdir()} <= NO_PICKLE_SUFFIXES  # no pickle anywhere
     assert (out / "modeling_fsframework.py").is_file() == (kind != "tfpp")
     record = json.loads((out / "config.json").read_text())["fsframework"]
-    assert record["schema_version"] == 2 and record["model"]["name"] == kind and record["version"]
+    assert record["schema_version"] == SCHEMA_VERSION and record["model"]["name"] == kind and record["version"]
     source = Checkpoint.open(run).state_dict()
     exported = Checkpoint.open(out).state_dict()
     assert source.keys() == exported.keys()

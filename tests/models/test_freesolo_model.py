@@ -46,7 +46,11 @@ def test_initialisation_and_buffers(name):
     for layer in model.layers:
         attn = layer.attn
         assert isinstance(attn, FreeSoloAttention)
-        assert torch.equal(attn.lr_norm_weight, torch.full((2, 16), 0.03))  # model.attention.readout_gain
+        assert torch.equal(attn.readout_gain(), torch.full((2, 16), 0.03))  # model.attention.readout_gain
+    log_form = build_model(tiny(name, **{"model.attention.readout_gain_param": "log"}))
+    for layer in log_form.layers:
+        assert torch.equal(layer.attn.lr_norm_log_gain, torch.full((2, 16), math.log(0.03)))
+        torch.testing.assert_close(layer.attn.readout_gain(), torch.full((2, 16), 0.03))
         assert torch.equal(attn.w_gate.bias, torch.zeros(2))
         assert torch.equal(attn.sigma, torch.full((2,), 3.0)) and torch.equal(attn.lam, torch.ones(2))
         assert not attn.sigma.requires_grad
@@ -111,7 +115,7 @@ def test_non_freesolo_name_is_rejected():
 def test_readout_gain_sets_the_initial_gain_and_zero_makes_fs_the_swa_model():
     """The long-range read is added after its RMSNorm gain: at gain 0 an FS model computes
     exactly what SWA computes with the same weights, at any other gain it does not."""
-    cfg_fs = tiny("fs", **{"model.attention.readout_gain": 0.0})
+    cfg_fs = tiny("fs", **{"model.attention.readout_gain": 0.0, "model.attention.readout_gain_param": "linear"})
     torch.manual_seed(0)
     fs = build_model(cfg_fs).double()
     assert all(torch.equal(layer.attn.lr_norm_weight, torch.zeros(2, 16)) for layer in fs.layers)
@@ -124,6 +128,51 @@ def test_readout_gain_sets_the_initial_gain_and_zero_makes_fs_the_swa_model():
         for layer in fs.layers:
             layer.attn.lr_norm_weight.fill_(0.03)
     assert (fs(tokens) - swa(tokens)).abs().max() > 1e-6
+
+
+def test_the_log_gain_is_the_gain_the_read_uses():
+    """readout_gain_param=log learns log g: the layer reads with exp of it, gradients reach it
+    (d/dlog g = g d/dg), and a gain of 0 cannot be asked for."""
+    torch.manual_seed(0)
+    log_cfg = tiny("fs", **{"model.attention.readout_gain": 0.2, "model.attention.readout_gain_param": "log"})
+    lin_cfg = tiny("fs", **{"model.attention.readout_gain": 0.2, "model.attention.readout_gain_param": "linear"})
+    log_attn, lin_attn = FreeSoloAttention(log_cfg, 0).double(), FreeSoloAttention(lin_cfg, 0).double()
+    with torch.no_grad():  # both in fp64 (their init was rounded to fp32)
+        log_attn.lr_norm_log_gain.fill_(math.log(0.2))
+        lin_attn.lr_norm_weight.fill_(0.2)
+    shared = {k: v for k, v in lin_attn.state_dict().items() if k != "lr_norm_weight"}
+    log_attn.load_state_dict(shared, strict=False)
+    assert not hasattr(log_attn, "lr_norm_weight") and not hasattr(lin_attn, "lr_norm_log_gain")
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+    torch.testing.assert_close(log_attn(x), lin_attn(x), rtol=1e-12, atol=1e-12)
+    log_attn(x).square().sum().backward()
+    lin_attn(x).square().sum().backward()
+    torch.testing.assert_close(log_attn.lr_norm_log_gain.grad, 0.2 * lin_attn.lr_norm_weight.grad)
+    with pytest.raises(ValueError, match="readout_gain_param=log"):
+        tiny("fs", **{"model.attention.readout_gain": 0.0, "model.attention.readout_gain_param": "log"})
+
+
+def test_unit_backward_reads_the_same_and_teaches_the_branch_as_at_gain_1():
+    """readout_backward=unit: the same forward and the same gain gradient as the true backward,
+    while q/k/v get the gradient of a read at gain 1 (at gain 1 both backwards are equal)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 40, 32, dtype=torch.float64)
+
+    def grads(gain: float, backward: str):
+        torch.manual_seed(1)
+        attn = FreeSoloAttention(tiny("fs", **{"model.attention.readout_gain": gain,
+                                               "model.attention.readout_backward": backward}), 0).double()
+        out = attn(x)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in attn.named_parameters()}
+
+    quiet_unit, quiet_true = grads(0.03, "unit"), grads(0.03, "gain")
+    torch.testing.assert_close(quiet_unit[0], quiet_true[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(quiet_unit[1]["lr_norm_weight"], quiet_true[1]["lr_norm_weight"])
+    assert not torch.allclose(quiet_unit[1]["wv.weight"], quiet_true[1]["wv.weight"])
+    loud_unit, loud_true = grads(1.0, "unit"), grads(1.0, "gain")
+    for name in loud_true[1]:
+        torch.testing.assert_close(loud_unit[1][name], loud_true[1][name], rtol=1e-10, atol=1e-12)
 
 
 def test_negative_readout_gain_is_refused():

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from fsframework.checkpoints import RunDir, read_config, resolve_checkpoint
+from fsframework.config import SCHEMA_VERSION
 from fsframework.train.checkpoint import _write_manifest
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
@@ -24,7 +25,9 @@ def as_version_1(text: str) -> str:
     """A current config.yaml rewritten as the code before schema_version 2 saved it (as the
     fixtures tests/fixtures/config_v1_*.yaml, which that code wrote)."""
     data = yaml.safe_load(text)
-    assert data.pop("schema_version") == 2
+    assert data.pop("schema_version") == SCHEMA_VERSION
+    for added in ("readout_gain_lr", "readout_gain_param", "readout_backward"):  # added in schema 3
+        del data["model"]["attention"][added]
     data["model"]["max_seq_len"] = 4096
     data["train"].update({f"copy_warmup_{key}": data["research"][f"copy_warmup_{key}"]
                           for key in ("steps", "seq_len", "max_passage", "draw")})
@@ -49,7 +52,11 @@ def old_run(tmp_path_factory, data_cache) -> Path:
 
 def test_old_config_reads_migrated(old_run):
     cfg = read_config(old_run)
-    assert cfg.schema_version == 2 and cfg.research.copy_warmup_steps == 1 and cfg.research.copy_warmup_draw == 200
+    assert cfg.schema_version == SCHEMA_VERSION and cfg.research.copy_warmup_steps == 1
+    a = cfg.model.attention
+    # what a run of schema 2 used, not today's defaults (docs/freesolo.md §1.6)
+    assert (a.readout_gain_param, a.readout_gain_lr, a.readout_backward) == ("linear", 1.0, "gain")
+    assert cfg.research.copy_warmup_draw == 200
 
 
 def test_eval_and_convert_of_an_old_run(old_run, tmp_path):
@@ -58,7 +65,7 @@ def test_eval_and_convert_of_an_old_run(old_run, tmp_path):
     assert set(json.loads(out.read_text())["scores"]["perplexity"]) == {"64"}
     proc = run_fsf("export", str(old_run), str(tmp_path / "export"))
     assert "largest |logit difference| source vs export (fp32): 0" in proc.stdout
-    assert read_config(tmp_path / "export").schema_version == 2
+    assert read_config(tmp_path / "export").schema_version == SCHEMA_VERSION
 
 
 def test_init_from_an_old_run(old_run, tmp_path, data_cache):
@@ -77,4 +84,4 @@ def test_resume_an_old_run_from_its_own_config(old_run, tmp_path, data_cache):
     steps = [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()]
     assert steps == [1, 2, 3]
     rewritten = yaml.safe_load(run.config.read_text())
-    assert rewritten["schema_version"] == 2 and rewritten["research"]["copy_warmup_steps"] == 1
+    assert rewritten["schema_version"] == SCHEMA_VERSION and rewritten["research"]["copy_warmup_steps"] == 1
