@@ -73,11 +73,28 @@ class RopeAttention(QKVAttention):
 
 
 class SlidingWindowAttention(QKVAttention):
-    """SWA baseline: RoPE attention restricted to `0 <= i - j <= window` (docs/freesolo.md §1.2 rule)."""
+    """SWA baseline: RoPE attention restricted to `0 <= i - j <= window` (docs/freesolo.md §1.2 rule).
 
-    def attend(self, q, k, v, start):
+    Its keys are exchanged unrotated and rotated inside the window op (the Triton kernel fuses
+    RoPE), except in a source that keeps them (a decode cache, docs/decoding.md): there they are
+    rotated once, before they are kept, so a decoded token does not re-rotate the whole window."""
+
+    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        theta = self.cfg.attention.rope_theta
+        if not getattr(source, "keeps_keys", False) or theta is None:
+            return super().forward(x, source)
+        start = source.start
+        q, k, v = self.project(x, start)
+        # the same rotation at the same absolute positions as the op's: the same numbers
+        q, k = rotate(q, theta, start), rotate(k, theta, start)
+        k, v = source.keys(self.layer_idx, k, v, self.key_span)
+        return self.wo(self.attend(q, k, v, start, rotated=True).reshape(x.shape))
+
+    def attend(self, q, k, v, start, rotated: bool = False):
+        """`rotated`: q and k already carry RoPE at their absolute positions."""
         a = self.cfg.attention
-        return window_attention_at(q, k, v, start, window=a.window, rope_theta=a.rope_theta, impl=a.impl)
+        return window_attention_at(q, k, v, start, window=a.window, rope_theta=None if rotated else a.rope_theta,
+                                   impl=a.impl)
 
 
 class NoPositionAttention(QKVAttention):

@@ -12,16 +12,17 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
 
 - `PrefixKVCache` (TF++, ALiBi, sinusoidal, rewired): every key and value, in a buffer
   grown geometrically;
-- `WindowKVCache` (SWA): a ring of the last `window` positions;
+- `WindowKVCache` (SWA): a ring of the last `window` positions (SWA hands it its keys
+  already rotated: `keeps_keys`);
 - `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`), `FSBCache`
   (`fsframework.models.fsb_cache`): FreeSolo's raw keys and cell summaries, FS-L's bounded
-  set (a size that does not depend on the context), FS-B's forests. A FreeSolo layer asks its cache for both branches (`branches`) instead of
-  for keys.
+  set (a size that does not depend on the context), FS-B's forests. A FreeSolo layer asks
+  its cache for both branches (`branches`) instead of for keys.
 
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
 walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
-activations or scores, whatever the prompt's length. A language model with a cached form of its own
-(AR-GRC: `make_decode_cache`) brings its own cache.
+activations or scores, whatever the prompt's length. A language model with a cached form
+of its own (AR-GRC: `make_decode_cache`) brings its own cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ PREFILL_CHUNK = 512
 class DecodeCache:
     """One cache per attention layer (built by the registry's `cache` class on first use), plus
     the number of positions already processed."""
+
+    # the keys handed to `keys` are kept for later steps: a layer may hand them in a form worth
+    # keeping (SWA: rotated once, rather than the whole window re-rotated at every step)
+    keeps_keys = True
 
     def __init__(self, model: nn.Module, chunk: Optional[int] = None):
         from fsframework.models.registry import attention_kind

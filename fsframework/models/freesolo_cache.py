@@ -14,11 +14,12 @@ largest key norm `a`) are computed once, from their raw keys.
 - `FSBCache` (FS-B, `fsframework.models.fsb_cache`): FS's summaries, the raw keys/values
   head-major, and per batch row and head the forests of docs/freesolo.md §1.8, grown at each
   boundary with the new cells.
-- `FSLCache` (FS-L): the local window (a ring of `w` keys), the unfinished block (`Bq`
-  keys), and per head the candidate cells of the current block: the retained set (the `P`
-  cells of largest `a` seen so far, merged with the newly eligible cells at each boundary)
-  and the `W` most recent eligible cells, with their raw keys/values and summaries. Its
-  size, the keys and values of `w + Bq + (P + W) s` positions, does not depend on the context.
+- `FSLCache` (FS-L): the local window (a ring of `w` keys, rotated once when they enter),
+  the unfinished block (`Bq` raw keys), and per head the candidate cells of the current
+  block: the retained set (the `P` cells of largest `a` seen so far, merged with the newly
+  eligible cells at each boundary) and the `W` most recent eligible cells, with their raw
+  keys/values and summaries. Its size, the keys and values of `w + Bq + (P + W) s`
+  positions, does not depend on the context.
 
 All give the logits of a full forward pass (tests/models/test_decode_cache.py): the same
 cells are scored by the same formula (`fsframework.ops.freesolo_cache`).
@@ -33,6 +34,7 @@ from fsframework.models.kv_cache import GrowingKV, WindowKV, tensor_bytes
 from fsframework.ops.freesolo_cache import read_candidates, route_candidates
 from fsframework.ops.freesolo_routing import cell_summaries
 from fsframework.ops.offset_attention import window_attention_at
+from fsframework.ops.rope import rotate
 
 
 class _FreeSoloLayerCache:
@@ -71,9 +73,7 @@ class _FreeSoloLayerCache:
         if block // self.cell_size > self.num_cells:
             self._admit(block // self.cell_size)  # a new block: its eligible prefix moves
         a = module.cfg.attention
-        k_local, v_local = self._append(k, v)
-        local = window_attention_at(q, k_local, v_local, start, window=a.window, rope_theta=a.rope_theta,
-                                    impl=a.impl)
+        local = self._local(q, k, v, start, a)
         self.length += n
         if self.num_cells == 0:  # the first block reads nothing long range: exactly 0, as in the full form
             self.selected = torch.full((*q.shape[:3], self.top_k), -1, dtype=torch.long, device=q.device)
@@ -81,8 +81,14 @@ class _FreeSoloLayerCache:
         choice, cells_k, cells_v = self._route(module, q, start)
         # the piece's selected cells `[B, n, H, K]` (-1 = none), kept for diagnostics and the tests
         self.selected = torch.where(choice >= 0, self._cell_ids(choice), -1)
-        long_range = read_candidates(q, cells_k, cells_v, choice, rms_weight=module.lr_norm_weight)
+        long_range = read_candidates(q, cells_k, cells_v, choice, rms_weight=module.readout_gain())
         return local, long_range
+
+    def _local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, a) -> torch.Tensor:
+        """Cache the piece's keys; its local branch (docs/freesolo.md §1.2) over the cached window."""
+        k_local, v_local = self._append(k, v)
+        return window_attention_at(q, k_local, v_local, start, window=a.window, rope_theta=a.rope_theta,
+                                   impl=a.impl)
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):
         """The piece's choice `[B, n, H, K]` (positions into the candidate cells, -1 = none) and the
@@ -164,14 +170,25 @@ class FSLCache(_FreeSoloLayerCache):
         self.kbar = self.a = self.cells_k = self.cells_v = None  # B H M d, B H M, B H M s d (x2)
         self.num_kept = 0
 
-    def _append(self, k, v):
+    def _local(self, q, k, v, start, a):
+        # the ring serves only the local branch: it keeps its keys rotated, once, when they enter, so a
+        # token does not re-rotate the whole window (the same rotation as the op's: the same numbers);
+        # the cells keep the raw keys (`pending_k`), which routing and readout read unrotated
+        if a.rope_theta is None:
+            return super()._local(q, k, v, start, a)
+        q, k_rot = rotate(q, a.rope_theta, start), rotate(k, a.rope_theta, start)
+        k_local, v_local = self._append(k, v, k_rot)
+        return window_attention_at(q, k_local, v_local, start, window=a.window, rope_theta=None, impl=a.impl)
+
+    def _append(self, k, v, k_ring=None):
+        """Raw `k` to the unfinished block; `k_ring` (default `k`) to the local ring."""
         if self.pending_k is None:
             shape = (k.shape[0], self.block_size, *k.shape[2:])
             self.pending_k, self.pending_v = k.new_empty(shape), v.new_empty(shape)
         at = self.length - self.num_cells * self.cell_size
         self.pending_k[:, at:at + k.shape[1]] = k
         self.pending_v[:, at:at + k.shape[1]] = v
-        return self.local.extend(k, v)
+        return self.local.extend(k if k_ring is None else k_ring, v)
 
     def _admit(self, num_cells: int) -> None:
         """The cells `[num_cells_before, num_cells)` (the block just finished) become eligible."""

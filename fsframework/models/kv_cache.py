@@ -112,7 +112,8 @@ class PrefixKVCache:
 
 
 class WindowKVCache:
-    """Layer cache of a windowed kind (SWA): a ring of the `key_span` positions its offset form reads."""
+    """Layer cache of a windowed kind (SWA): a ring of the `key_span` positions its offset form reads,
+    as the layer hands them (SWA: rotated once, before they enter; `DecodeCache.keeps_keys`)."""
 
     def __init__(self, module: nn.Module):
         if module.key_span is None:

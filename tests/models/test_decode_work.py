@@ -1,0 +1,76 @@
+"""A decoded token costs what docs/decoding.md says, counted in multiply-adds (tests/work.py), not timed:
+`O(context)` for the kinds that read the whole prefix, a bound that does not depend on the context for
+SWA, FS-L and AR-GRC. One decode step (and one prefill chunk) after a prompt of `T` tokens is compared
+with the same after `4T`: linear work grows 4x, a padded `T x T` attention call 16x."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsframework.config import AttentionConfig, ModelConfig
+from fsframework.models.decode_cache import decode_cache
+from fsframework.models.registry import build_model
+from tests.work import WorkCounter
+
+VOCAB, CONTEXT, CHUNK = 64, 256, 32
+PREFIX = ["tfpp", "alibi", "sinusoidal", "rewired", "fs"]  # every token reads every key (FS: every cell)
+BOUNDED = ["swa", "fsl", "argrc"]  # a window, a bounded cell set, the scan's roots
+
+
+def _model(name: str) -> torch.nn.Module:
+    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
+                          impl="reference")
+    torch.manual_seed(0)
+    return build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
+                                   attention=att)).eval()
+
+
+def _work(model, context: int) -> tuple[int, int]:
+    """Multiply-adds of one decoded token after `context` prompt tokens, then of a prefill chunk."""
+    tokens = torch.randint(0, VOCAB, (1, context + 1 + CHUNK), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), decode_cache(model) as cache:
+        cache.forward(tokens[:, :context])
+        with WorkCounter() as step:
+            cache.forward(tokens[:, context:context + 1])
+        with WorkCounter() as chunk:
+            cache.forward(tokens[:, context + 1:])
+    return step.macs, chunk.macs
+
+
+@pytest.mark.parametrize("name", PREFIX + BOUNDED)
+def test_decode_step_and_prefill_chunk_work(name):
+    model = _model(name)
+    (step, chunk), (step4, chunk4) = _work(model, CONTEXT), _work(model, 4 * CONTEXT)
+    assert step > 0 and chunk > 0  # counted (tests/work.py)
+    bound = 4.5 if name in PREFIX else 1.2
+    assert step4 <= bound * step, (step, step4)
+    assert chunk4 <= bound * chunk, (chunk, chunk4)
+
+
+@pytest.mark.parametrize("name", ["swa", "fsl"])
+def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
+    """The window's keys are kept rotated (docs/decoding.md): a step rotates 1 query and 1 key per
+    layer, not the whole window again."""
+    import fsframework.models.attention
+    import fsframework.models.freesolo_cache
+    import fsframework.ops.local_attention
+    import fsframework.ops.offset_attention
+    from fsframework.ops.rope import rotate
+
+    rows = []
+
+    def counting(x, *args, **kwargs):
+        rows.append(x.shape[1])
+        return rotate(x, *args, **kwargs)
+
+    for module in (fsframework.models.attention, fsframework.models.freesolo_cache, fsframework.ops.local_attention,
+                   fsframework.ops.offset_attention):
+        monkeypatch.setattr(module, "rotate", counting)
+    model = _model(name)
+    tokens = torch.randint(0, VOCAB, (1, 101), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), decode_cache(model) as cache:
+        cache.forward(tokens[:, :100])
+        rows.clear()
+        cache.forward(tokens[:, 100:])
+    assert sum(rows) == 2 * len(model.layers), rows

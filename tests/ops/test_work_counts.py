@@ -1,0 +1,126 @@
+"""The ops cost what their stated complexity says, counted in multiply-adds (tests/work.py), not timed.
+
+- Offset attention (`fsframework.ops.offset_attention`, docs/architecture.md, "One computation
+  per attention kind"): a decoded query over `T` keys costs `O(T)`, a prefill chunk of `n`
+  queries `O(n T)`, a windowed one `O(w)`; many queries under autograd keep the fused square
+  call's linear memory.
+- FreeSolo (docs/freesolo.md §1.7): FS routing `O(N^2 d / s)`, FS-L routing `O(N (P + W) d)`,
+  the readout `O(N K s d)`.
+
+Each compares a size with 4x that size: linear work grows 4x, quadratic 16x. Small shapes, fp32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsframework.ops.freesolo import cell_readout, select_cells
+from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
+from tests.work import count
+
+B, H, D = 1, 2, 8
+LINEAR = 4.5  # 4x the size, plus slack for constant terms
+FLAT = 1.2
+
+
+def randn(*shape, seed=0, grad=False):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_(grad)
+
+
+def _causal(n: int, start: int, grad: bool = False):
+    q, k, v = randn(B, n, H, D, grad=grad), randn(B, start + n, H, D, seed=1), randn(B, start + n, H, D, seed=2)
+    with torch.set_grad_enabled(grad):
+        return count(causal_attention_at, q, k, v, start)
+
+
+def test_a_decoded_query_reads_each_key_once():
+    small, large = _causal(1, 255), _causal(1, 1023)
+    assert large.macs <= LINEAR * small.macs, (small.macs, large.macs)  # was 16x: a padded T x T call
+    assert large.macs <= B * H * 1024 * 2 * D  # q.k and p.v over the 1024 keys, nothing more
+
+
+def test_a_prefill_chunk_costs_its_rows():
+    n = 32
+    small, large = _causal(n, 256), _causal(n, 1024)
+    assert large.macs <= LINEAR * small.macs, (small.macs, large.macs)
+    assert large.macs <= B * H * n * (1024 + n) * 2 * D
+
+
+def test_an_alibi_decoded_query_reads_each_key_once():
+    slopes = torch.tensor([0.5, 0.25])
+    work = [count(alibi_attention_at, randn(B, 1, H, D), randn(B, t, H, D), randn(B, t, H, D), t - 1, slopes).macs
+            for t in (256, 1024)]
+    assert work[1] <= LINEAR * work[0], work
+
+
+def test_many_queries_under_autograd_keep_linear_memory():
+    """A late sequence-parallel rank (n queries after 2n keys): no [n, 3n] mask or score tensor."""
+    n, start = 512, 1024
+    work = _causal(n, start, grad=True)
+    assert work.largest < n * (start + n) // 4, work.largest
+
+
+def test_many_queries_without_autograd_cost_their_rows_in_bounded_memory():
+    """Inference over a long slice (a big prefill chunk): the mask path in pieces whose mask is no
+    larger than front-padding would make (`mask_queries`)."""
+    n, start = 512, 1024
+    work = _causal(n, start)
+    assert work.macs <= B * H * n * (start + n) * 2 * D
+    assert work.largest <= 2 * B * H * D * (start + n), work.largest
+
+
+def _window(n: int, start: int, window: int):
+    halo = min(window, start)
+    q, k, v = randn(B, n, H, D), randn(B, halo + n, H, D, seed=1), randn(B, halo + n, H, D, seed=2)
+    return count(window_attention_at, q, k, v, start, window=window, rope_theta=10000.0, impl="reference").macs
+
+
+def test_a_decoded_windowed_query_costs_the_window():
+    assert _window(1, 4096, 128) <= LINEAR * _window(1, 4096, 32)  # was 16x: (w + 1)^2 padded
+    assert _window(1, 4 * 4096, 32) <= FLAT * _window(1, 4096, 32)  # the context does not matter
+    assert _window(1, 4096, 128) <= B * H * 129 * 2 * D
+
+
+def test_a_windowed_query_block_costs_its_rows():
+    """A FreeSolo cache's query block (8 queries, window 32)."""
+    assert _window(8, 4096, 32) <= B * H * 8 * 40 * 2 * D
+
+
+S, BLOCK, K, P, W = 4, 16, 2, 4, 2
+
+
+def _qk(n: int):
+    return randn(B, n, H, D), randn(B, n, H, D, seed=1)
+
+
+def _route(variant: str, n: int) -> int:
+    q, k = _qk(n)
+    return count(select_cells, q, k, variant=variant, cell_size=S, block_size=BLOCK, top_k=K, recent_cells=W,
+                 retained_cells=P, impl="reference").macs
+
+
+@pytest.mark.parametrize("n", [512])
+def test_fs_routing_is_quadratic_over_the_cell_size(n):
+    small, large = _route("fs", n), _route("fs", 4 * n)
+    assert large <= 17 * small, (small, large)
+    assert large <= (4 * n) ** 2 // (2 * S) * H * D  # every query scores every eligible cell once
+
+
+@pytest.mark.parametrize("n", [512])
+def test_fsl_routing_is_linear(n):
+    small, large = _route("fsl", n), _route("fsl", 4 * n)
+    assert large <= LINEAR * small, (small, large)
+    assert large <= 4 * n * (P + W) * H * D  # every query scores at most P + W cells
+
+
+@pytest.mark.parametrize("n", [512])
+def test_the_readout_is_linear(n):
+    def readout(size):
+        q, k = _qk(size)
+        cells = select_cells(q, k, variant="fs", cell_size=S, block_size=BLOCK, top_k=K, impl="reference")
+        return count(cell_readout, q, k, randn(B, size, H, D, seed=2), cells, cell_size=S, impl="reference").macs
+
+    small, large = readout(n), readout(4 * n)
+    assert large <= LINEAR * small, (small, large)
+    assert large <= 4 * n * K * S * H * 2 * D  # q.k and p.v over the K s selected tokens

@@ -1,0 +1,84 @@
+"""Counting work, not time (tests/ops/test_work_counts.py, tests/models/test_decode_work.py).
+
+`WorkCounter` is a `__torch_dispatch__` mode that sums the multiply-adds of every matrix
+product and attention call that runs under it, and notes the largest tensor produced.
+`torch.utils.flop_counter.FlopCounterMode` is no use here: it does not count the CPU's
+fused SDPA (`aten._scaled_dot_product_flash_attention_for_cpu`), which is where the
+attention of the prefix kinds runs. Counts are exact and machine-independent, so a
+complexity guard can compare them across sizes without timing noise. Count under
+`torch.no_grad()`: ops under `torch.inference_mode()` bypass Python dispatch modes (nothing
+would be counted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+# fused attention entries: q [B, H, L, E], k [B, H, S, E], v [B, H, S, Ev]
+_SDPA = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _bind(func, args, kwargs) -> dict:
+    """The op's arguments by schema name."""
+    names = [a.name for a in func._schema.arguments]
+    return {**dict(zip(names, args)), **kwargs}
+
+
+def multiply_adds(func, args, kwargs) -> int:
+    """Multiply-adds of one aten call (0 for anything that is not a product or attention)."""
+    packet = func.overloadpacket
+    if packet in (aten.mm, aten.addmm):
+        a, b = args[-2], args[-1]
+        return a.shape[0] * a.shape[1] * b.shape[1]
+    if packet in (aten.bmm, aten.baddbmm):
+        a, b = args[-2], args[-1]
+        return a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    if packet in (aten.mv, aten.addmv):
+        a = args[-2]
+        return a.shape[0] * a.shape[1]
+    if packet is aten.dot:
+        return args[0].numel()
+    if func in _SDPA:
+        bound = _bind(func, args, kwargs)
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        work = math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        # a fused causal call skips the tiles above the diagonal: count half its square
+        return work // 2 if bound.get("is_causal", False) else work
+    return 0
+
+
+class WorkCounter(TorchDispatchMode):
+    """`with WorkCounter() as work: ...` -> `work.macs` (multiply-adds), `work.largest` (elements of
+    the largest tensor any op produced)."""
+
+    def __init__(self):
+        super().__init__()
+        self.macs = 0
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.macs += multiply_adds(func, args, kwargs)
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def count(fn, *args, **kwargs) -> WorkCounter:
+    """Run `fn(*args, **kwargs)` under a fresh `WorkCounter` and return it (it counted something)."""
+    with WorkCounter() as work:
+        fn(*args, **kwargs)
+    assert work.macs > 0, "nothing counted (under torch.inference_mode?)"  # a guard must not pass vacuously
+    return work
