@@ -13,6 +13,11 @@ then `--new-tokens` tokens are decoded greedily, one forward pass each.
   prefill_s      the prompt's prefill
 
     python tools/bench_decode.py --models fsl tfpp --contexts 4096 16384 65536 --json decode.json
+    python tools/bench_decode.py --models all --contexts 4096 16384 65536 --new-tokens 16
+
+`--models all` is every registry kind. FS-B (both forests) takes its per-head thresholds from
+the random model itself, as `fsf calibrate` would (the lower median of `a_c` over one random
+window of `--calibration-tokens`), since random weights have no calibration file.
 
 `--json` writes one JSON list of {"model", "context", "cache_bytes", "tokens_per_s", "prefill_s"}.
 """
@@ -49,15 +54,41 @@ def measure(model, context: int, new_tokens: int, seed: int) -> dict:
                 "prefill_s": prefill_s, "tokens_per_cpu_s": new_tokens / decode_cpu_s}
 
 
+def calibrate_on_random_tokens(model, tokens: int, seed: int) -> None:
+    """FS-B thresholds for random weights: the lower median of every layer and head's `a_c` over one
+    random window (`fsframework.eval.calibrate`'s statistic, without a checkpoint or data), recorded
+    from the same weights read as FS (FS-B cannot run before it has thresholds)."""
+    import dataclasses
+
+    import torch
+
+    from fsframework.eval.calibrate import KeyNormRecorder, lower_median
+    from fsframework.models.freesolo_attention import freesolo_layers, set_fsb_thresholds
+    from fsframework.models.registry import build_model
+
+    as_fs = build_model(dataclasses.replace(model.cfg, name="fs")).eval()
+    as_fs.load_state_dict(model.state_dict())
+    recorder = KeyNormRecorder(freesolo_layers(as_fs), model.cfg.attention.cell_size)
+    window = torch.randint(0, model.cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed))
+    try:
+        with torch.inference_mode():
+            as_fs(window)
+    finally:
+        values = recorder.close()
+    set_fsb_thresholds(model, [lower_median(v).tolist() for v in values], source="random-window calibration")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["fsl", "tfpp"])
+    parser.add_argument("--models", nargs="+", default=["fsl", "tfpp"], help="registry kinds, or all")
     parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--config", default=str(REPO / "yamls" / "quickstart.yaml"),
                         help="a job YAML whose model is benchmarked (random weights)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded after each prefill")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calibration-tokens", type=int, default=2048,
+                        help="FS-B: the random window its thresholds are taken from")
     parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
     args = parser.parse_args(argv)
@@ -67,23 +98,22 @@ def main(argv=None) -> int:
     import torch
 
     from fsframework.config import ConfigError, load_config
-    from fsframework.models.registry import build_model
+    from fsframework.models.registry import MODEL_NAMES, build_model
 
+    models = list(MODEL_NAMES) if "all" in args.models else args.models
     torch.set_num_threads(args.threads)
     rows = []
     print(f"{'model':>10} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} {'prefill s':>10}")
-    for name in args.models:
+    for name in models:
         try:
             cfg = load_config(args.config, [*args.overrides, f"model.name={name}"])
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        if name == "fsb" and cfg.model.attention.fsb_forests != "f0":
-            print("error: FS-B needs a checkpoint's calibrated thresholds: pass model.attention.fsb_forests=f0",
-                  file=sys.stderr)
-            return 2
         torch.manual_seed(args.seed)
         model = build_model(cfg.model).eval()
+        if name == "fsb" and cfg.model.attention.fsb_forests != "f0":
+            calibrate_on_random_tokens(model, args.calibration_tokens, args.seed)
         for context in args.contexts:
             row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}
             cpu_rate = row.pop("tokens_per_cpu_s")

@@ -12,8 +12,8 @@ from torch import nn
 from fsframework.models.freesolo_cache import FSCache
 from fsframework.models.kv_cache import MIN_CAPACITY, tensor_bytes
 from fsframework.ops.freesolo_routing import per_head
-from fsframework.ops.fsb_forest import Forest, NodeStore
-from fsframework.ops.fsb_search import beam_search, rescore
+from fsframework.ops.fsb_forest import Forests
+from fsframework.ops.fsb_search import FOREST_KINDS, admit_cells, beam_search, forest_thresholds, rescore
 
 
 class FSBCache(FSCache):
@@ -26,14 +26,14 @@ class FSBCache(FSCache):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         a = module.cfg.attention
-        self.uses_tau = {"both": (False, True), "f0": (False,), "ftau": (True,)}[a.fsb_forests]
+        self.kinds = FOREST_KINDS[a.fsb_forests]
         tau = module.fsb_tau()  # raises by name when the thresholds were never set
         self.tau = None if tau is None else tau.detach().clone()
         self.beam_width, self.bound_c, self.top_k = a.fsb_beam_width, a.fsb_bound_c, a.fsb_top_k
         self.k_heads: torch.Tensor | None = None  # B H capacity d, capacity a multiple of s
         self.v_heads: torch.Tensor | None = None
-        self.store: NodeStore | None = None
-        self.forests: list[tuple[Forest, int, int, bool]] = []  # (forest, batch row, head, Ftau)
+        self.forests: Forests | None = None  # rows (batch row, head, kind), as the whole-sequence search
+        self.thresholds: torch.Tensor | None = None  # each forest row's admission threshold
 
     def _append(self, k, v):
         end = self.length + k.shape[1]
@@ -58,23 +58,14 @@ class FSBCache(FSCache):
         seen = self.num_cells
         super()._admit(num_cells)  # summaries of the new cells
         bsz, _, heads, dim = self.kbar.shape
-        centers = self._centers(torch.arange(self.kbar.shape[1], device=self.a.device), self.a)
-        if self.store is None:
-            self.store = NodeStore(bsz * heads * len(self.uses_tau), dim, dtype=self.kbar.dtype, device=self.a.device)
-            for b in range(bsz):
-                for h in range(heads):
-                    for use_tau in self.uses_tau:  # store rows in the order of the whole-sequence search
-                        forest = Forest(self.kbar[b, :, h], self.a[b, :, h], centers, store=self.store,
-                                        row=len(self.forests))
-                        self.forests.append((forest, b, h, use_tau))
-        new = torch.arange(seen, num_cells, device=self.a.device)
-        for forest, b, h, use_tau in self.forests:
-            # the summaries may have been regrown: the forest reads the current buffers
-            forest.kbar, forest.a, forest.p = self.kbar[b, :, h], self.a[b, :, h], centers
-            if use_tau:
-                forest.admit(new[forest.a[seen:num_cells] >= self.tau.to(forest.a)[h]])
-            else:
-                forest.admit(new)
+        if self.forests is None:
+            self.forests = Forests(bsz * heads * len(self.kinds), dim, dtype=self.kbar.dtype, device=self.a.device)
+            self.thresholds = forest_thresholds(self.tau, heads, bsz, self.kinds, like=self.a)
+        ids = torch.arange(seen, num_cells, device=self.a.device)
+        # rows g = (b, h), as the search's
+        admit_cells(self.forests, self.kbar[:, seen:num_cells].transpose(1, 2).flatten(0, 1),
+                    self.a[:, seen:num_cells].transpose(1, 2).flatten(0, 1), self._centers(ids, self.a), ids,
+                    self.thresholds)
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):
         bsz, num, heads, dim = q.shape
@@ -84,11 +75,10 @@ class FSBCache(FSCache):
         lam = per_head(module.lam, heads, "lam", positive=False, like=like)[head_of]
         sigma = per_head(module.sigma, heads, "sigma", positive=True, like=like)[head_of]
         q_bh = q.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, num, dim)
-        forests = len(self.uses_tau)
+        forests = len(self.kinds)
         pos = torch.arange(start, start + num, device=q.device, dtype=acc)
-        roots = torch.tensor([forest.root for forest, *_ in self.forests], device=q.device)
         with torch.no_grad():
-            found = beam_search(self.store, roots, q_bh.repeat_interleave(forests, dim=0), pos,
+            found = beam_search(self.forests.store, self.forests.root, q_bh.repeat_interleave(forests, dim=0), pos,
                                 beam_width=self.beam_width, lam=lam.repeat_interleave(forests),
                                 sigma=sigma.repeat_interleave(forests), bound_c=self.bound_c)
             cand = found.view(bsz * heads, forests, num, self.beam_width).transpose(1, 2).flatten(2)
@@ -106,5 +96,5 @@ class FSBCache(FSCache):
 
     @property
     def nbytes(self) -> int:
-        forests = 0 if self.store is None else tensor_bytes(*self.store.tensors.values())
+        forests = 0 if self.forests is None else self.forests.nbytes
         return tensor_bytes(self.k_heads, self.v_heads, self.kbar, self.a) + forests

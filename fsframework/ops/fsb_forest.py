@@ -11,15 +11,18 @@ stores `mu` (mean of the cells' mean keys), the exact radius `rho`, `A = max a_c
 and `pmin = min p_c`. The join chain links the chunk roots, newest deepest, with
 the triangle-bound radius; the forest's height is `ceil(log2 M)`.
 
-Storage is one node buffer per forest (a row of a `NodeStore`, which holds the forests of
-every batch row and head side by side so one search reads them all), grown
-geometrically. Chunk trees sit in it
-as a stack in chunk order (a tree of n cells takes `2n - 1` slots), so admitting
-cells only rewrites the tail: the chunks shared with the previous decomposition
-keep their trees untouched, the merged chunks get trees built over their cells,
-and the `r - 1` join nodes follow the last tree. A tree of n cells costs
-`O(n log n)` (linear-time median splits per level), so the whole build is
-`O(M log^2 M)`, never an `N x M` tensor.
+Storage is one node buffer per forest, a row of a `NodeStore`: `Forests` keeps the
+forests of every batch row, head and forest kind side by side, so one search reads them
+all and one admission grows them all. Chunk trees sit in a row as a stack in chunk order
+(a tree of n cells takes `2n - 1` slots), so admitting cells only rewrites the tail: the
+chunks shared with the previous decomposition keep their trees untouched, the merged
+chunks get trees built over their cells, and the `r - 1` join nodes follow the last tree.
+Rows admit different numbers of cells (`Ftau` keeps those above its threshold), so their
+decompositions differ; an admission loops over chunk sizes (at most `log2 M + 1`), never
+over rows: the trees of one size are built for every row that needs one in one batched
+call, and the join chains advance one chunk size at a time in every row at once. A tree of
+n cells costs `O(n log n)` (linear-time median splits per level), so the whole build is
+`O(M log^2 M)` per row, never an `N x M` tensor.
 """
 
 from __future__ import annotations
@@ -95,31 +98,40 @@ def build_chunk_trees(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
 
 
 NODE_FIELDS = ("mu", "rho", "amax", "pmin", "left", "right", "cell")
+STATS, LINKS = ("rho", "amax", "pmin"), ("left", "right", "cell")
 
 
 class NodeStore:
     """Node buffers of G forests side by side, `[G, capacity, ...]`, so one beam search can
     gather from all of them at once. Capacity doubles when a forest needs more (amortized
-    O(1) copies per node); only the forest being extended writes its row."""
+    O(1) copies per node).
+
+    Three buffers: `mu [G, cap, d]`, `stats [G, cap, 3]` (rho, amax, pmin) and `links
+    [G, cap, 3]` (left, right, cell; -1 = none), so a search step gathers a node's scalars in
+    one read; `tensors` names each field (views of the buffers)."""
 
     def __init__(self, rows: int, dim: int, *, dtype: torch.dtype, device: torch.device, capacity: int = 16):
         self.rows, self.dim, self.dtype, self.device = rows, dim, dtype, device
-        self.tensors: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}
         self._alloc(max(1, capacity), used=0)
 
     def _alloc(self, capacity: int, used: int) -> None:
         rows, kw = self.rows, dict(dtype=self.dtype, device=self.device)
-        new = {"mu": torch.zeros(rows, capacity, self.dim, **kw), "rho": torch.zeros(rows, capacity, **kw),
-               "amax": torch.zeros(rows, capacity, **kw), "pmin": torch.zeros(rows, capacity, **kw)}
-        for name in ("left", "right", "cell"):
-            new[name] = torch.full((rows, capacity), -1, dtype=torch.long, device=self.device)
-        for name, old in self.tensors.items():
+        new = {"mu": torch.zeros(rows, capacity, self.dim, **kw), "stats": torch.zeros(rows, capacity, 3, **kw),
+               "links": torch.full((rows, capacity, 3), -1, dtype=torch.long, device=self.device)}
+        for name, old in self.buffers.items():
             new[name][:, :used] = old[:, :used]
-        self.tensors = new
+        self.buffers = new
+        self.tensors = {"mu": new["mu"], **{name: new["stats"][..., i] for i, name in enumerate(STATS)},
+                        **{name: new["links"][..., i] for i, name in enumerate(LINKS)}}
 
     @property
     def capacity(self) -> int:
-        return self.tensors["rho"].shape[1]
+        return self.buffers["mu"].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers.values())
 
     def reserve(self, nodes: int) -> None:
         """Room for `nodes` nodes in every row."""
@@ -130,82 +142,192 @@ class NodeStore:
             self._alloc(capacity, used=self.capacity)
 
 
-class Forest:
-    """The forest of one batch row and head over the cells admitted so far (module docstring).
+class Forests:
+    """The forests of `rows` rows (batch row x head x forest kind) over the cells each admitted so
+    far (module docstring), grown together.
 
-    kbar `[C, d]`, a `[C]`, p `[C]`: summaries of every complete cell (only admitted ones
-    are read). Node arrays (first `size` rows valid), views of row `row` of `store` (a
-    `NodeStore`; by default one of its own): `mu [., d]`, `rho`, `amax`, `pmin`, `left`,
-    `right` (child node, -1 at leaves), `cell` (leaf cell, -1 inside); `root` (-1 while empty).
+    Per row: the admitted cells in arrival order with their summaries (`ids`, `kbar`, `a`,
+    `p`, first `count[row]` columns valid), the node arrays in `store` (first
+    `2 count - 1` valid) and `root` (-1 while empty).
     """
 
-    def __init__(self, kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, capacity: int = 16,
-                 store: NodeStore | None = None, row: int = 0):
+    def __init__(self, rows: int, dim: int, *, dtype: torch.dtype, device: torch.device, capacity: int = 16):
+        self.store = NodeStore(rows, dim, dtype=dtype, device=device, capacity=2 * capacity)
+        self.count = torch.zeros(rows, dtype=torch.long, device=device)
+        self.root = torch.full((rows,), -1, dtype=torch.long, device=device)
+        self.kbar = torch.zeros(rows, capacity, dim, dtype=dtype, device=device)
+        self.a = torch.zeros(rows, capacity, dtype=dtype, device=device)
+        self.p = torch.zeros(rows, capacity, dtype=dtype, device=device)
+        self.ids = torch.full((rows, capacity), -1, dtype=torch.long, device=device)
+
+    @property
+    def rows(self) -> int:
+        return self.count.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = (self.count, self.root, self.kbar, self.a, self.p, self.ids)
+        return self.store.nbytes + sum(t.numel() * t.element_size() for t in tensors)
+
+    def _reserve_cells(self, cells: int) -> None:
+        capacity = self.ids.shape[1]
+        if cells <= capacity:
+            return
+        while capacity < cells:
+            capacity *= 2
+        for name in ("kbar", "a", "p", "ids"):
+            old = getattr(self, name)
+            new = old.new_full((old.shape[0], capacity, *old.shape[2:]), -1 if name == "ids" else 0)
+            new[:, : old.shape[1]] = old
+            setattr(self, name, new)
+
+    def admit(self, kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: torch.Tensor,
+              keep: torch.Tensor) -> None:
+        """Append the newly eligible cells `ids [n]` (ascending, after every admitted one) that each
+        row keeps: kbar `[R, n, d]`, a `[R, n]`, p `[n]` or `[R, n]`, keep `[R, n]` bool."""
+        old = self.count
+        new = old + keep.sum(dim=1)
+        changed = new != old
+        if not bool(changed.any()):
+            return
+        most = int(new.max())
+        self._reserve_cells(most)
+        self.store.reserve(2 * most - 1)
+        rows = torch.arange(self.rows, device=keep.device)[:, None].expand_as(keep)[keep]
+        cols = (old[:, None] + keep.long().cumsum(dim=1) - 1)[keep]
+        self.kbar[rows, cols] = kbar[keep].to(self.kbar.dtype)
+        self.a[rows, cols] = a[keep].to(self.a.dtype)
+        self.p[rows, cols] = p.to(self.p.dtype).expand_as(keep)[keep]
+        self.ids[rows, cols] = ids.expand_as(keep)[keep]
+        self.count = new
+        for bit in range(most.bit_length()):
+            self._write_chunk_trees(bit, old, new, changed)
+        self._write_join_chains(new, changed)
+
+    @staticmethod
+    def _chunk_offset(count: torch.Tensor, bit: int | torch.Tensor) -> torch.Tensor:
+        """First node slot of the chunk of `2^bit` cells (`bit` an int or one per row) in a row of
+        `count` cells: the trees of the larger chunks before it take `2 size - 1` slots each."""
+        higher = count >> (bit + 1)
+        return 2 * (higher << (bit + 1)) - _popcount(higher)
+
+    def _write_chunk_trees(self, bit: int, old: torch.Tensor, new: torch.Tensor, changed: torch.Tensor) -> None:
+        """Build the chunk of `2^bit` cells in every row whose new decomposition has one that the old
+        did not (same size and the same cells before it: the same chunk, kept)."""
+        has = (new >> bit) & 1 == 1
+        kept = ((old >> bit) & 1 == 1) & ((old >> (bit + 1)) == (new >> (bit + 1)))
+        rows = (has & ~kept & changed).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return
+        size, nodes = 1 << bit, (2 << bit) - 1
+        first = (new[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
+        cells = first[:, None] + torch.arange(size, device=rows.device)
+        r = rows[:, None]
+        tree = build_chunk_trees(self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells])
+        offset = self._chunk_offset(new[rows], bit)[:, None]
+        heap = torch.arange(nodes, device=rows.device)
+        slots = offset + heap
+        t = self.store.tensors
+        for name in ("mu", "rho", "amax", "pmin", "cell"):
+            t[name][r, slots] = tree[name]
+        internal = heap < size - 1
+        t["left"][r, slots] = torch.where(internal, offset + 2 * heap + 1, -1)
+        t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
+
+    def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor) -> None:
+        """J_r = root(G_r); J_t joins root(G_t) and J_{t+1}, smallest chunk first; J_1 is the root
+        (triangle-bound radius). The join nodes follow the last tree, in the order they are made."""
+        t = self.store.tensors
+        low = _lowest_bit(count)  # the last (smallest) chunk's size, as a bit
+        below = torch.where(count > 0, self._chunk_offset(count, low.clamp_min(0)), -1)
+        below_count = torch.where(count > 0, 1 << low.clamp_min(0), 0)
+        slot = 2 * count - _popcount(count)  # after every chunk tree
+        for bit in range(int(count.max()).bit_length()):
+            rows = (changed & ((count >> bit) & 1 == 1) & (low < bit)).nonzero().squeeze(1)
+            if rows.numel() == 0:
+                continue
+            chunk, under, node = self._chunk_offset(count[rows], bit), below[rows], slot[rows]
+            na, nb = float(1 << bit), below_count[rows].to(t["mu"].dtype)
+            mu_a, mu_b = t["mu"][rows, chunk], t["mu"][rows, under]
+            mu = (na * mu_a + nb[:, None] * mu_b) / (na + nb[:, None])
+            t["mu"][rows, node] = mu
+            t["rho"][rows, node] = torch.maximum(
+                torch.linalg.vector_norm(mu_a - mu, dim=-1) + t["rho"][rows, chunk],
+                torch.linalg.vector_norm(mu_b - mu, dim=-1) + t["rho"][rows, under])
+            t["amax"][rows, node] = torch.maximum(t["amax"][rows, chunk], t["amax"][rows, under])
+            t["pmin"][rows, node] = torch.minimum(t["pmin"][rows, chunk], t["pmin"][rows, under])
+            t["left"][rows, node], t["right"][rows, node], t["cell"][rows, node] = chunk, under, -1
+            below[rows], below_count[rows], slot[rows] = node, below_count[rows] + (1 << bit), node + 1
+        self.root = torch.where(changed, below, self.root)
+
+
+def _popcount(x: torch.Tensor) -> torch.Tensor:
+    """Set bits of each entry of a non-negative integer tensor."""
+    count = torch.zeros_like(x)
+    for _ in range(int(x.max()).bit_length() if x.numel() else 0):
+        count += x & 1
+        x = x >> 1
+    return count
+
+
+def _lowest_bit(x: torch.Tensor) -> torch.Tensor:
+    """Index of the lowest set bit of each entry (-1 for 0)."""
+    low = x & -x
+    return torch.where(x > 0, torch.log2(low.clamp_min(1).double()).round().long(), -1)
+
+
+class Forest:
+    """One forest (one batch row and head) over the cells admitted so far: a `Forests` of one row,
+    for tests and diagnostics.
+
+    kbar `[C, d]`, a `[C]`, p `[C]`: summaries of every complete cell (only admitted ones
+    are read). Node arrays (first `size` rows valid), views of the store's row: `mu [., d]`,
+    `rho`, `amax`, `pmin`, `left`, `right` (child node, -1 at leaves), `cell` (leaf cell, -1
+    inside); `root` (-1 while empty).
+    """
+
+    def __init__(self, kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, capacity: int = 16):
         self.kbar, self.a, self.p = kbar, a, p
-        self.store = store or NodeStore(1, kbar.shape[-1], dtype=kbar.dtype, device=kbar.device, capacity=capacity)
-        self.row = row
-        self.cells = torch.empty(0, dtype=torch.long, device=kbar.device)  # admitted, arrival order
-        self.chunks: list[tuple[int, int, int]] = []  # (first admitted position, size, node offset)
-        self.size = 0  # nodes in use: the chunk trees, then the join chain
-        self.root = -1
+        self.batch = Forests(1, kbar.shape[-1], dtype=kbar.dtype, device=kbar.device, capacity=capacity)
+
+    @property
+    def store(self) -> NodeStore:
+        return self.batch.store
 
     def __getattr__(self, name: str) -> torch.Tensor:
         if name in NODE_FIELDS:  # always the store's current buffer (it may have grown)
-            return self.__dict__["store"].tensors[name][self.__dict__["row"]]
+            return self.__dict__["batch"].store.tensors[name][0]
         raise AttributeError(name)
 
     @property
     def num_cells(self) -> int:
-        return self.cells.numel()
+        return int(self.batch.count[0])
+
+    @property
+    def cells(self) -> torch.Tensor:
+        return self.batch.ids[0, : self.num_cells]
+
+    @property
+    def root(self) -> int:
+        return int(self.batch.root[0])
+
+    @property
+    def size(self) -> int:
+        return max(0, 2 * self.num_cells - 1)
+
+    @property
+    def chunks(self) -> list[tuple[int, int, int]]:
+        """(first admitted position, size, node offset) of each chunk, oldest first."""
+        out, first, offset = [], 0, 0
+        for size in chunk_sizes(self.num_cells):
+            out.append((first, size, offset))
+            first, offset = first + size, offset + 2 * size - 1
+        return out
 
     def admit(self, new_cells: torch.Tensor) -> None:
         """Append newly eligible admitted cells (ascending ids, after every admitted one)."""
-        if new_cells.numel() == 0:
-            return
-        self.cells = torch.cat((self.cells, new_cells))
-        wanted, first = [], 0
-        for size in chunk_sizes(self.num_cells):
-            wanted.append((first, size))
-            first += size
-        keep = 0  # chunks shared with the previous decomposition keep their trees
-        while keep < min(len(wanted), len(self.chunks)) and self.chunks[keep][:2] == wanted[keep]:
-            keep += 1
-        self.chunks = self.chunks[:keep]
-        self.size = self.chunks[-1][2] + 2 * self.chunks[-1][1] - 1 if self.chunks else 0
-        self.store.reserve(2 * self.num_cells - 1)
-        for first, size in wanted[keep:]:
-            self._write_chunk_tree(first, size)
-        self._write_join_chain()
-
-    def _write_chunk_tree(self, first: int, size: int) -> None:
-        ids = self.cells[first:first + size]
-        tree = build_chunk_trees(self.kbar[ids][None], self.a[ids][None], self.p[ids][None], ids[None])
-        offset, nodes = self.size, 2 * size - 1
-        for name in ("mu", "rho", "amax", "pmin", "cell"):
-            getattr(self, name)[offset:offset + nodes] = tree[name][0]
-        heap = torch.arange(nodes, device=ids.device)
-        internal = heap < size - 1
-        self.left[offset:offset + nodes] = torch.where(internal, offset + 2 * heap + 1, -1)
-        self.right[offset:offset + nodes] = torch.where(internal, offset + 2 * heap + 2, -1)
-        self.chunks.append((first, size, offset))
-        self.size += nodes
-
-    def _write_join_chain(self) -> None:
-        """J_r = root(G_r); J_t joins root(G_t) and J_{t+1}; J_1 is the root (triangle-bound radius)."""
-        below, below_count = self.chunks[-1][2], self.chunks[-1][1]
-        for _, size, offset in reversed(self.chunks[:-1]):
-            node = self.size
-            na, nb = float(size), float(below_count)
-            mu = (na * self.mu[offset] + nb * self.mu[below]) / (na + nb)
-            self.mu[node] = mu
-            self.rho[node] = torch.maximum(torch.linalg.vector_norm(self.mu[offset] - mu) + self.rho[offset],
-                                           torch.linalg.vector_norm(self.mu[below] - mu) + self.rho[below])
-            self.amax[node] = torch.maximum(self.amax[offset], self.amax[below])
-            self.pmin[node] = torch.minimum(self.pmin[offset], self.pmin[below])
-            self.left[node], self.right[node], self.cell[node] = offset, below, -1
-            below, below_count = node, below_count + size
-            self.size += 1
-        self.root = below
+        keep = torch.ones(1, new_cells.numel(), dtype=torch.bool, device=new_cells.device)
+        self.batch.admit(self.kbar[new_cells][None], self.a[new_cells][None], self.p[new_cells], new_cells, keep)
 
     def height(self) -> int:
         """Edges on the longest root-to-leaf path (0 for one cell, -1 when empty)."""

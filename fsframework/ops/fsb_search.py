@@ -23,8 +23,9 @@ candidates (`|U| <= min(C, B * 2 Wb)`: a per-query cost bounded independently of
 With `Wb` at least the number of admitted cells the beam never drops a node, so the
 result is the exact top-K of Eq. 12.
 
-Every batch row, head and forest is searched at once: their forests share one
-`NodeStore` (`[G, capacity, ...]` buffers) and one beam tensor `[G, Q, Wb]`.
+Every batch row, head and forest is grown and searched at once: their forests are the rows
+of one `Forests` (`[G, capacity, ...]` buffers), admission is batched over them
+(`admit_cells`), and the search holds one beam tensor `[G, Q, Wb]`.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import torch
 
 from fsf_kernels.common.args import check_routing_args, per_head
 from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
-from fsframework.ops.fsb_forest import Forest, NodeStore
+from fsframework.ops.fsb_forest import Forests, NodeStore
 
 FORESTS = ("both", "f0", "ftau")
+# the forests of each choice, in row order: None = F0 (admits every cell), "tau" = Ftau (a_c >= tau_h)
+FOREST_KINDS = {"both": (None, "tau"), "f0": (None,), "ftau": ("tau",)}
 
 
 def check_fsb_args(tau: torch.Tensor | None, heads: int, *, beam_width: int, top_k: int, bound_c: float,
@@ -69,45 +72,102 @@ def _take(buffer: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     return buffer.reshape(groups * capacity, *rest).index_select(0, flat.flatten()).view(*nodes.shape, *rest)
 
 
+def forest_thresholds(tau: torch.Tensor | None, heads: int, batch: int, kinds: tuple, *,
+                      like: torch.Tensor) -> torch.Tensor:
+    """Admission threshold of every forest row `[batch * heads * len(kinds)]`, rows ordered (batch
+    row, head, kind): `-inf` for `F0` (kind None: every cell), `tau_h` for `Ftau` (kind "tau")."""
+    per_kind = [torch.full((heads,), float("-inf"), dtype=like.dtype, device=like.device) if kind is None
+                else tau.detach().to(like) for kind in kinds]
+    return torch.stack(per_kind, dim=-1).repeat(batch, 1).flatten()
+
+
+def admit_cells(forests: Forests, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, ids: torch.Tensor,
+                thresholds: torch.Tensor) -> None:
+    """One block boundary: every forest row admits the newly eligible cells `ids [n]` whose `a_c`
+    reaches its threshold. kbar `[G, n, d]`, a `[G, n]` per (batch row, head) g, centers `[n]`;
+    the forest rows are g's rows, one per kind (`forest_thresholds`)."""
+    kinds = forests.rows // kbar.shape[0]
+    a_rows = a.repeat_interleave(kinds, dim=0)
+    forests.admit(kbar.repeat_interleave(kinds, dim=0), a_rows, centers, ids, a_rows >= thresholds[:, None])
+
+
+# a search step scores the block's distinct nodes as one matmul when there are at most this many
+# times as many as the (query, child) pairs' nodes per query (the upper levels, where the queries of
+# a block share their nodes); otherwise each pair gathers its node: either way O(Q Wb d) per step
+DISTINCT_NODES_PER_CHILD = 2
+
+
+def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """`q . mu_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (entries < 0 give garbage)."""
+    groups, num_q, width = nodes.shape
+    capacity = mu.shape[1]
+    if num_q > 1:
+        present = torch.zeros(groups, capacity + 1, dtype=torch.bool, device=nodes.device)
+        present.scatter_(1, torch.where(nodes >= 0, nodes, capacity).flatten(1), True)
+        present = present[:, :capacity]
+        distinct = int(present.sum(dim=1).max())
+        if distinct <= DISTINCT_NODES_PER_CHILD * width:
+            slot = present.long().cumsum(dim=1) - 1  # a present node's column among its row's distinct nodes
+            ids = torch.zeros(groups, distinct + 1, dtype=torch.long, device=nodes.device)
+            ids.scatter_(1, torch.where(present, slot, distinct), torch.arange(capacity, device=nodes.device)
+                         .expand(groups, -1))
+            dots = torch.bmm(q, _take(mu, ids[:, None, :distinct])[:, 0].transpose(1, 2))  # G Q distinct
+            return dots.gather(2, slot.gather(1, nodes.clamp_min(0).flatten(1)).clamp_min(0).view_as(nodes))
+    return torch.einsum("gqd,gqmd->gqm", q, _take(mu, nodes))
+
+
+def _bounds_and_pmin(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *,
+                     lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    stats = _take(store.buffers["stats"], nodes)  # G Q m 3: rho, amax, pmin
+    rho, amax, pmin = stats.unbind(-1)
+    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
+    content = _node_dots(store.buffers["mu"], q, nodes) + bound_c * rho * qnorm
+    gate = torch.erf((pos[:, None] - pmin) / (2.0 * sigma[:, None, None]))
+    return content / math.sqrt(q.shape[-1]) + lam[:, None, None] * amax * gate, pmin
+
+
 def node_bounds(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *, lam: torch.Tensor,
                 sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
     """`U_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (one forest per row of `store`; entries < 0
     give garbage: mask them) for queries q `[G, Q, d]` at positions `pos [Q]`; lam, sigma `[G]`."""
-    t = store.tensors
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
-    content = torch.einsum("gqd,gqmd->gqm", q, _take(t["mu"], nodes)) + bound_c * _take(t["rho"], nodes) * qnorm
-    gate = torch.erf((pos[:, None] - _take(t["pmin"], nodes)) / (2.0 * sigma[:, None, None]))
-    return content * scale + lam[:, None, None] * _take(t["amax"], nodes) * gate
+    return _bounds_and_pmin(store, q, pos, nodes, lam=lam, sigma=sigma, bound_c=bound_c)[0]
 
 
 def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
                 lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
 
-    roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, lam, sigma `[G]`.
+    roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, lam, sigma `[G]`. A step keeps
+    the beam's leaves in their slots and fills its other slots with the children of its inner
+    nodes in order of `U_v` (ties: smaller `pmin_v`). The nodes a beam holds are disjoint
+    subtrees, so their `pmin_v` differ and the order is total: slots are only storage.
     """
-    t = store.tensors
+    links = store.buffers["links"]
     beam = torch.full((*q.shape[:2], beam_width), -1, dtype=torch.long, device=q.device)
     beam[..., 0] = roots[:, None]
     while True:
-        valid = beam >= 0
-        leaf = valid & (_take(t["cell"], beam) >= 0)
-        inner = valid & ~leaf
+        node = _take(links, beam)  # G Q Wb 3: left, right, cell
+        leaf = (beam >= 0) & (node[..., 2] >= 0)
+        inner = (beam >= 0) & ~leaf
         if not bool(inner.any()):
-            return torch.where(leaf, _take(t["cell"], beam), -1)
-        children = torch.stack((_take(t["left"], beam), _take(t["right"], beam)), dim=-1).flatten(-2)  # G Q 2Wb
-        children = torch.where(inner.repeat_interleave(2, dim=-1), children, -1)
-        cand = torch.cat((torch.where(leaf, beam, -1), children), dim=-1)  # G Q 3Wb
-        key = torch.cat((torch.zeros_like(beam, dtype=q.dtype).masked_fill(leaf, float("inf")),
-                         node_bounds(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c)), dim=-1)
-        key = key.masked_fill(cand < 0, float("-inf"))
-        # leaves first (never evicted), then children by U_v, ties by smaller pmin: a stable sort by
-        # pmin, then a stable sort by key
-        by_pmin = _take(t["pmin"], cand).sort(dim=-1, stable=True).indices
-        key, cand = key.gather(-1, by_pmin), cand.gather(-1, by_pmin)
-        order = key.sort(dim=-1, descending=True, stable=True).indices[..., :beam_width]
-        beam = torch.where(key.gather(-1, order) > float("-inf"), cand.gather(-1, order), -1)
+            return torch.where(leaf, node[..., 2], -1)
+        children = torch.where(inner[..., None], node[..., :2], -1).flatten(-2)  # G Q 2Wb
+        valid = children >= 0
+        free = beam_width - leaf.sum(dim=-1, keepdim=True)
+        if bool((valid.sum(dim=-1, keepdim=True) <= free).all()):
+            # every child fits (the upper levels): no ranking, the valid ones first, in any order
+            ranked = children.sort(dim=-1, descending=True).values
+        else:
+            key, pmin = _bounds_and_pmin(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c)
+            key = key.masked_fill(~valid, float("-inf"))
+            ranked_key, order = key.sort(dim=-1, descending=True, stable=True)
+            if bool(((ranked_key[..., 1:] == ranked_key[..., :-1]) & (ranked_key[..., 1:] > float("-inf"))).any()):
+                # equal bounds (rare): rank by pmin first, so that the stable sort by U_v breaks ties by pmin
+                by_pmin = pmin.sort(dim=-1, stable=True).indices
+                order = by_pmin.gather(-1, key.gather(-1, by_pmin).sort(dim=-1, descending=True, stable=True).indices)
+            ranked = children.gather(-1, order)  # G Q 2Wb, the invalid ones last (-1)
+        rank = (~leaf).long().cumsum(dim=-1) - 1  # a free slot's place among the free slots
+        beam = torch.where(leaf, beam, ranked.gather(-1, rank.clamp_min(0)))
 
 
 def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, pos: torch.Tensor,
@@ -172,7 +232,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
     like = torch.empty((), dtype=acc, device=device)
     sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
     lam_h = per_head(lam, heads, "lam", positive=False, like=like)
-    kinds = {"both": (None, "tau"), "f0": (None,), "ftau": ("tau",)}[forests]  # F0 admits all, Ftau a_c >= tau
+    kinds = FOREST_KINDS[forests]
     seq = q_start + num_q
     with torch.no_grad():
         kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
@@ -184,26 +244,23 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         head_of = torch.arange(heads, device=device).repeat(bsz)  # [G]
         lam_g, sigma_g = lam_h[head_of], sigma_h[head_of]
         nf = len(kinds)
-        store = NodeStore(bsz * heads * nf, dim, dtype=acc, device=device)
-        trees = [(Forest(kbar_bh[g], a_bh[g], centers, store=store, row=g * nf + f),
-                  None if kind is None else tau.detach().to(device=device, dtype=acc)[int(head_of[g])])
-                 for g in range(bsz * heads) for f, kind in enumerate(kinds)]
+        forests = Forests(bsz * heads * nf, dim, dtype=acc, device=device)
+        thresholds = forest_thresholds(tau, heads, bsz, kinds, like=like)
         q_rows = q_bh.repeat_interleave(nf, dim=0)
         lam_rows, sigma_rows = lam_g.repeat_interleave(nf), sigma_g.repeat_interleave(nf)
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
         seen = 0
         for start in range(block_size, seq, block_size):  # the first block has no eligible cell
-            num = start // cell_size
-            new = torch.arange(seen, num, device=device)
-            for forest, threshold in trees:  # every block boundary admits the newly eligible cells
-                forest.admit(new if threshold is None else new[forest.a[seen:num] >= threshold])
+            num = start // cell_size  # every block boundary admits the newly eligible cells
+            admit_cells(forests, kbar_bh[:, seen:num], a_bh[:, seen:num], centers[seen:num],
+                        torch.arange(seen, num, device=device), thresholds)
             seen = num
             if start < q_start:
                 continue
             end = min(start + block_size, seq)
             pos = torch.arange(start, end, device=device, dtype=acc)
-            roots = torch.tensor([forest.root for forest, _ in trees], device=device)
-            found = beam_search(store, roots, q_rows[:, start - q_start:end - q_start], pos, beam_width=beam_width,
+            found = beam_search(forests.store, forests.root, q_rows[:, start - q_start:end - q_start], pos,
+                                beam_width=beam_width,
                                 lam=lam_rows, sigma=sigma_rows, bound_c=bound_c)  # [G nf, Q, Wb]
             cand = found.view(bsz * heads, nf, end - start, beam_width).transpose(1, 2).flatten(2)
             out[:, start - q_start:end - q_start] = rescore(q_bh[:, start - q_start:end - q_start], k_bh, a_bh,

@@ -10,11 +10,13 @@ import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.decode_cache import decode_cache
+from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import build_model
 from tests.work import WorkCounter
 
 VOCAB, CONTEXT, CHUNK = 64, 256, 32
-PREFIX = ["tfpp", "alibi", "sinusoidal", "rewired", "fs"]  # every token reads every key (FS: every cell)
+# every token reads every key (FS: every cell; FS-B: its cache grows linearly, its search logarithmically)
+PREFIX = ["tfpp", "alibi", "sinusoidal", "rewired", "fs", "fsb"]
 BOUNDED = ["swa", "fsl", "argrc"]  # a window, a bounded cell set, the scan's roots
 
 
@@ -22,8 +24,11 @@ def _model(name: str) -> torch.nn.Module:
     att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
                           impl="reference")
     torch.manual_seed(0)
-    return build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
-                                   attention=att)).eval()
+    model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
+                                    attention=att)).eval()
+    if name == "fsb":  # both forests need thresholds (any will do: the test counts work)
+        set_fsb_thresholds(model, [[1.0, 1.0]] * 2, source="test")
+    return model
 
 
 def _work(model, context: int) -> tuple[int, int]:

@@ -4,13 +4,15 @@
   per attention kind"): a decoded query over `T` keys costs `O(T)`, a prefill chunk of `n`
   queries `O(n T)`, a windowed one `O(w)`; many queries under autograd keep the fused square
   call's linear memory.
-- FreeSolo (docs/freesolo.md §1.7): FS routing `O(N^2 d / s)`, FS-L routing `O(N (P + W) d)`,
-  the readout `O(N K s d)`.
+- FreeSolo (docs/freesolo.md §1.7, §1.8): FS routing `O(N^2 d / s)`, FS-L routing
+  `O(N (P + W) d)`, FS-B routing `O(N log^2 N)`, the readout `O(N K s d)`.
 
 Each compares a size with 4x that size: linear work grows 4x, quadratic 16x. Small shapes, fp32.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -124,3 +126,19 @@ def test_the_readout_is_linear(n):
     small, large = readout(n), readout(4 * n)
     assert large <= LINEAR * small, (small, large)
     assert large <= 4 * n * K * S * H * 2 * D  # q.k and p.v over the K s selected tokens
+
+
+def _fsb(n: int) -> int:
+    q, k = _qk(n)
+    return count(select_cells, q, k, variant="fsb", tau=torch.zeros(H), cell_size=S, block_size=BLOCK, top_k=K,
+                 beam_width=K).macs
+
+
+def test_fsb_routing_is_n_log_n():
+    """docs/freesolo.md §1.8: a query's search reads `O(Wb log M)` nodes, its rescoring a bounded
+    union of cells, and the forests cost `O(M log^2 M)` to grow: at most `4 (log 4M / log M)^2`
+    for 4x the length, where FS's exact routing grows 16x."""
+    n = 256
+    cells = n // S
+    small, large = _fsb(n), _fsb(4 * n)
+    assert large <= 4 * (math.log2(4 * cells) / math.log2(cells)) ** 2 * small, (small, large)
