@@ -85,7 +85,7 @@ class FSBCache(FSCache):
             capacity = self.k_heads.shape[2]
             choice = rescore(q_bh, self.k_heads.view(bsz * heads, capacity // s, s, dim),
                              self.a[:, :cells].transpose(1, 2).reshape(bsz * heads, cells),
-                             self._centers(torch.arange(cells, device=q.device), self.a), pos, cand, cell_size=s,
+                             self._centers(torch.arange(cells, device=q.device), self.a), pos, cand,
                              top_k=self.top_k, lam=lam, sigma=sigma)
         choice = choice.view(bsz, heads, num, self.top_k).transpose(1, 2)
 

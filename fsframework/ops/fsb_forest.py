@@ -200,8 +200,14 @@ class Forests:
         self.p[rows, cols] = p.to(self.p.dtype).expand_as(keep)[keep]
         self.ids[rows, cols] = ids.expand_as(keep)[keep]
         self.count = new
-        for bit in range(most.bit_length()):
-            self._write_chunk_trees(bit, old, new, changed)
+        # a row builds its chunk of 2^bit cells when its new decomposition has one that the old did not
+        # (the same size after the same larger chunks: the same chunk, kept)
+        bits = torch.arange(most.bit_length(), device=new.device)
+        has = (new[:, None] >> bits) & 1 == 1
+        kept = ((old[:, None] >> bits) & 1 == 1) & ((old[:, None] >> (bits + 1)) == (new[:, None] >> (bits + 1)))
+        build = has & ~kept & changed[:, None]
+        for bit in build.any(dim=0).nonzero().flatten().tolist():
+            self._write_chunk_trees(bit, build[:, bit].nonzero().squeeze(1), new)
         self._write_join_chains(new, changed)
 
     @staticmethod
@@ -211,20 +217,14 @@ class Forests:
         higher = count >> (bit + 1)
         return 2 * (higher << (bit + 1)) - _popcount(higher)
 
-    def _write_chunk_trees(self, bit: int, old: torch.Tensor, new: torch.Tensor, changed: torch.Tensor) -> None:
-        """Build the chunk of `2^bit` cells in every row whose new decomposition has one that the old
-        did not (same size and the same cells before it: the same chunk, kept)."""
-        has = (new >> bit) & 1 == 1
-        kept = ((old >> bit) & 1 == 1) & ((old >> (bit + 1)) == (new >> (bit + 1)))
-        rows = (has & ~kept & changed).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            return
+    def _write_chunk_trees(self, bit: int, rows: torch.Tensor, count: torch.Tensor) -> None:
+        """Build the chunk of `2^bit` cells of each of `rows` (rows of `count` cells)."""
         size, nodes = 1 << bit, (2 << bit) - 1
-        first = (new[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
+        first = (count[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
         cells = first[:, None] + torch.arange(size, device=rows.device)
         r = rows[:, None]
         tree = build_chunk_trees(self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells])
-        offset = self._chunk_offset(new[rows], bit)[:, None]
+        offset = self._chunk_offset(count[rows], bit)[:, None]
         heap = torch.arange(nodes, device=rows.device)
         slots = offset + heap
         t = self.store.tensors

@@ -117,10 +117,12 @@ def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor) -> torch.
 
 
 def _bounds_and_pmin(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *,
-                     lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     lam: torch.Tensor, sigma: torch.Tensor, bound_c: float,
+                     qnorm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     stats = _take(store.buffers["stats"], nodes)  # G Q m 3: rho, amax, pmin
     rho, amax, pmin = stats.unbind(-1)
-    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
+    if qnorm is None:
+        qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
     content = _node_dots(store.buffers["mu"], q, nodes) + bound_c * rho * qnorm
     gate = torch.erf((pos[:, None] - pmin) / (2.0 * sigma[:, None, None]))
     return content / math.sqrt(q.shape[-1]) + lam[:, None, None] * amax * gate, pmin
@@ -133,6 +135,27 @@ def node_bounds(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: tor
     return _bounds_and_pmin(store, q, pos, nodes, lam=lam, sigma=sigma, bound_c=bound_c)[0]
 
 
+def _expand(links: torch.Tensor, beam: torch.Tensor):
+    """The beam's leaves `[..., Wb]` bool, its cells (-1 inside) and its inner nodes' children
+    `[..., 2 Wb]` (-1 = none); None for the children once every node is a leaf."""
+    node = _take(links, beam)  # ... Wb 3: left, right, cell
+    leaf = (beam >= 0) & (node[..., 2] >= 0)
+    inner = (beam >= 0) & ~leaf
+    if not bool(inner.any()):
+        return leaf, node[..., 2], None
+    return leaf, node[..., 2], torch.where(inner[..., None], node[..., :2], -1).flatten(-2)
+
+
+def _fill(beam: torch.Tensor, leaf: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
+    """The next beam: the leaves stay in their slots, the other slots take `ranked`'s first nodes."""
+    rank = (~leaf).long().cumsum(dim=-1) - 1  # a free slot's place among the free slots
+    return torch.where(leaf, beam, ranked.gather(-1, rank.clamp_min(0)))
+
+
+def _all_fit(leaf: torch.Tensor, children: torch.Tensor, beam_width: int) -> bool:
+    return bool(((children >= 0).sum(dim=-1) <= beam_width - leaf.sum(dim=-1)).all())
+
+
 def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
                 lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
@@ -141,44 +164,51 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     the beam's leaves in their slots and fills its other slots with the children of its inner
     nodes in order of `U_v` (ties: smaller `pmin_v`). The nodes a beam holds are disjoint
     subtrees, so their `pmin_v` differ and the order is total: slots are only storage.
+    While every child fits (the upper levels) the beam takes them all whatever the query, so
+    those levels are walked once per forest, not once per query.
     """
     links = store.buffers["links"]
-    beam = torch.full((*q.shape[:2], beam_width), -1, dtype=torch.long, device=q.device)
+    groups, num_q = q.shape[:2]
+    beam = torch.full((groups, 1, beam_width), -1, dtype=torch.long, device=q.device)
     beam[..., 0] = roots[:, None]
+    leaf, cells, children = _expand(links, beam)
+    while children is not None and _all_fit(leaf, children, beam_width):
+        beam = _fill(beam, leaf, children.sort(dim=-1, descending=True).values)  # the valid ones first
+        leaf, cells, children = _expand(links, beam)
+    if children is None:
+        return torch.where(leaf, cells, -1).expand(groups, num_q, beam_width)
+    beam, leaf, children = (x.expand(groups, num_q, x.shape[-1]) for x in (beam, leaf, children))
+    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
     while True:
-        node = _take(links, beam)  # G Q Wb 3: left, right, cell
-        leaf = (beam >= 0) & (node[..., 2] >= 0)
-        inner = (beam >= 0) & ~leaf
-        if not bool(inner.any()):
-            return torch.where(leaf, node[..., 2], -1)
-        children = torch.where(inner[..., None], node[..., :2], -1).flatten(-2)  # G Q 2Wb
-        valid = children >= 0
-        free = beam_width - leaf.sum(dim=-1, keepdim=True)
-        if bool((valid.sum(dim=-1, keepdim=True) <= free).all()):
-            # every child fits (the upper levels): no ranking, the valid ones first, in any order
+        if _all_fit(leaf, children, beam_width):
             ranked = children.sort(dim=-1, descending=True).values
         else:
-            key, pmin = _bounds_and_pmin(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c)
-            key = key.masked_fill(~valid, float("-inf"))
+            key, pmin = _bounds_and_pmin(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c,
+                                         qnorm=qnorm)
+            key = key.masked_fill(children < 0, float("-inf"))
             ranked_key, order = key.sort(dim=-1, descending=True, stable=True)
             if bool(((ranked_key[..., 1:] == ranked_key[..., :-1]) & (ranked_key[..., 1:] > float("-inf"))).any()):
                 # equal bounds (rare): rank by pmin first, so that the stable sort by U_v breaks ties by pmin
                 by_pmin = pmin.sort(dim=-1, stable=True).indices
                 order = by_pmin.gather(-1, key.gather(-1, by_pmin).sort(dim=-1, descending=True, stable=True).indices)
-            ranked = children.gather(-1, order)  # G Q 2Wb, the invalid ones last (-1)
-        rank = (~leaf).long().cumsum(dim=-1) - 1  # a free slot's place among the free slots
-        beam = torch.where(leaf, beam, ranked.gather(-1, rank.clamp_min(0)))
+            ranked = children.gather(-1, order)  # the invalid ones last (-1)
+        beam = _fill(beam, leaf, ranked)
+        leaf, cells, children = _expand(links, beam)
+        if children is None:
+            return torch.where(leaf, cells, -1)
 
 
 def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, pos: torch.Tensor,
-            cand: torch.Tensor, *, cell_size: int, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
-            chunk: int = 32) -> torch.Tensor:
+            cand: torch.Tensor, *, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
+            scores_budget: int = 1 << 22) -> torch.Tensor:
     """Top-K cells of Eq. 12 among candidates `cand [G, Q, m]` (-1 pads, duplicates allowed) -> `[G, Q, K]`.
 
-    Per row g (a batch row and head): q `[G, Q, d]` (one query block), unrotated token keys
-    `[G, N, d]` (or cell-major `[G, C', s, d]`, C' >= C), a `[G, C]`; centers `[C]`, pos `[Q]`, lam, sigma `[G]`. Ties go to the earlier
-    cell. The log-sum-exps are computed once per block for the union `U` of the block's
-    candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s` matmul, no per-query copy of keys).
+    Per row g (a batch row and head): q `[G, Q, d]` (one query block), the unrotated keys
+    cell-major `[G, C', s, d]` (C' >= C: read in place), a `[G, C]`; centers `[C]`, pos `[Q]`,
+    lam, sigma `[G]`. Ties go to the earlier cell. The log-sum-exps are computed once per block
+    for the union `U` of the block's candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s`
+    matmul, no per-query copy of keys), as many queries at a time as keep the token scores
+    within `scores_budget` elements.
     """
     groups, num_q, dim = q.shape
     num_cells = a.shape[-1]
@@ -194,12 +224,9 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch
     union = torch.where(present, torch.arange(num_cells, device=q.device), num_cells).sort(dim=-1).values[:, :width]
     slot = present.long().cumsum(dim=1) - 1  # a present cell's place in its row's union
     rows = torch.arange(groups, device=q.device)[:, None]
-    if keys.dim() == 4:  # cell-major `[G, C', s, d]`, C' >= C (a decode cache's buffer): read in place
-        picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)
-    else:
-        picked = keys[:, : num_cells * cell_size].reshape(groups * num_cells, cell_size, dim).index_select(
-            0, (rows * num_cells + union.clamp_max(num_cells - 1)).flatten()).view(groups, width, cell_size, dim)
+    picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)  # G U s d
     lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
+    chunk = max(1, scores_budget // picked[..., 0].numel())
     for lo in range(0, num_q, chunk):
         hi = min(lo + chunk, num_q)
         lse[:, lo:hi] = (torch.einsum("gqd,gusd->gqus", q[:, lo:hi], picked) / math.sqrt(dim)).logsumexp(dim=-1)
@@ -239,7 +266,11 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         centers = (torch.arange(kbar.shape[1], device=device, dtype=acc) + 0.5) * cell_size
         # rows g = (b, h): one per batch row and head; forest rows (g, f): one per forest of each
         q_bh = q.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, num_q, dim)
-        k_bh = k.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, seq, dim)
+        # cell-major keys `[G, C, s, d]`, laid out once: the rescoring reads its cells in place (a slice
+        # of a token-major buffer would be copied at every block, O(N) each)
+        cells = seq // cell_size
+        k_cells = (k.detach()[:, :cells * cell_size].to(acc).permute(0, 2, 1, 3)
+                   .reshape(bsz * heads, cells, cell_size, dim))
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
         head_of = torch.arange(heads, device=device).repeat(bsz)  # [G]
         lam_g, sigma_g = lam_h[head_of], sigma_h[head_of]
@@ -263,7 +294,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
                                 beam_width=beam_width,
                                 lam=lam_rows, sigma=sigma_rows, bound_c=bound_c)  # [G nf, Q, Wb]
             cand = found.view(bsz * heads, nf, end - start, beam_width).transpose(1, 2).flatten(2)
-            out[:, start - q_start:end - q_start] = rescore(q_bh[:, start - q_start:end - q_start], k_bh, a_bh,
-                                                            centers, pos, cand, cell_size=cell_size, top_k=top_k,
-                                                            lam=lam_g, sigma=sigma_g)
+            out[:, start - q_start:end - q_start] = rescore(q_bh[:, start - q_start:end - q_start], k_cells, a_bh,
+                                                            centers, pos, cand, top_k=top_k, lam=lam_g,
+                                                            sigma=sigma_g)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
