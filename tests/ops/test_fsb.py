@@ -209,3 +209,26 @@ def test_rows_and_heads_searched_together_equal_each_alone():
             alone = fsb(q[b:b + 1, :, h:h + 1], k[b:b + 1, :, h:h + 1], tau=tau[h:h + 1], beam_width=4,
                         lam=[1.0, 0.5][h])
             assert torch.equal(together[b:b + 1, :, h:h + 1], alone)
+
+
+def test_rows_grown_together_equal_each_grown_alone():
+    """`Forests` grows rows that admit different cells (as F0 and Ftau do) in one batched step per
+    chunk size; every row's nodes equal those of a forest grown alone."""
+    from fsframework.ops.fsb_forest import Forests
+
+    num, dim, rows = 37, 5, 3
+    kbar, a = randn(rows, num, dim, seed=11), randn(rows, num, seed=12).abs()
+    p = torch.arange(num, dtype=F64) + 0.5
+    thresholds = torch.tensor([float("-inf"), 0.5, 1.0], dtype=F64)  # every cell, about half, fewer
+    together = Forests(rows, dim, dtype=F64, device=torch.device("cpu"), capacity=1)
+    alone = [Forest(kbar[r], a[r], p, capacity=1) for r in range(rows)]
+    for lo in range(0, num, 5):
+        ids = torch.arange(lo, min(lo + 5, num))
+        keep = a[:, ids] >= thresholds[:, None]
+        together.admit(kbar[:, ids], a[:, ids], p[ids], ids, keep)
+        for r, forest in enumerate(alone):
+            forest.admit(ids[keep[r]])
+            size = forest.size
+            assert int(together.root[r]) == forest.root and int(together.count[r]) == forest.num_cells
+            for name, value in forest.state().items():
+                assert torch.equal(together.store.tensors[name][r, :size], value), (lo, r, name)
