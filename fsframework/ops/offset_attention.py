@@ -66,6 +66,8 @@ def causal_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
         raise ValueError(f"queries at [{start}, {start + n}) need keys [0, {start + n}), got {total}")
     if bias is None and n == 1:
         return _sdpa(q, k, v)  # one query at the end sees every key: no mask (decoding)
+    if bias is None and start == 0:
+        return _sdpa(q, k, v, is_causal=True)  # square: top-left and bottom-right causal agree
     if bias is None and start > 0 and not q.is_cuda:
         # On the CPU, SDPA's fused kernel is causal only top-left; a bottom-right mask is an
         # explicit [n, start + n] tensor. Two calls, chosen by the shape (docs/architecture.md):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fsframework.config import AttentionConfig, ModelConfig
-from fsframework.models.decode_cache import decode_cache
+from fsframework.models.decode_cache import decode_cache, prefill
 from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import build_model
 from tests.work import WorkCounter
@@ -79,3 +79,17 @@ def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
         rows.clear()
         cache.forward(tokens[:, 100:])
     assert sum(rows) == 2 * len(model.layers), rows
+
+
+@pytest.mark.parametrize("name", PREFIX + BOUNDED)
+def test_prefill_in_chunks_costs_no_more_than_a_forward(name):
+    """A prompt prefilled in chunks through the cache does no more multiply-adds than one forward
+    pass over it (docs/decoding.md): chunking bounds memory without adding work."""
+    model = _model(name)
+    tokens = torch.randint(0, VOCAB, (1, 2 * CONTEXT), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        with WorkCounter() as forward:
+            model(tokens)
+        with decode_cache(model, chunk=CHUNK * 4) as cache, WorkCounter() as chunked:
+            prefill(cache, tokens)
+    assert 0 < chunked.macs <= 1.02 * forward.macs, (forward.macs, chunked.macs)
