@@ -7,7 +7,7 @@ import re
 import pytest
 
 from fsframework.config import ConfigError, load_config
-from tests.utils import REPO, run_fsf
+from tests.utils import REPO, run_fsf, run_fsf_process
 
 
 @pytest.mark.parametrize("override, fragment", [
@@ -56,8 +56,9 @@ def test_every_shipped_yaml_is_valid():
 
 def test_cli_rejects_bad_config_before_any_work(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}", "optim.lrr=0.1",
-                   check=False)
+    # `python -m fsframework` as a user runs it: the exit code of a real process
+    proc = run_fsf_process("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}", "optim.lrr=0.1",
+                           check=False)
     assert proc.returncode != 0
     assert "optim.lrr" in proc.stderr
     assert not run_dir.exists(), "nothing may be written for an invalid config"

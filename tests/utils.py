@@ -33,7 +33,22 @@ def assert_future_tokens_do_not_change_past(model, *, atol: float = 0.0) -> None
     assert not torch.allclose(a[:, 30:], b[:, 30:])
 
 
-def run_fsf(*args: str, env: dict | None = None, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_fsf(*args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `fsf ARGS` inside this process (typer's CliRunner), with what the command changes
+    in the process put back afterwards (see `tests.in_process`); the result has a process's
+    fields: returncode, stdout, stderr. Costs no interpreter start (torch, DeepSpeed and
+    streaming are imported once per test process); use `run_fsf_process` where the test is
+    about the process itself (exit by signal, `python -m fsframework`, os._exit)."""
+    from tests.in_process import invoke_fsf
+
+    proc = invoke_fsf(list(args), env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fsf {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_fsf_process(*args: str, env: dict | None = None, check: bool = True,
+                    timeout: int = 600) -> subprocess.CompletedProcess:
     """Run `python -m fsframework ARGS` in a fresh process, as a user would."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "fsframework", *args], cwd=REPO, env=full_env, capture_output=True,

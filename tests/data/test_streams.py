@@ -83,6 +83,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.ranks
 def test_sequence_parallel_groups_share_samples(tmp_path):
     """4 ranks, sp=2: ranks {0,1} and {2,3} form groups; a group sees one sample stream."""
     src = tmp_path / "src"

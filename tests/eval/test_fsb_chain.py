@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fsframework.checkpoints import resolve_checkpoint
@@ -17,6 +18,7 @@ FS_TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.att
            "train.progress=false", "train.tensorboard=false", "optim.warmup_steps=2"]
 
 
+@pytest.mark.ranks
 def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     run = tmp_path / "fs"
     run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={run}", "model.name=fs", "train.max_steps=3",

@@ -18,7 +18,7 @@ from fsframework.checkpoints import resolve_checkpoint
 from fsframework.export import export_checkpoint
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 # one step at a learning rate far below the fp32 resolution of any weight (Adam moves each one by
 # about the learning rate): the weights stay the seed's whatever the ZeRO stage, so both runs
 # hold the same weights and their exports must be equal bit for bit

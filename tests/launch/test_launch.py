@@ -269,7 +269,7 @@ def test_failing_rank_is_named_and_its_exit_code_returned(tmp_path, capsys):
     assert "RuntimeError: boom" in capsys.readouterr().err  # passed through as it came
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.timeout(300)
 def test_real_two_rank_cpu_run(tmp_path, data_cache):
     run_dir = tmp_path / "run"

@@ -19,7 +19,7 @@ from tests.utils import TINY_DATA, TINY_MODEL, run_fsf
 COMMON = [*TINY_DATA, *TINY_MODEL, "model.attention.block_size=16", f"train.max_steps={STEPS}", "train.ckpt_every=3",
           "optim.warmup_steps=2", "train.progress=false", "train.tensorboard=false"]
 ONE_RANK = ["parallel.grad_accum=2"]  # the global batch of 2 ranks
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 
 
 def train_args(run_dir: Path, data_cache: str, *extra: str) -> list[str]:

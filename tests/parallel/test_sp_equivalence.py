@@ -14,6 +14,7 @@ WORKER = Path(__file__).with_name("_equivalence_worker.py")
 ALL_KINDS = ",".join(MODEL_NAMES)  # every registry kind
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world, sp, lengths", [
     pytest.param(2, 2, "100,37", id="sp2-ragged"),  # 7 and 3 blocks of 16: slices of unequal length

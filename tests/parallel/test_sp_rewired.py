@@ -13,6 +13,7 @@ from tests.parallel.ranks import run_ranks
 WORKER = Path(__file__).with_name("_rewired_ablation_worker.py")
 
 
+@pytest.mark.ranks
 @pytest.mark.timeout(120)
 def test_sp2_mean_runway_bilinear_matches_single_process():
     outputs = run_ranks(WORKER, 2, "2", "rewired", "100,37")

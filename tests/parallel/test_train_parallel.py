@@ -19,7 +19,7 @@ QUICKSTART = str(REPO / "yamls" / "quickstart.yaml")
 # 63 input tokens in blocks of 16: 4 blocks, the last one short, so SP=2 slices are [0, 32) and [32, 63)
 COMMON = [*TINY_DATA, *TINY_MODEL, "model.attention.block_size=16", f"train.max_steps={STEPS}", "train.ckpt_every=3",
           "optim.warmup_steps=2", "train.progress=false", "train.tensorboard=false"]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 # SP + ZeRO-3 runs recompute their blocks in backward: their losses still equal the single process's
 SP2_ZERO3 = ["parallel.sp=2", "parallel.zero_stage=3", "train.activation_checkpointing=true"]
 

@@ -70,6 +70,7 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_sigint_names_the_resume_
     assert "Traceback" not in err and find_latest(run_dir / "checkpoints") == saved  # SIGINT writes nothing
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("zero_stage", [2, 3])
 def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache, monkeypatch, zero_stage):
     """2 ranks, ZeRO-2 and ZeRO-3 (their optimizers differ), one torchrun launch each: a NaN on one

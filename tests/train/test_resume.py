@@ -9,7 +9,7 @@ import pytest
 
 from fsframework.checkpoints import CheckpointError, find_latest, resolve_checkpoint, verify
 from fsframework.train.checkpoint import CRASH_ENV
-from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
+from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf, run_fsf_process
 
 STEPS = 20
 
@@ -20,8 +20,8 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in records]
 
 
-def _train(run_dir: Path, data_cache: str, *extra: str, env: dict | None = None, check: bool = True):
-    return run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
+def _train(run_dir: Path, data_cache: str, *extra: str, env: dict | None = None, check: bool = True, run=run_fsf):
+    return run("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
                    f"data.cache_dir={data_cache}", *TINY_DATA, *TINY_MODEL, "model.name=tfpp",
                    f"train.max_steps={STEPS}", "train.ckpt_every=5", "optim.warmup_steps=4", "train.progress=false",
                    "train.tensorboard=false", *extra, env=env, check=check)
@@ -56,7 +56,8 @@ def test_resume_is_exact(straight_run, tmp_path, data_cache):
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(straight_run, tmp_path, data_cache):
     run_dir = tmp_path / "crash"
-    proc = _train(run_dir, data_cache, env={CRASH_ENV: "15"}, check=False)
+    # a process of its own: the crash is os._exit in the middle of the write
+    proc = _train(run_dir, data_cache, env={CRASH_ENV: "15"}, check=False, run=run_fsf_process)
     assert proc.returncode != 0
     ckpts = run_dir / "checkpoints"
     assert (ckpts / ".tmp-step_00000015").is_dir(), "the crash happened mid-write"
