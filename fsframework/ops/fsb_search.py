@@ -152,6 +152,15 @@ def _fill(beam: torch.Tensor, leaf: torch.Tensor, ranked: torch.Tensor) -> torch
     return torch.where(leaf, beam, ranked.gather(-1, rank.clamp_min(0)))
 
 
+def _valid_first(children: torch.Tensor) -> torch.Tensor:
+    """`children` with its valid nodes first (in their order), then -1: a compaction, no sort."""
+    valid = children >= 0
+    width = children.shape[-1]
+    place = torch.where(valid, valid.long().cumsum(dim=-1) - 1, width)
+    out = children.new_full((*children.shape[:-1], width + 1), -1)
+    return out.scatter_(-1, place, children)[..., :width]
+
+
 def _all_fit(leaf: torch.Tensor, children: torch.Tensor, beam_width: int) -> bool:
     return bool(((children >= 0).sum(dim=-1) <= beam_width - leaf.sum(dim=-1)).all())
 
@@ -173,7 +182,7 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     beam[..., 0] = roots[:, None]
     leaf, cells, children = _expand(links, beam)
     while children is not None and _all_fit(leaf, children, beam_width):
-        beam = _fill(beam, leaf, children.sort(dim=-1, descending=True).values)  # the valid ones first
+        beam = _fill(beam, leaf, _valid_first(children))
         leaf, cells, children = _expand(links, beam)
     if children is None:
         return torch.where(leaf, cells, -1).expand(groups, num_q, beam_width)
@@ -181,7 +190,7 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
     while True:
         if _all_fit(leaf, children, beam_width):
-            ranked = children.sort(dim=-1, descending=True).values
+            ranked = _valid_first(children)
         else:
             key, pmin = _bounds_and_pmin(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c,
                                          qnorm=qnorm)
@@ -221,10 +230,11 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch
     present.scatter_(1, cand.flatten(1), True)
     present = present[:, :num_cells]
     width = max(int(present.sum(dim=1).max()), 1)
-    union = torch.where(present, torch.arange(num_cells, device=q.device), num_cells).sort(dim=-1).values[:, :width]
     slot = present.long().cumsum(dim=1) - 1  # a present cell's place in its row's union
+    union = torch.zeros(groups, width + 1, dtype=torch.long, device=q.device).scatter_(
+        1, torch.where(present, slot, width), torch.arange(num_cells, device=q.device).expand(groups, -1))[:, :width]
     rows = torch.arange(groups, device=q.device)[:, None]
-    picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)  # G U s d
+    picked = keys[rows, union].to(q.dtype)  # G U s d
     lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
     chunk = max(1, scores_budget // picked[..., 0].numel())
     for lo in range(0, num_q, chunk):
