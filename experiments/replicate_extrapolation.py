@@ -87,13 +87,14 @@ def evaluate(run_dir: Path, lengths: list[int], num_samples: int, out: Path) -> 
     from fsframework.eval.suite import run_eval
 
     model, cfg = load_model(run_dir)
-    torch.set_grad_enabled(False)
-    first, second = copy_probe(model, load_tokenizer(cfg.data.tokenizer), cfg.data.seq_len)
-    print(f"{run_dir.name}: copy probe, loss on the first copy {first:.2f}, on the second copy {second:.2f}")
-    return {"copy_probe": {"first": first, "second": second}, **run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=TASKS, lengths=lengths,
-                    num_samples=num_samples, seed=0, batch_size=num_samples, out_path=str(out),
-                    plots_dir=str(out.parent), data_dir=None, device=torch.device("cpu"),
-                                                      gen_tokens=GEN_TOKENS)}
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    with torch.no_grad():  # scoped: the next model of the same process trains
+        first, second = copy_probe(model, tokenizer, cfg.data.seq_len)
+        print(f"{run_dir.name}: copy probe, loss on the first copy {first:.2f}, on the second copy {second:.2f}")
+        scores = run_eval(model, tokenizer, tasks=TASKS, lengths=lengths, num_samples=num_samples, seed=0,
+                          batch_size=num_samples, out_path=str(out), plots_dir=str(out.parent), data_dir=None,
+                          device=torch.device("cpu"), gen_tokens=GEN_TOKENS)
+    return {"copy_probe": {"first": first, "second": second}, **scores}
 
 
 def beyond_reach(samples: dict, reach: int) -> dict:

@@ -30,29 +30,86 @@ def _share_the_cores_between_workers() -> None:
 _share_the_cores_between_workers()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Tests marked `ranks` start several processes (torchrun, `run_ranks`) that use every core
     between them: under `--dist loadgroup` they form one xdist group, so one worker runs them one
-    after another and no two such worlds ever run at once."""
-    for item in items:
-        if item.get_closest_marker("ranks") is not None:
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+    after another and no two such worlds ever run at once. (Marked here, as each test is
+    collected: xdist reads the groups in its own pytest_collection_modifyitems.)"""
+    if item.get_closest_marker("ranks") is not None:
+        item.add_marker(pytest.mark.xdist_group("ranks"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _clean_streaming_shared_memory():
-    """A killed run can leave mosaicml-streaming shared memory behind; start clean."""
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """xdist groups a test by appending `@group` to its id; where it cannot (a pytest it does not
+    support) the multi-rank worlds would run side by side, so say so instead of running."""
+    if getattr(config.option, "loadgroup", False):
+        lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): "
+                                    "install the pytest version pyproject.toml's dev extras name")
+
+
+def _clean_streaming_shared_memory() -> None:
+    """A killed run can leave mosaicml-streaming shared memory behind. streaming's cleaner
+    unlinks every registered segment, live or not, so it runs only where no test runs beside
+    it: in the pytest process before any test starts and after the last one ended (under
+    xdist that is the controller, never a worker)."""
     try:
         from streaming.base.util import clean_stale_shared_memory
     except ImportError:
-        yield
         return
     clean_stale_shared_memory()
-    yield
-    clean_stale_shared_memory()
+
+
+def _streaming_prefixes_of_this_worker() -> None:
+    """Every StreamingDataset on the machine registers the first free shared-memory prefix number
+    (0, 1, ...); a multi-rank world takes its number in two steps with a barrier between, so a
+    dataset made in another test process meanwhile can take the same number and one of the two
+    fails. Datasets made inside an xdist worker (in-process runs, data tests) count from a range
+    of that worker's own, far from the numbers the subprocess worlds take."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    try:
+        from streaming.base.shared import prefix
+    except ImportError:
+        return
+    first = 10_000 * (1 + int(worker.removeprefix("gw")))
+
+    def each_prefix_int():
+        n = first
+        while True:
+            yield n
+            n += 1
+
+    prefix._each_prefix_int = each_prefix_int
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):
+        _clean_streaming_shared_memory()
+    _streaming_prefixes_of_this_worker()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        _clean_streaming_shared_memory()
 
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("embedded"))
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_left_as_found(request):
+    """Tests share their process (in-process `fsf` runs, xdist workers): one that leaves autograd
+    off would make every later training test in its worker fail far from the cause. Such a test
+    fails itself instead, and the mode is put back."""
+    before = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    yield
+    after = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    if after != before:
+        torch.set_grad_enabled(before[0])
+        pytest.fail(f"{request.node.nodeid} left autograd (grad enabled, inference mode) at {after}, found {before}")

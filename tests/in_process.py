@@ -3,8 +3,8 @@
 A training run sets RANK/WORLD_SIZE/MASTER_PORT (and, on CPU, DS_ACCELERATOR), starts a
 one-rank gloo process group, seeds torch's, numpy's and Python's generators and installs
 signal handlers for the run's length. A later test in the same process must see none of it,
-as it would after a subprocess: the environment, the generators, the thread count and the
-handlers are restored.
+as it would after a subprocess: the environment, the generators, the thread count, autograd's mode
+and the handlers are restored.
 
 The one-rank process group is the exception: it stays up for the process's life, as in any
 lone `fsf` process. DeepSpeed keeps the groups it derives from it in module globals, which a
@@ -35,6 +35,7 @@ def process_state_restored() -> Iterator[None]:
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     threads = torch.get_num_threads()
+    grad = torch.is_grad_enabled()
     try:
         yield
     finally:
@@ -46,6 +47,7 @@ def process_state_restored() -> Iterator[None]:
         np.random.set_state(rng[1])
         random.setstate(rng[2])
         torch.set_num_threads(threads)
+        torch.set_grad_enabled(grad)
 
 
 def _import_before_capture() -> None:

@@ -17,15 +17,6 @@ DOCS = ["The first document.\nIt has two lines.", "Zweites Dokument: Grüße, ü
         "third " * 40, "a short one", "The last document of the set, a little longer than the rest of them."]
 
 
-@pytest.fixture(autouse=True)
-def _clean_shm():
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-    yield
-    clean_stale_shared_memory()
-
-
 def read_back(out_dir):
     """All samples via StreamingDataset, in order."""
     from streaming import StreamingDataset

@@ -3,22 +3,46 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
+from types import SimpleNamespace
 
-from tests.utils import REPO
+from tests.utils import REPO, run_fsf
 
 
-def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
+def run_script(args: list[str], monkeypatch, capsys) -> str:
+    """`python experiments/replicate_extrapolation.py ARGS` in this process, its `python -m
+    fsframework` steps (tokenizer, training) run in-process too; returns what it printed.
+    What the script computes is the test; the real `fsf` process is tested elsewhere."""
+
+    def fsf_run(cmd, cwd=None, check=False):
+        assert cmd[:3] == [sys.executable, "-m", "fsframework"], cmd
+        proc = run_fsf(*cmd[3:], check=False)
+        print(proc.stdout, end="")
+        print(proc.stderr, end="", file=sys.stderr)
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return proc
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["replicate_extrapolation.py", *args])
+    script = runpy.run_path(str(REPO / "experiments" / "replicate_extrapolation.py"))
+    script["main"].__globals__["subprocess"] = SimpleNamespace(run=fsf_run)
+    capsys.readouterr()
+    script["main"]()
+    return capsys.readouterr().out
+
+
+def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path, monkeypatch, capsys):
     tok = tmp_path / "bpe" / "tokenizer.json"
-    cmd = [sys.executable, "experiments/replicate_extrapolation.py", "--models", "tfpp,fsl", "--steps", "2",
+    cmd = ["--models", "tfpp,fsl", "--steps", "2",
            "--num-samples", "2", "--multiples", "1,2", "--out", str(tmp_path / "rep"),
            "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=512",
            f"data.tokenizer={tok}", f"data.cache_dir={tmp_path / 'data'}", "data.seq_len=128",
            "data.embedded_python_chars=60000", "data.embedded_retrieval_docs=40", "train.ckpt_every=2",
            "model.attention.window=32", "model.attention.block_size=32", "model.attention.retained_cells=4"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_script(cmd, monkeypatch, capsys)
     assert tok.is_file()  # the BPE tokenizer was trained because it was missing
     summary = json.loads((tmp_path / "rep" / "table.json").read_text())
     assert summary["lengths"] == [128, 256] and set(summary["scores"]) == {"tfpp", "fsl"}
@@ -37,12 +61,11 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 
     # another config, each model starting from the weights of the run above ('{model}' filled in)
     small = [a for a in cmd[cmd.index("model.d_model=32"):] if not a.startswith("model.attention")]
-    again = [sys.executable, "experiments/replicate_extrapolation.py", "--config", "experiments/yamls/replicate-extrapolation-128.yaml",
+    again = ["--config", "experiments/yamls/replicate-extrapolation-128.yaml",
              "--models", "tfpp", "--steps", "1", "--num-samples", "2", "--multiples", "1",
              "--init-from", str(tmp_path / "rep" / "{model}"), "--out", str(tmp_path / "again"), *small]
-    proc = subprocess.run(again, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"initialised weights from {tmp_path / 'rep' / 'tfpp'}" in " ".join(proc.stdout.split())  # rich wraps
+    out = run_script(again, monkeypatch, capsys)
+    assert f"initialised weights from {tmp_path / 'rep' / 'tfpp'}" in " ".join(out.split())  # rich wraps
     summary = json.loads((tmp_path / "again" / "table.json").read_text())
     assert summary["config"].endswith("replicate-extrapolation-128.yaml") and summary["lengths"] == [128]
 
@@ -58,8 +81,6 @@ def test_replication_script_trains_evaluates_and_writes_the_table(tmp_path):
 
 
 def test_beyond_reach_scores_only_the_needles_the_windows_cannot_reach():
-    import runpy
-
     script = runpy.run_path(str(REPO / "experiments" / "replicate_extrapolation.py"))
     rows = [{"needle_tokens_back": back, "score": score} for back, score in ((8, 100.0), (40, 0.0), (90, 100.0))]
     samples = {"passkey": {"128": rows}, "niah_single_1": {"128": rows[:1]}}

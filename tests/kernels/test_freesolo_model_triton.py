@@ -1,10 +1,10 @@
 """The FreeSolo models train through the trainer with `model.attention.impl=triton`
-(the interpreter on CPU) and their losses match the reference path step by step."""
+(the interpreter on CPU) and their losses match the reference path step by step: two steps, so
+the second loss is that of weights the kernels' backward pass updated."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -26,8 +26,8 @@ def test_triton_path_trains_like_the_reference(variant, tmp_path, data_cache):
         run_dir = tmp_path / impl
         run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
                 f"data.cache_dir={data_cache}", *TINY_DATA, *FS_TINY, f"model.name={variant}",
-                f"model.attention.impl={impl}", "train.max_steps=3", "train.ckpt_every=3", "train.progress=false",
-                "train.tensorboard=false", env={"TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")})
+                f"model.attention.impl={impl}", "train.max_steps=2", "train.ckpt_every=2", "train.progress=false",
+                "train.tensorboard=false")  # in this process: the kernels run as tests/kernels/conftest.py set
         losses[impl] = _losses(run_dir)
-    assert len(losses["triton"]) == 3
+    assert len(losses["triton"]) == 2
     assert losses["triton"] == pytest.approx(losses["reference"], rel=1e-4)
