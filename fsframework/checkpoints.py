@@ -462,7 +462,7 @@ class Checkpoint:
 
     def load_model(self, device: Any = "cpu", overrides: Optional[list[str]] = None):
         """(model, config): the model of the checkpoint's config with its weights, fp32, eval mode."""
-        from fsframework.models.registry import build_model
+        from fsframework.models.registry import attention_kind, build_model
 
         cfg = self.config(overrides)
         model = build_model(cfg.model)
@@ -471,7 +471,7 @@ class Checkpoint:
         built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
         check_state_dict(model, state, f"checkpoint {source} (for {built})", tied=cfg.model.tie_embeddings)
         model.load_state_dict(state, strict=False)
-        if cfg.model.name == "fsb" and cfg.model.attention.fsb_forests != "f0":
+        if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb_forests != "f0":
             self.apply_calibration(model, cfg.model.attention.fsb_calibration)
         return model.to(device).eval(), cfg
 

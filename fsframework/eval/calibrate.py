@@ -135,6 +135,7 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: in
     from fsframework.data.loader import data_streams
     from fsframework.eval.perplexity import heldout_tokens
     from fsframework.models.freesolo_attention import freesolo_layers
+    from fsframework.models.registry import attention_kind
 
     if windows < 1 or seq_len < 1 or batch_size < 1:
         raise ValueError(f"--windows ({windows}), --seq-len ({seq_len}) and the batch size ({batch_size}) must be >= 1")
@@ -143,9 +144,9 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: in
         device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
     ckpt = Checkpoint.open(checkpoint)
     cfg = ckpt.config()
-    if cfg.model.name == "fsb":
+    if attention_kind(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
-                         "not with model.name=fsb")
+                         f"not with model.name={cfg.model.name}")
     model, cfg = ckpt.load_model(device)
     layers = freesolo_layers(model)
     if not layers:

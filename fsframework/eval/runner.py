@@ -43,13 +43,12 @@ def checkpoint_step(ckpt: Path) -> int:
 
 def read_path(model, cfg) -> dict:
     """How the model reads long range, for the scores file: the kind, and FS-B's search and tau file."""
-    a = cfg.model.attention
-    path = {"model": cfg.model.name}
-    if cfg.model.name in ("fs", "fsl"):
-        path["top_k"] = a.top_k
-    if cfg.model.name == "fsb":
-        path.update(top_k=a.fsb_top_k, beam_width=a.fsb_beam_width, bound_c=a.fsb_bound_c, forests=a.fsb_forests,
-                    tau_file=getattr(model, "fsb_calibration_file", None))
+    from fsframework.models.registry import attention_kind
+
+    kind = attention_kind(cfg.model.name)
+    path = kind.read_path(cfg.model.attention)
+    if kind.calibrated:
+        path["tau_file"] = getattr(model, "fsb_calibration_file", None)
     return path
 
 

@@ -32,7 +32,8 @@ from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CO
 from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
 from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.remote import TENSOR_PREFIX, remote_code_config, write_modeling_file
-from fsframework.models.llama import llama_config, model_config_dict, to_llama_name
+from fsframework.models.llama import model_config_dict
+from fsframework.models.registry import attention_kind
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -67,8 +68,9 @@ def framework_record(model: ModelConfig, **extra: Any) -> dict[str, Any]:
 
 def export_tensors(state: dict[str, torch.Tensor], model: ModelConfig, dtype: str) -> dict[str, torch.Tensor]:
     """The tensors of model.safetensors: a tied lm_head dropped (safetensors stores no shared
-    storage; loaders tie it back), names Llama's for tfpp, else under `model.`."""
-    rename = to_llama_name if model.name == "tfpp" else (lambda k: TENSOR_PREFIX + k)
+    storage; loaders tie it back), a native architecture's names (Llama's for tfpp), else under `model.`."""
+    native = attention_kind(model.name).native_adapter()
+    rename = native.to_native_name if native else (lambda k: TENSOR_PREFIX + k)
     return {rename(k): v.detach().to(DTYPES[dtype]).contiguous() for k, v in state.items()
             if not (model.tie_embeddings and k == "lm_head.weight")}
 
@@ -122,9 +124,10 @@ def hf_config(cfg: Config, dtype: str, source: Path) -> dict[str, Any]:
     record = framework_record(cfg.model, source=str(source), dtype=dtype)
     # the byte tokenizer's end of text (fsframework.data.tokenizers); a file tokenizer names its own
     special = {"bos_token_id": None, "eos_token_id": 256 if cfg.data.tokenizer == "byte" else None}
-    if cfg.model.name == "tfpp":
+    native = attention_kind(cfg.model.name).native_adapter()
+    if native:
         longest = max([cfg.data.seq_len, *cfg.eval.lengths])
-        fields = llama_config(cfg.model, max_positions=longest, torch_dtype=TORCH_DTYPE_NAMES[dtype])
+        fields = native.native_config(cfg.model, max_positions=longest, torch_dtype=TORCH_DTYPE_NAMES[dtype])
     else:
         fields = remote_code_config(cfg.model, torch_dtype=TORCH_DTYPE_NAMES[dtype])
     return {**fields, **special, "fsframework": record}
@@ -179,7 +182,7 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
         _write_tokenizer(ckpt, saved.data.tokenizer, tmp)
         if (ckpt.path / CALIBRATION_FILE).is_file():
             shutil.copyfile(ckpt.path / CALIBRATION_FILE, tmp / CALIBRATION_FILE)
-        if cfg.model.name != "tfpp":
+        if attention_kind(cfg.model.name).native_export is None:
             write_modeling_file(tmp)
         (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve()), indent=2))
         difference, drift = prove(model, tmp, dtype)

@@ -24,12 +24,13 @@ from torch import nn
 from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.registry import attention_kind
 from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
 from fsframework.ops.offset_attention import window_attention_at
 
 
 class FreeSoloAttention(QKVAttention):
-    """FS (`cfg.name == "fs"`, full-prefix routing), FS-L (`"fsl"`, pruned by key norm) or FS-B
+    """FS (routing variant "fs", full-prefix routing), FS-L (`"fsl"`, pruned by key norm) or FS-B
     (`"fsb"`, inference only: forest search, reading `fsb_top_k` cells; same parameters as FS, so
     FS and FS-L checkpoints load into it).
 
@@ -45,9 +46,11 @@ class FreeSoloAttention(QKVAttention):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         a = cfg.attention
-        if cfg.name not in ("fs", "fsl", "fsb"):
-            raise ValueError(f"FreeSoloAttention needs model.name fs, fsl or fsb (the routing variant), "
-                             f"got {cfg.name!r}")
+        # the registry entry names the routing variant (fsframework.models.registry)
+        self.routing = attention_kind(cfg.name).routing
+        if not self.routing:
+            raise ValueError(f"FreeSoloAttention needs a FreeSolo kind (its registry entry names a routing "
+                             f"variant), got model.name={cfg.name!r}")
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
         super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo
@@ -96,9 +99,9 @@ class FreeSoloAttention(QKVAttention):
         `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient). One method, so
         diagnostics can measure or replace it."""
         a = self.cfg.attention
-        if self.cfg.name == "fsb":
+        if self.routing == "fsb":
             return self.route_fsb(q, k, q_start)
-        return select_cells(q, k, variant=self.cfg.name, cell_size=a.cell_size, block_size=a.block_size,
+        return select_cells(q, k, variant=self.routing, cell_size=a.cell_size, block_size=a.block_size,
                             top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
                             retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
 

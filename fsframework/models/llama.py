@@ -59,8 +59,8 @@ def from_llama_name(name: str) -> str:
 
 def llama_config(model: ModelConfig, *, max_positions: int, torch_dtype: str) -> dict[str, Any]:
     """The fields of a transformers `LlamaConfig` (config.json) for tfpp model `model`."""
-    if model.name != "tfpp":
-        raise ValueError(f"only model.name=tfpp is the Llama architecture, not {model.name}")
+    if model.name != _kind():
+        raise ValueError(f"only model.name={_kind()} is the Llama architecture, not {model.name}")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -115,7 +115,7 @@ def model_config_from_llama(hf: dict[str, Any]) -> ModelConfig:
         problems.append(f"pretraining_tp={hf['pretraining_tp']}")
     if problems:
         raise NotTransformerPlusPlus("this Llama checkpoint does not fit a tfpp model: " + "; ".join(problems))
-    model = ModelConfig(name="tfpp", vocab_size=hf["vocab_size"], d_model=width, n_layers=hf["num_hidden_layers"],
+    model = ModelConfig(name=_kind(), vocab_size=hf["vocab_size"], d_model=width, n_layers=hf["num_hidden_layers"],
                         n_heads=heads, mlp_hidden=hf["intermediate_size"], norm_eps=hf.get("rms_norm_eps", 1e-6),
                         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                         init_std=hf.get("initializer_range", 0.02))
@@ -126,3 +126,16 @@ def model_config_from_llama(hf: dict[str, Any]) -> ModelConfig:
 def model_config_dict(model: ModelConfig) -> dict[str, Any]:
     """`model` as plain JSON values (config.json's record of the model config)."""
     return asdict(model)
+
+
+def _kind() -> str:
+    """The registered kind this module writes as Llama (its registry entry's `native_export`)."""
+    from fsframework.models.registry import native_kind
+
+    return native_kind(__name__)
+
+
+# the registry's adapter interface (AttentionKind.native_export)
+to_native_name = to_llama_name
+from_native_name = from_llama_name
+native_config = llama_config

@@ -8,6 +8,11 @@ rank fetches from the ranks before it (an all-gather of the prefix, or a halo of
 while decoding (`fsframework.models.decode_cache`, docs/decoding.md). Adding a kind
 means writing its op (`fsframework.ops`), its module, and one entry here.
 
+Whatever else differs between kinds is a field of the entry, read where it matters: the
+routing variant of a FreeSolo kind, whether it reads calibrated thresholds, which settings
+describe how it reads long range, and the adapter that writes it as another library's own
+architecture. No other module compares `model.name` with a kind's name (a test scans for it).
+
 This file imports no torch: `fsframework.config` validates `model.name` against it.
 """
 
@@ -40,10 +45,28 @@ class AttentionKind:
     # module; fsframework.models.decode_cache): what a kind keeps of the past while decoding. None:
     # the keys its offset form reads (every key and value for "prefix", a ring of them for "window")
     cache: Optional[str] = None
+    # FreeSolo: the routing variant of `fsframework.ops.freesolo.select_cells` ("fs", "fsl", "fsb")
+    routing: str = ""
+    # reads per-head thresholds calibrated once per checkpoint (`fsf calibrate`, calibration.json)
+    calibrated: bool = False
+    # how the kind reads long range, for a scores file: (label, model.attention field) pairs
+    read_settings: tuple[tuple[str, str], ...] = ()
+    # a module ("package.module") that writes the kind as another library's own architecture:
+    # `to_native_name(name)`, `native_config(model, *, max_positions, torch_dtype)`; None: the
+    # export carries its own modeling code (fsframework.export.remote)
+    native_export: Optional[str] = None
 
     def key_span(self, attention: AttentionConfig) -> Optional[int]:
         """How many keys before its queries the offset form reads: None for the whole prefix."""
         return attention.window if self.keys == "window" else None
+
+    def read_path(self, attention: AttentionConfig) -> dict:
+        """The settings that say how this kind reads long range (`read_settings`), by label."""
+        return {"model": self.name, **{label: getattr(attention, field) for label, field in self.read_settings}}
+
+    def native_adapter(self):
+        """The `native_export` module, or None for an export with its own modeling code."""
+        return importlib.import_module(self.native_export) if self.native_export else None
 
     def module_class(self) -> type:
         return _import(self.module)
@@ -63,21 +86,26 @@ def _import(target: str) -> type:
 
 _ATTENTION = "fsframework.models.attention"
 _FREESOLO = "fsframework.models.freesolo_attention:FreeSoloAttention"
+_FSB_SETTINGS = (("top_k", "fsb_top_k"), ("beam_width", "fsb_beam_width"), ("bound_c", "fsb_bound_c"),
+                 ("forests", "fsb_forests"))
 _KEY_CACHES = {"prefix": "fsframework.models.kv_cache:PrefixKVCache",
                "window": "fsframework.models.kv_cache:WindowKVCache"}
 
 KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
-    AttentionKind("tfpp", f"{_ATTENTION}:RopeAttention", "prefix", "Transformer++: full causal attention, RoPE"),
+    AttentionKind("tfpp", f"{_ATTENTION}:RopeAttention", "prefix", "Transformer++: full causal attention, RoPE",
+                  native_export="fsframework.models.llama"),
     AttentionKind("swa", f"{_ATTENTION}:SlidingWindowAttention", "window", "sliding-window attention, RoPE"),
     AttentionKind("alibi", f"{_ATTENTION}:AlibiAttention", "prefix", "full causal attention, ALiBi bias"),
     AttentionKind("sinusoidal", f"{_ATTENTION}:NoPositionAttention", "prefix",
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
     AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True,
-                  cache="fsframework.models.freesolo_cache:FSCache"),
+                  cache="fsframework.models.freesolo_cache:FSCache", routing="fs", read_settings=(("top_k", "top_k"),)),
     AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
-                  cache="fsframework.models.freesolo_cache:FSLCache"),
+                  cache="fsframework.models.freesolo_cache:FSLCache", routing="fsl",
+                  read_settings=(("top_k", "top_k"),)),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
-                  freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.fsb_cache:FSBCache"),
+                  freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.fsb_cache:FSBCache",
+                  routing="fsb", calibrated=True, read_settings=_FSB_SETTINGS),
     AttentionKind("rewired", "fsframework.models.rewired_attention:RewiredAttention", "prefix",
                   "runway-rewired causal attention, RoPE (docs/rewired.md)"),
     # AR-GRC has no attention (no module, no keys, no layer cache): a learned cell composed by a tree
@@ -95,6 +123,14 @@ def attention_kind(name: str) -> AttentionKind:
     if name not in KINDS:
         raise ConfigError(f"model.name={name!r} is not registered; choose one of {', '.join(MODEL_NAMES)}")
     return KINDS[name]
+
+
+def native_kind(adapter: str) -> str:
+    """The kind whose `native_export` is module `adapter` (what an imported checkpoint becomes)."""
+    names = [name for name, kind in KINDS.items() if kind.native_export == adapter]
+    if len(names) != 1:
+        raise ValueError(f"{adapter} is the native export of {len(names)} kinds, not one")
+    return names[0]
 
 
 def check_trainable(name: str) -> None:
