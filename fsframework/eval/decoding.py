@@ -31,17 +31,27 @@ def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return model(tokens)[:, -1].float()
 
 
+def cached_tokens(model: nn.Module, tokens: torch.Tensor, choose: Callable[[torch.Tensor], torch.Tensor],
+                  on_step: Callable[[object], None] | None = None) -> Iterator[torch.Tensor]:
+    """The decode loop of every caller (greedy evaluation, `fsf generate`): tokens `[B]` chosen
+    by `choose(logits [B, V])`, one per `next()`. The prompt `tokens` `[B, T]` is prefilled once,
+    in chunks (only its last hidden state is kept), then each chosen token goes through the
+    decode cache. `on_step(cache)` sees the cache after each forward step. Close the generator
+    to leave the cache context (the model gets its plain attention back)."""
+    with decode_cache(model) as cache:
+        hidden = prefill(cache, tokens)
+        while True:
+            nxt = choose(model.lm_head(hidden).float())
+            if on_step is not None:
+                on_step(cache)
+            yield nxt
+            hidden = prefill(cache, nxt[:, None])
+
+
 def _next_token_steps(model: nn.Module, tokens: torch.Tensor, use_cache: bool) -> Iterator[torch.Tensor]:
     """Greedy next tokens `[B]`, one per `next()`; each is fed back as the next input."""
     if use_cache:
-        with decode_cache(model) as cache:
-            # the prompt is prefilled once, in chunks (only its last hidden state is kept), then one
-            # token per step
-            hidden = prefill(cache, tokens)
-            while True:
-                nxt = model.lm_head(hidden).float().argmax(dim=-1)
-                yield nxt
-                hidden = prefill(cache, nxt[:, None])
+        yield from cached_tokens(model, tokens, lambda logits: logits.argmax(dim=-1))
     while True:
         nxt = last_logits(model, tokens).argmax(dim=-1)
         yield nxt

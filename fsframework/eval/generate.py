@@ -15,7 +15,8 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from fsframework.models.decode_cache import cache_bytes, decode_cache, prefill
+from fsframework.eval.decoding import cached_tokens
+from fsframework.models.decode_cache import cache_bytes
 
 
 @dataclass
@@ -83,13 +84,13 @@ def stream_tokens(model: nn.Module, prompt: Sequence[int], *, max_new_tokens: in
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     stats.prompt_tokens = tokens.shape[1]
-    with decode_cache(model) as cache:
+    steps = cached_tokens(model, tokens, lambda logits: next_token(logits, temperature, top_p, generator),
+                          on_step=lambda cache: setattr(stats, "cache_bytes", cache_bytes(cache)))
+    try:
         begin = time.perf_counter()
-        hidden = prefill(cache, tokens)
-        token = next_token(model.lm_head(hidden).float(), temperature, top_p, generator)
+        token = next(steps)
         stats.prefill_s = time.perf_counter() - begin
         for step in range(max_new_tokens):
-            stats.cache_bytes = cache_bytes(cache)
             if eos_id is not None and int(token) == eos_id:
                 break
             stats.new_tokens += 1
@@ -97,7 +98,8 @@ def stream_tokens(model: nn.Module, prompt: Sequence[int], *, max_new_tokens: in
             if step + 1 == max_new_tokens:
                 break
             begin = time.perf_counter()
-            hidden = prefill(cache, token[:, None])
-            token = next_token(model.lm_head(hidden).float(), temperature, top_p, generator)
+            token = next(steps)
             stats.decode_s += time.perf_counter() - begin
             stats.steps += 1
+    finally:
+        steps.close()
