@@ -363,7 +363,7 @@ def checkpoint_tokenizer(ckpt: Path, spec: str) -> str:
 
 
 def _deepspeed_environment() -> None:
-    """As `fsframework.train.distributed.setup_environment`: on a CPU-only host tell DeepSpeed
+    """As `fsframework.parallel.process_group.setup_environment`: on a CPU-only host tell DeepSpeed
     before it is imported, so it never probes for CUDA extensions."""
     import torch
 

@@ -31,7 +31,7 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     from fsframework.models.registry import build_model, count_parameters
     from fsframework.parallel.deepspeed_config import deepspeed_config
     from fsframework.train.checkpoint import save
-    from fsframework.train.distributed import init_distributed
+    from fsframework.parallel.process_group import init_distributed
     from fsframework.train.trainer import LanguageModelingLoss
 
     overrides = [f"run_dir={run_dir}", "data.tokenizer=byte", "parallel.precision=fp32"]

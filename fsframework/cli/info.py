@@ -72,7 +72,7 @@ def kernel_launch_check(device: str = "cuda") -> str:
 
 
 def collect_info() -> dict[str, str]:
-    from fsframework.train.distributed import setup_environment
+    from fsframework.parallel.process_group import setup_environment
 
     setup_environment()
     import torch

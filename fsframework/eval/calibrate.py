@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint
+from fsframework.parallel.process_group import init_distributed
 
 HEATMAP_FILE = "calibration.png"
 
@@ -99,8 +100,9 @@ def _shared_windows(read, rank: int, world: int) -> torch.Tensor:
                 result[0] = read()
             except (ValueError, FileNotFoundError) as exc:
                 result[0] = exc
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    # joined only now, after rank 0's read: a streaming reader in a started process group waits
+    # at a barrier for every rank to open the dataset, and only rank 0 reads
+    init_distributed()
     dist.broadcast_object_list(result, src=0)
     if isinstance(result[0], Exception):
         raise result[0]

@@ -46,14 +46,6 @@ class ParallelGroups:
         return list(range(first, first + self.sp))
 
 
-def check_layout(world_size: int, sp: int) -> int:
-    """Data-parallel size for `world_size` ranks and SP groups of `sp`; raise ValueError otherwise
-    (`fsframework.config.check_world_size`, the one copy of the check)."""
-    from fsframework.config import check_world_size
-
-    return check_world_size(world_size, sp)
-
-
 def init_groups(sp: int, timeout_s: Optional[int] = None, backend: Optional[str] = None) -> ParallelGroups:
     """Create the SP and DP groups (collective: every rank of the world must call it).
 
@@ -70,8 +62,10 @@ def init_groups(sp: int, timeout_s: Optional[int] = None, backend: Optional[str]
         raise RuntimeError("init_groups needs an initialised default process group")
     from datetime import timedelta
 
+    from fsframework.config import check_world_size
+
     world, rank = dist.get_world_size(), dist.get_rank()
-    dp = check_layout(world, sp)
+    dp = check_world_size(world, sp)
     timeout = timedelta(seconds=timeout_s) if timeout_s else None
     sp_group = dp_group = None
     for g in range(dp):

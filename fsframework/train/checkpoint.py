@@ -24,7 +24,7 @@ from fsframework.checkpoints import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, 
                                      CheckpointError, client_state_name, file_digest, list_checkpoints, safe_load,
                                      step_name, verify, weights_only_loads)
 from fsframework.config import Config
-from fsframework.train.distributed import barrier
+from fsframework.parallel.process_group import barrier
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
@@ -180,7 +180,7 @@ def load_engine(engine, ckpt: Path, *, cfg: Optional[Config] = None, world_size:
     source, universal = ckpt, False
     if cfg is not None:
         saved, now = resize.saved_layout(ckpt), resize.run_layout(cfg, world_size)
-        resize.check_layout(ckpt, saved, now)
+        resize.check_resume_layout(ckpt, saved, now)
         same = saved.world_size == now.world_size
         if resize.needs_universal(saved, now):
             source, universal = resize.universal_dir(ckpt), True

@@ -13,7 +13,7 @@ sample count over all ranks; mosaicml-streaming re-deals samples to any number o
 every rank of the new layout takes rank 0's.
 
 What does not change on resume: `parallel.sp` (it decides how ranks split sequences) and
-`parallel.zero_stage` (it decides the files' layout). `check_layout` refuses either, naming
+`parallel.zero_stage` (it decides the files' layout). `check_resume_layout` refuses either, naming
 what differs.
 """
 
@@ -66,7 +66,7 @@ def run_layout(cfg: Config, world_size: int) -> Layout:
     return Layout(world_size, cfg.parallel.sp, cfg.parallel.zero_stage)
 
 
-def check_layout(ckpt: Path, saved: Layout, now: Layout) -> None:
+def check_resume_layout(ckpt: Path, saved: Layout, now: Layout) -> None:
     """Raise CheckpointError naming what differs when this run cannot resume `ckpt`: another
     sequence-parallel size or another ZeRO stage. Another data-parallel size is fine."""
     differs = []

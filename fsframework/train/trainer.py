@@ -23,7 +23,7 @@ from fsframework.parallel.health import FaultInjector, init_health_group, rerais
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
-from fsframework.train.distributed import DistInfo, barrier, init_distributed
+from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
 from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-from fsframework.train.resize import Layout, check_layout, saved_layout
+from fsframework.train.resize import Layout, check_resume_layout, saved_layout
 from tests.parallel.cli_runs import ONE_RANK, STEPS, assert_close, losses, rewind, torchrun, train_args
 from tests.utils import run_fsf
 
@@ -56,9 +56,9 @@ def test_another_sequence_parallel_size_or_zero_stage_is_refused_naming_both(ref
     ckpt = reference / "checkpoints" / "step_00000003"
     saved = saved_layout(ckpt)
     assert saved == Layout(world_size=1, sp=1, zero_stage=2)
-    check_layout(ckpt, saved, Layout(world_size=4, sp=1, zero_stage=2))  # another data-parallel size is fine
+    check_resume_layout(ckpt, saved, Layout(world_size=4, sp=1, zero_stage=2))  # another data-parallel size is fine
     with pytest.raises(CheckpointError, match=r"parallel\.sp=1 in the checkpoint, 2 in this run"):
-        check_layout(ckpt, saved, Layout(world_size=2, sp=2, zero_stage=2))
+        check_resume_layout(ckpt, saved, Layout(world_size=2, sp=2, zero_stage=2))
     with pytest.raises(CheckpointError, match=r"parallel\.zero_stage=2 in the checkpoint, 3 in this run"):
-        check_layout(ckpt, saved, Layout(world_size=1, sp=1, zero_stage=3))
+        check_resume_layout(ckpt, saved, Layout(world_size=1, sp=1, zero_stage=3))
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from fsframework.parallel.groups import check_layout
 from fsframework.parallel.sharding import block_slices
 
 
@@ -21,9 +20,3 @@ def test_slices_are_contiguous_whole_blocks_and_balanced(seq, sp, block):
 def test_too_few_blocks_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than parallel.sp=4"):
         block_slices(40, 4, 16)
-
-
-def test_world_size_must_be_a_multiple_of_sp():
-    assert check_layout(8, 4) == 2
-    with pytest.raises(ValueError, match="world size 6 is not a multiple of parallel.sp=4"):
-        check_layout(6, 4)
