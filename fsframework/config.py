@@ -424,9 +424,8 @@ def _check_argrc(cfg: Config) -> None:
 
 def check_world_size(world_size: int, sp: int, *, world: str = "world size") -> int:
     """The data-parallel size of `world_size` ranks in sequence-parallel groups of `sp`; raise
-    ConfigError when `world_size` is not a multiple of `sp`. The one copy of this check (the
-    trainer, the process groups and the launcher call it); `world` names the world size in the
-    message (the launcher spells out its options)."""
+    ConfigError when `world_size` is not a multiple of `sp`. `world` names the world size in
+    the message (e.g. the options a launcher spells it out with)."""
     if sp < 1:
         raise ConfigError(f"parallel.sp={sp} must be >= 1")
     if world_size % sp:
