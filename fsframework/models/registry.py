@@ -24,7 +24,9 @@ from fsframework.config import AttentionConfig, ConfigError, ModelConfig
 class AttentionKind:
     name: str
     module: str  # "package.module:Class", imported when a model is built
-    keys: str  # "prefix": keys of [0, start + n); "window": only the `window` keys before start
+    # "prefix": keys of [0, start + n); "window": only the `window` keys before start; "retained":
+    # the prefix of which FS-L reads only its window, recent and top-P cells (RetainedCells)
+    keys: str
     summary: str
     absolute_positions: bool = False  # sinusoidal position table added to the embeddings
     freesolo: bool = False  # a FreeSolo model: query blocks, cells, routing (model.attention.*)
@@ -41,9 +43,17 @@ class AttentionKind:
     # the keys its offset form reads (every key and value for "prefix", a ring of them for "window")
     cache: Optional[str] = None
 
-    def key_span(self, attention: AttentionConfig) -> Optional[int]:
-        """How many keys before its queries the offset form reads: None for the whole prefix."""
-        return attention.window if self.keys == "window" else None
+    def key_span(self, attention: AttentionConfig):
+        """Which keys before its queries the offset form reads (`fsframework.models.context`): None
+        for the whole prefix, an int for a window, a RetainedCells for FS-L's cells."""
+        if self.keys == "window":
+            return attention.window
+        if self.keys == "retained":
+            from fsframework.models.context import RetainedCells
+
+            return RetainedCells(attention.cell_size, attention.recent_cells, attention.retained_cells,
+                                 attention.window)
+        return None
 
     def module_class(self) -> type:
         return _import(self.module)
@@ -74,7 +84,7 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
     AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True,
                   cache="fsframework.models.freesolo_cache:FSCache"),
-    AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
+    AttentionKind("fsl", _FREESOLO, "retained", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
                   cache="fsframework.models.freesolo_cache:FSLCache"),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",
                   freesolo=True, trainable=False, trained_as="fs", cache="fsframework.models.fsb_cache:FSBCache"),

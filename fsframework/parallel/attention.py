@@ -7,12 +7,15 @@ Every attention kind is written once, for queries at `[start, start + n)`
 (`fsframework.models.attention`); under sequence parallelism `start = a` and the
 keys of `[0, a)` live on the earlier ranks. What a kind needs is its registry
 entry's key span:
-- the whole prefix (TF++, ALiBi, sinusoidal, FS, FS-L): keys and values of `[0, b)`
+- the whole prefix (TF++, ALiBi, sinusoidal, FS, FS-B): keys and values of `[0, b)`
   by ONE all-gather (as Llama 3 context parallelism). Keys travel in the form the
   kind's projection gives them: rotated at their absolute positions for TF++,
   unrotated for FreeSolo (routing and readout are NoPE; the cell summaries are
   recomputed locally from the gathered keys, so they are bit-identical to the
   single-process ones).
+- FS-L's retained cells: only the window, the recent cells and the top-`P` cells by
+  key norm of the earlier ranks, a byte count constant in N
+  (`fsframework.parallel.retained`).
 - a window of `w` keys (SWA): only the halo of the `w` keys before `a`, point to point.
 
 Load balancing: slices are contiguous runs of whole query blocks, so later ranks
@@ -23,12 +26,12 @@ is balanced; FS routing grows with the prefix like causal attention.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
+from fsframework.models.context import RetainedCells, Span
 from fsframework.parallel.collectives import gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
+from fsframework.parallel.retained import retained_kv
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +59,9 @@ class SequenceParallelKeys:
         return self.sp.start
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         if span is None:
             return gather_kv(k, v, self.sp)
+        if isinstance(span, RetainedCells):
+            return retained_kv(k, v, self.sp, span)
         return halo_kv(k, v, self.sp, span)

@@ -50,7 +50,7 @@ class CommCounter:
             cls.enabled = False
 
 
-def _bytes(t: torch.Tensor) -> int:
+def num_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
@@ -70,7 +70,7 @@ class _GatherSequence(torch.autograd.Function):
         chunk = _pad_to(x, longest)
         out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
         dist.all_gather(out, chunk, group=sp.group)
-        CommCounter.add("all_gather", (sp.size - 1) * _bytes(chunk))
+        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
         parts = [out[r][:, : e - s] for r, (s, e) in enumerate(sp.slices) if s < upto]
         return torch.cat(parts, dim=1)[:, :upto]
 
@@ -85,7 +85,7 @@ class _GatherSequence(torch.autograd.Function):
             chunks.append(_pad_to(piece, longest))
         own = grad.new_empty(shape)
         dist.reduce_scatter(own, chunks, op=dist.ReduceOp.SUM, group=sp.group)
-        CommCounter.add("reduce_scatter", (sp.size - 1) * _bytes(own))
+        CommCounter.add("reduce_scatter", (sp.size - 1) * num_bytes(own))
         return own[:, : ctx.own], None, None
 
 
@@ -118,14 +118,15 @@ def _halo_plan(sp: SPContext, width: int) -> tuple[list, list]:
     return sends, recvs
 
 
-def _exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: list[tuple[int, torch.Tensor]]):
+def exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: list[tuple[int, torch.Tensor]],
+              kind: str = "halo"):
     ops = [dist.P2POp(dist.isend, t.contiguous(), sp.peers[p], group=sp.group) for p, t in outgoing]
     ops += [dist.P2POp(dist.irecv, t, sp.peers[p], group=sp.group) for p, t in incoming]
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
     for _, t in incoming:
-        CommCounter.add("halo", _bytes(t))
+        CommCounter.add(kind, num_bytes(t))
 
 
 class _HaloExchange(torch.autograd.Function):
@@ -139,7 +140,7 @@ class _HaloExchange(torch.autograd.Function):
         outgoing = [(dst, x[:, lo - start:hi - start]) for dst, lo, hi in sends]
         incoming = [(src, out[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in recvs]
         buffers = [(p, torch.empty_like(t)) for p, t in incoming]  # views are not contiguous in general
-        _exchange(sp, outgoing, buffers)
+        exchange(sp, outgoing, buffers)
         for (_, view), (_, buf) in zip(incoming, buffers):
             view.copy_(buf)
         return out
@@ -151,7 +152,7 @@ class _HaloExchange(torch.autograd.Function):
         grad_x = grad.new_zeros(ctx.shape)
         outgoing = [(src, grad[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in ctx.recvs]
         incoming = [(dst, grad.new_empty((grad.shape[0], hi - lo, *grad.shape[2:]))) for dst, lo, hi in ctx.sends]
-        _exchange(sp, outgoing, incoming)
+        exchange(sp, outgoing, incoming)
         for (_, lo, hi), (_, buf) in zip(ctx.sends, incoming):
             grad_x[:, lo - start:hi - start] += buf
         return grad_x, None, None
