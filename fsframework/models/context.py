@@ -49,6 +49,14 @@ class KeySource(Protocol):
         ...
 
 
+def source_positions(source: KeySource, n: int, device=None) -> torch.Tensor:
+    """Absolute positions of the `n` queries `source` serves: `[start, start + n)`, unless the source
+    says otherwise (a sequence-parallel rank of the zigzag layout holds two runs)."""
+    if hasattr(source, "positions"):
+        return source.positions(n, device)
+    return torch.arange(source.start, source.start + n, device=device)
+
+
 class WholeSequence:
     """The forward pass sees the whole sequence: queries and keys both cover `[0, n)`."""
 
