@@ -182,9 +182,9 @@ class OptimConfig:
 @dataclass
 class ParallelConfig:
     sp: int = 1  # sequence-parallel group size
-    # contiguous | zigzag: which tokens each SP rank holds (fsframework.parallel.sharding); zigzag
-    # balances the causal work of the prefix kinds, the others always run contiguous
-    sp_layout: str = "contiguous"
+    # zigzag | contiguous: which tokens each SP rank holds (fsframework.parallel.sharding); zigzag
+    # balances the causal work of the prefix kinds for the same bytes, the others always run contiguous
+    sp_layout: str = "zigzag"
     zero_stage: int = 0
     grad_accum: int = 1
     precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
