@@ -4,9 +4,10 @@ Legend: B batch, n own slice length, L longest slice, N sequence, W halo width;
 `...` are trailing feature axes (heads, head width).
 
 - `gather_sequence(x [B, n, ...]) -> [B, upto, ...]`: the sequence `[0, upto)` from
-  every rank's slice; `gather_runs` the same for one run of every rank (zigzag layout). Forward: all-gather of the slices (padded to `L`).
-  Backward: reduce-scatter (sum), so each rank receives the sum of the gradients
-  that every rank's queries put on its own keys/values.
+  every rank's slice; `gather_runs` the same for one run of every rank (zigzag layout).
+  Forward: all-gather of the slices (padded to `L`). Backward: reduce-scatter (sum), so
+  each rank receives the sum of the gradients that every rank's queries put on its own
+  keys/values.
 - `halo_exchange(x [B, n, ...], width) -> [B, W, ...]`: the `W = min(width, start)`
   tokens just before this rank's slice, by point-to-point messages from the
   earlier ranks that own them (a slice may be shorter than the halo, so a halo can
