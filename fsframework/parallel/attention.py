@@ -107,9 +107,6 @@ class RunKeys:
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         return self.parent.keys(self.run, layer, k, v, span)
 
-    def positions(self, n: int, device=None) -> torch.Tensor:
-        return torch.arange(self.start, self.start + n, device=device)
-
 
 class RunsAttention:
     """Mixin swapped onto each attention module under the zigzag layout: the module's own
