@@ -182,6 +182,9 @@ class OptimConfig:
 @dataclass
 class ParallelConfig:
     sp: int = 1  # sequence-parallel group size
+    # zigzag | contiguous: which tokens each SP rank holds (fsframework.parallel.sharding); zigzag
+    # balances the causal work of the prefix kinds for the same bytes, the others always run contiguous
+    sp_layout: str = "zigzag"
     zero_stage: int = 0
     grad_accum: int = 1
     precision: str = "auto"  # auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16
@@ -463,6 +466,7 @@ def validate(cfg: Config) -> Config:
     _choice("optim.decay", cfg.optim.decay, ("cosine", "linear", "constant"))
     _choice("parallel.precision", cfg.parallel.precision, ("auto", "fp32", "bf16"))
     _choice("parallel.backend", cfg.parallel.backend, ("auto", "gloo", "nccl"))
+    _choice("parallel.sp_layout", cfg.parallel.sp_layout, ("contiguous", "zigzag"))
     _choice("parallel.zero_stage", cfg.parallel.zero_stage, (0, 1, 2, 3))
     for key in ("model.vocab_size", "model.d_model", "model.n_layers", "model.n_heads", "data.seq_len",
                 "data.micro_batch_size", "train.max_steps", "train.ckpt_every", "train.keep_checkpoints",

@@ -1,17 +1,25 @@
 """Sequence-parallel measurements on CPU ranks (gloo): activation memory, bytes per layer, wall time.
 
     python tools/bench_sp.py                      # all three tables
-    python tools/bench_sp.py --only bytes         # FS bytes per layer at N=32k, sp=2,4,8
+    python tools/bench_sp.py --only bytes --kinds fsl fs tfpp --n 8192 32768 131072 --sp 2 4 8 \
+        [--layout zigzag] [--json OUT]            # bytes per layer, before (all-gather) and after
+    python tools/bench_sp.py --only work --n 32768 --sp 2 4 8   # per-rank causal work, contiguous vs zigzag
     python tools/bench_sp.py --only recompute --kind fs   # activation checkpointing on/off, N=4k and 16k
 
 Prints, per rank:
 1. activation memory: bytes of the tensors autograd saves for the backward pass
    (unique storages, counted by a saved-tensors hook), and the process peak RSS,
    for sp = 1, 2, 4 at a fixed N: activations should fall roughly as 1/sp;
-2. bytes received per layer per training step (forward + backward), summed over
-   the ranks of one SP group, for FS at N = 32768 and sp = 2, 4, 8: counted by
-   `CommCounter` on the real collectives, next to the analytic formula
-   `2 * sp * (sp - 1) * L * 2 * D * bytes` (L = longest slice, D = H * d);
+2. bytes received per layer per training step (forward + backward) and the bytes of
+   other ranks' keys and values a rank holds for its attention (the gathered-key
+   memory), per rank maxima, for each kind, N and sp: counted by `CommCounter` on the
+   real collectives of the kind's `KeySource` (one layer, random keys, H = 4, d = 32,
+   fp32, the default attention config), "before" = today's all-gather of the whole
+   prefix for every prefix kind, "after" = the kind's own fetch under `--layout`;
+   `--json OUT` writes them as a list of records;
+5. (--only work) per-rank work of the layouts: causal score elements (TF++, ALiBi,
+   sinusoidal, rewired) and FS routing scores (query x eligible cell) counted over the
+   runs each rank holds, max / mean across ranks;
 3. the wall time of one forward + backward at sp = 2 against sp = 1;
 4. (--only recompute) activation memory per rank with `train.activation_checkpointing` off and
    on, at N = 4096 and 16384, sp = 1 and 2. With it on, the count adds the inputs that the
@@ -128,13 +136,6 @@ def worker(spec: dict) -> None:
     dist.destroy_process_group()
 
 
-def analytic_bytes(n: int, sp: int, block: int, d_model: int, elem: int) -> int:
-    """Bytes received per layer and step by all ranks of one SP group (all-gather + reduce-scatter of [K;V])."""
-    blocks = -(-n // block)
-    longest = -(-blocks // sp) * block
-    return 2 * sp * (sp - 1) * longest * 2 * d_model * elem
-
-
 def memory_table(kind: str, n: int) -> None:
     print(f"\n1. activation memory per rank, {kind}, N={n}, d_model 256, 4 layers, 4 heads, fp32")
     print(f"{'sp':>3} {'rank':>4} {'slice':>13} {'saved MB':>9} {'peak RSS MB':>11}")
@@ -143,17 +144,104 @@ def memory_table(kind: str, n: int) -> None:
             print(f"{sp:>3} {r['rank']:>4} {str(r['span']):>13} {r['saved_mb']:>9.1f} {r['rss_mb']:>11.0f}")
 
 
-def bytes_table(n: int = 32768) -> None:
-    d_model, heads, layers = 16, 2, 1  # the counted run is narrow; the formula is linear in D
-    print(f"\n2. FS bytes received per layer per step (fwd + bwd), N={n}, summed over one SP group")
-    print(f"{'sp':>3} {'counted (D=16, fp32)':>21} {'analytic':>12} {'analytic D=1024 bf16':>21} {'per rank':>10}")
-    for sp in (2, 4, 8):
-        results = launch(sp, {"kind": "fs", "n": n, "d_model": d_model, "layers": layers, "heads": heads,
-                              "repeats": 0})
-        counted = sum(sum(r["bytes"].values()) for r in results) // layers
-        formula = analytic_bytes(n, sp, 128, d_model, 4)
-        big = analytic_bytes(n, sp, 128, 1024, 2)
-        print(f"{sp:>3} {counted:>21,} {formula:>12,} {big / 1e6:>18.1f} MB {big / sp / 1e6:>7.1f} MB")
+def keys_worker(spec: dict) -> None:
+    """One rank of the bytes table: every (kind, N, scheme) of `spec`, one layer's fetch forward + backward."""
+    import torch
+    import torch.distributed as dist
+
+    from fsframework.config import AttentionConfig
+    from fsframework.models.registry import attention_kind
+    from fsframework.parallel.attention import SequenceParallelKeys, ZigzagKeys, gather_kv
+    from fsframework.parallel.collectives import CommCounter
+    from fsframework.parallel.context import SPContext
+    from fsframework.parallel.groups import init_groups
+    from fsframework.parallel.sharding import shard_runs
+
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    groups = init_groups(dist.get_world_size())
+    att = AttentionConfig()
+    records = []
+    for kind in spec["kinds"]:
+        entry = attention_kind(kind)
+        for n in spec["n"]:
+            for scheme in ("before", "after"):
+                layout = spec["layout"] if scheme == "after" and entry.keys == "prefix" else "contiguous"
+                sp = SPContext(groups=groups, block_size=att.block_size, layout=layout)
+                sp.begin(n)
+                gen = torch.Generator().manual_seed(n)
+                k, v = (shard_runs(torch.randn(1, n, 4, 32, generator=gen), sp.runs).requires_grad_(True)
+                        for _ in range(2))
+                with CommCounter.counting() as counted:
+                    if scheme == "before":
+                        fetched = [gather_kv(k, v, sp)]
+                    elif layout == "zigzag":
+                        views = ZigzagKeys(sp).views()
+                        lengths = [e - s for s, e in sp.runs]
+                        pieces = zip(views, k.split(lengths, 1), v.split(lengths, 1))
+                        fetched = [view.keys(0, kp, vp, None) for view, kp, vp in pieces]
+                    else:
+                        fetched = [SequenceParallelKeys(sp).keys(0, k, v, entry.key_span(att))]
+                    sum(kk.sum() + vv.sum() for kk, vv in fetched).backward()
+                own = 2 * k.numel() * k.element_size()
+                held = max(kk.untyped_storage().nbytes() for kk, _ in fetched)  # k and v share one storage
+                records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout,
+                                "bytes": sum(counted.values()), "held": held - own})
+                del fetched, k, v
+    print(json.dumps({"rank": dist.get_rank(), "records": records}))
+    dist.destroy_process_group()
+
+
+def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: str) -> list[dict]:
+    print(f"\n2. bytes received per layer per step (fwd + bwd) and gathered-key memory, per rank maxima; "
+          f"H=4, d=32, fp32, one layer; after = --layout {layout}")
+    print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'before MB':>10} {'after MB':>9} {'ratio':>6} "
+          f"{'held before MB':>15} {'held after MB':>14}")
+    out = []
+    for sp in sps:
+        ranks = launch(sp, {"mode": "keys", "kinds": kinds, "n": lengths, "layout": layout})
+        by_key: dict[tuple, list] = {}
+        for r in ranks:
+            for rec in r["records"]:
+                by_key.setdefault((rec["kind"], rec["n"], rec["scheme"]), []).append(rec)
+        for kind in kinds:
+            for n in lengths:
+                before, after = by_key[kind, n, "before"], by_key[kind, n, "after"]
+                b0, b1 = max(r["bytes"] for r in before), max(r["bytes"] for r in after)
+                h0, h1 = max(r["held"] for r in before), max(r["held"] for r in after)
+                lay = after[0]["layout"]
+                print(f"{kind:>5} {n:>7} {sp:>3} {lay:>10} {b0 / 1e6:>10.2f} {b1 / 1e6:>9.2f} {b0 / b1:>6.1f} "
+                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f}")
+                out += [{"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "all_gather",
+                         "bytes_received_per_layer": b0, "gathered_key_bytes": h0},
+                        {"kind": kind, "n": n, "sp": sp, "layout": lay, "fetch": "kind",
+                         "bytes_received_per_layer": b1, "gathered_key_bytes": h1}]
+    return out
+
+
+def routing_work(runs: list[tuple[int, int]], block: int = 128, cell: int = 32) -> int:
+    """FS routing scores of `runs`: every query of a block scores each cell complete before the block."""
+    return sum((min(b + block, e) - b) * (b // cell) for s, e in runs for b in range(s, e, block))
+
+
+def work_table(lengths: list[int], sps: list[int]) -> list[dict]:
+    from fsframework.parallel.sharding import causal_work, layout_runs
+
+    print("\n5. per-rank work, max / mean across ranks: causal score elements and FS routing scores")
+    print(f"{'N':>7} {'sp':>3} {'causal contiguous':>18} {'causal zigzag':>14} {'FS contiguous':>14} {'FS zigzag':>10}")
+    out = []
+    for n in lengths:
+        for sp in sps:
+            row = {}
+            for layout in ("contiguous", "zigzag"):
+                runs = layout_runs(n, sp, 128, layout)
+                for name, count in (("causal", causal_work), ("fs_routing", routing_work)):
+                    work = [count(r) for r in runs]
+                    row[name, layout] = max(work) / (sum(work) / len(work))
+                    out.append({"n": n, "sp": sp, "layout": layout, "work": name, "max_over_mean": row[name, layout]})
+            print(f"{n:>7} {sp:>3} {row['causal', 'contiguous']:>18.3f} {row['causal', 'zigzag']:>14.3f} "
+                  f"{row['fs_routing', 'contiguous']:>14.3f} {row['fs_routing', 'zigzag']:>10.3f}")
+    return out
 
 
 def time_table(kind: str, n: int) -> None:
@@ -184,20 +272,31 @@ def recompute_table(kind: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("memory", "bytes", "time", "recompute"))
+    parser.add_argument("--only", choices=("memory", "bytes", "work", "time", "recompute"))
     parser.add_argument("--kind", default="tfpp")
-    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--kinds", nargs="+", default=["fsl", "fs", "tfpp"])
+    parser.add_argument("--n", type=int, nargs="+", help="sequence lengths (memory and time take the first)")
+    parser.add_argument("--sp", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
+    parser.add_argument("--json", help="write the bytes and work records to this file")
     args = parser.parse_args()
     if args.worker:
-        return worker(json.loads(args.worker))
+        spec = json.loads(args.worker)
+        return keys_worker(spec) if spec.get("mode") == "keys" else worker(spec)
+    n = args.n[0] if args.n else 4096
+    records = []
     if args.only in (None, "memory"):
-        memory_table(args.kind, args.n)
+        memory_table(args.kind, n)
     if args.only in (None, "bytes"):
-        bytes_table()
+        records += bytes_table(args.kinds, args.n or [8192, 32768, 131072], args.sp, args.layout)
+    if args.only in (None, "work"):
+        records += work_table(args.n or [32768], args.sp)
     if args.only in (None, "time"):
-        time_table(args.kind, args.n)
+        time_table(args.kind, n)
     if args.only == "recompute":
         recompute_table(args.kind)
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ Every attention kind is written once, for queries at positions `[start, start + 
 enough for the kind:
 
 - `span=None`: the whole prefix, `[0, start + n)` (full causal kinds, FreeSolo);
-- `span=w`: at least the `w` keys before `start`, `[start - min(w, start), start + n)`.
+- `span=w`: at least the `w` keys before `start`, `[start - min(w, start), start + n)`;
+- `span=RetainedCells(...)` (FS-L): `[0, start + n)` where only FS-L's cells matter: the
+  window and recent cells before `start` and the top-`P` cells by key norm; a source may
+  leave the other positions zero (`fsframework.parallel.retained`).
 
 `WholeSequence` (here) is training and plain inference: `start = 0` and the keys are
 the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
@@ -17,17 +20,41 @@ each kind needs is part of its registry entry (`fsframework.models.registry`).
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from dataclasses import dataclass
+from typing import Protocol, Union
 
 import torch
+
+
+@dataclass(frozen=True)
+class RetainedCells:
+    """FS-L's key span (docs/freesolo.md §1.5): the prefix, of which a query block reads only
+    the `window` keys and `recent_cells` cells before it and the top-`retained_cells` cells
+    by key-norm priority."""
+
+    cell_size: int
+    recent_cells: int
+    retained_cells: int
+    window: int
+
+
+Span = Union[None, int, RetainedCells]
 
 
 class KeySource(Protocol):
     start: int
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         ...
+
+
+def source_positions(source: KeySource, n: int, device=None) -> torch.Tensor:
+    """Absolute positions of the `n` queries `source` serves: `[start, start + n)`, unless the source
+    says otherwise (a sequence-parallel rank of the zigzag layout holds two runs)."""
+    if hasattr(source, "positions"):
+        return source.positions(n, device)
+    return torch.arange(source.start, source.start + n, device=device)
 
 
 class WholeSequence:
@@ -36,7 +63,7 @@ class WholeSequence:
     start = 0
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         return k, v
 
 

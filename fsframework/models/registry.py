@@ -29,7 +29,9 @@ from fsframework.config import AttentionConfig, ConfigError, ModelConfig
 class AttentionKind:
     name: str
     module: str  # "package.module:Class", imported when a model is built
-    keys: str  # "prefix": keys of [0, start + n); "window": only the `window` keys before start
+    # "prefix": keys of [0, start + n); "window": only the `window` keys before start; "retained":
+    # the prefix of which FS-L reads only its window, recent and top-P cells (RetainedCells)
+    keys: str
     summary: str
     absolute_positions: bool = False  # sinusoidal position table added to the embeddings
     freesolo: bool = False  # a FreeSolo model: query blocks, cells, routing (model.attention.*)
@@ -56,9 +58,17 @@ class AttentionKind:
     # export carries its own modeling code (fsframework.export.remote)
     native_export: Optional[str] = None
 
-    def key_span(self, attention: AttentionConfig) -> Optional[int]:
-        """How many keys before its queries the offset form reads: None for the whole prefix."""
-        return attention.window if self.keys == "window" else None
+    def key_span(self, attention: AttentionConfig):
+        """Which keys before its queries the offset form reads (`fsframework.models.context`): None
+        for the whole prefix, an int for a window, a RetainedCells for FS-L's cells."""
+        if self.keys == "window":
+            return attention.window
+        if self.keys == "retained":
+            from fsframework.models.context import RetainedCells
+
+            return RetainedCells(attention.cell_size, attention.recent_cells, attention.retained_cells,
+                                 attention.window)
+        return None
 
     def read_path(self, attention: AttentionConfig) -> dict:
         """The settings that say how this kind reads long range (`read_settings`), by label."""
@@ -100,7 +110,7 @@ KINDS: dict[str, AttentionKind] = {kind.name: kind for kind in (
                   "full causal attention, sinusoidal absolute positions", absolute_positions=True),
     AttentionKind("fs", _FREESOLO, "prefix", "FreeSolo: RoPE window + routed NoPE cells", freesolo=True,
                   cache="fsframework.models.freesolo_cache:FSCache", routing="fs", read_settings=(("top_k", "top_k"),)),
-    AttentionKind("fsl", _FREESOLO, "prefix", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
+    AttentionKind("fsl", _FREESOLO, "retained", "FreeSolo-L: FS routing over a norm-pruned prefix", freesolo=True,
                   cache="fsframework.models.freesolo_cache:FSLCache", routing="fsl",
                   read_settings=(("top_k", "top_k"),)),
     AttentionKind("fsb", _FREESOLO, "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)",

@@ -7,28 +7,35 @@ Every attention kind is written once, for queries at `[start, start + n)`
 (`fsframework.models.attention`); under sequence parallelism `start = a` and the
 keys of `[0, a)` live on the earlier ranks. What a kind needs is its registry
 entry's key span:
-- the whole prefix (TF++, ALiBi, sinusoidal, FS, FS-L): keys and values of `[0, b)`
+- the whole prefix (TF++, ALiBi, sinusoidal, FS, FS-B): keys and values of `[0, b)`
   by ONE all-gather (as Llama 3 context parallelism). Keys travel in the form the
   kind's projection gives them: rotated at their absolute positions for TF++,
   unrotated for FreeSolo (routing and readout are NoPE; the cell summaries are
   recomputed locally from the gathered keys, so they are bit-identical to the
   single-process ones).
+- FS-L's retained cells: only the window, the recent cells and the top-`P` cells by
+  key norm of the earlier ranks, a byte count constant in N
+  (`fsframework.parallel.retained`).
 - a window of `w` keys (SWA): only the halo of the `w` keys before `a`, point to point.
 
-Load balancing: slices are contiguous runs of whole query blocks, so later ranks
-do more causal attention work than earlier ones (no zigzag); for SWA and the
-FreeSolo local and readout branches the work per query is bounded and the load
-is balanced; FS routing grows with the prefix like causal attention.
+Load balancing (`parallel.sp_layout`, `fsframework.parallel.sharding`): under the
+contiguous layout later ranks do more causal work than earlier ones. The zigzag layout
+gives every rank an early and a late run, for the kinds whose work grows with position
+(the "prefix" kinds: TF++, ALiBi, sinusoidal, rewired, FS routing). Each attention module
+then runs once per run (`RunsAttention`), in the offset form, with `RunKeys`: run 0's
+keys are all-gathered first (every rank's run 0 covers `[0, M)`), then run 1's (`[M, N)`),
+the same bytes as one all-gather of the whole slices. SWA and FS-L do bounded work per
+query and keep the contiguous layout.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from fsframework.parallel.collectives import gather_sequence, halo_exchange
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource, RetainedCells, Span
+from fsframework.parallel.collectives import gather_runs, gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
+from fsframework.parallel.retained import retained_kv
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +63,76 @@ class SequenceParallelKeys:
         return self.sp.start
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         if span is None:
             return gather_kv(k, v, self.sp)
+        if isinstance(span, RetainedCells):
+            return retained_kv(k, v, self.sp, span)
         return halo_kv(k, v, self.sp, span)
+
+
+class ZigzagKeys:
+    """The earlier keys of one layer call under the zigzag layout: one `RunKeys` view per own run.
+
+    Run 0's gathered keys are kept for run 1 of the same layer call (so one layer's call,
+    also when activation checkpointing recomputes it, holds both)."""
+
+    def __init__(self, sp: SPContext):
+        self.sp = sp
+        self.first: dict[int, torch.Tensor] = {}  # layer -> gathered keys and values of [0, M)
+
+    def views(self) -> list["RunKeys"]:
+        return [RunKeys(self, run) for run in range(len(self.sp.runs))]
+
+    def keys(self, run: int, layer: int, k: torch.Tensor, v: torch.Tensor,
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
+        if span is not None:
+            raise ValueError(f"the zigzag layout serves prefix kinds only, got a key span {span!r}")
+        gathered = gather_runs(torch.cat((k, v), dim=-1), self.sp, run)
+        if run == 0 and len(self.sp.runs) > 1:
+            self.first[layer] = gathered
+        elif run > 0:
+            gathered = torch.cat((self.first.pop(layer), gathered), dim=1)
+        end = self.sp.runs[run][1]
+        return gathered[:, :end].split(k.shape[-1], dim=-1)
+
+
+class RunKeys:
+    """`KeySource` of one own run of the zigzag layout: queries of `[start, end)` of that run."""
+
+    def __init__(self, parent: ZigzagKeys, run: int):
+        self.parent, self.run = parent, run
+        self.start = parent.sp.runs[run][0]
+
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.parent.keys(self.run, layer, k, v, span)
+
+
+class RunsAttention:
+    """Mixin swapped onto each attention module under the zigzag layout: the module's own
+    forward once per run, on that run's rows of `x` `[B, n_0 + n_1, D]`."""
+
+    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        if not isinstance(source, ZigzagRunsSource):
+            return super().forward(x, source)
+        zigzag = ZigzagKeys(source.sp)
+        lengths = [e - s for s, e in source.sp.runs]
+        outs = [super(RunsAttention, self).forward(piece, view)
+                for piece, view in zip(x.split(lengths, dim=1), zigzag.views())]
+        return torch.cat(outs, dim=1)
+
+
+class ZigzagRunsSource:
+    """What the model hands every layer under the zigzag layout: the rank's runs; each attention
+    module (`RunsAttention`) splits its call by run. `positions` are the runs' absolute positions
+    (for the sinusoidal table)."""
+
+    def __init__(self, sp: SPContext):
+        self.sp = sp
+        self.start = sp.runs[0][0]
+
+    def positions(self, n: int, device=None) -> torch.Tensor:
+        return torch.cat([torch.arange(s, e, device=device) for s, e in self.sp.runs])
+
+    def keys(self, layer, k, v, span):  # pragma: no cover - RunsAttention never asks the whole source
+        raise RuntimeError("under the zigzag layout keys are fetched per run (RunsAttention)")

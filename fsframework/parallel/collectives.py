@@ -4,9 +4,10 @@ Legend: B batch, n own slice length, L longest slice, N sequence, W halo width;
 `...` are trailing feature axes (heads, head width).
 
 - `gather_sequence(x [B, n, ...]) -> [B, upto, ...]`: the sequence `[0, upto)` from
-  every rank's slice. Forward: all-gather of the slices (padded to `L`).
-  Backward: reduce-scatter (sum), so each rank receives the sum of the gradients
-  that every rank's queries put on its own keys/values.
+  every rank's slice; `gather_runs` the same for one run of every rank (zigzag layout).
+  Forward: all-gather of the slices (padded to `L`). Backward: reduce-scatter (sum), so
+  each rank receives the sum of the gradients that every rank's queries put on its own
+  keys/values.
 - `halo_exchange(x [B, n, ...], width) -> [B, W, ...]`: the `W = min(width, start)`
   tokens just before this rank's slice, by point-to-point messages from the
   earlier ranks that own them (a slice may be shorter than the halo, so a halo can
@@ -50,7 +51,7 @@ class CommCounter:
             cls.enabled = False
 
 
-def _bytes(t: torch.Tensor) -> int:
+def num_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
@@ -64,42 +65,57 @@ def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
 
 class _GatherSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, sp: SPContext, upto: int):
-        ctx.sp, ctx.upto, ctx.own = sp, upto, x.shape[1]
-        longest = max(e - s for s, e in sp.slices)
+    def forward(ctx, x: torch.Tensor, sp: SPContext, slices: list[tuple[int, int]], upto: int):
+        ctx.sp, ctx.slices, ctx.upto, ctx.own = sp, slices, upto, x.shape[1]
+        longest = max(e - s for s, e in slices)
         chunk = _pad_to(x, longest)
         out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
         dist.all_gather(out, chunk, group=sp.group)
-        CommCounter.add("all_gather", (sp.size - 1) * _bytes(chunk))
-        parts = [out[r][:, : e - s] for r, (s, e) in enumerate(sp.slices) if s < upto]
-        return torch.cat(parts, dim=1)[:, :upto]
+        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
+        lo = min(s for s, _ in slices)
+        parts = [out[r][:, : e - s] for r, (s, e) in sorted(enumerate(slices), key=lambda p: p[1]) if s < upto]
+        return torch.cat(parts, dim=1)[:, : upto - lo]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        sp = ctx.sp
-        longest = max(e - s for s, e in sp.slices)
+        sp, slices = ctx.sp, ctx.slices
+        lo = min(s for s, _ in slices)
+        longest = max(e - s for s, e in slices)
         shape = (grad.shape[0], longest, *grad.shape[2:])
         chunks = []
-        for s, e in sp.slices:  # every rank's share of this rank's gradient, padded; zeros past `upto`
-            piece = grad[:, s:min(e, ctx.upto)] if s < ctx.upto else grad.new_zeros((grad.shape[0], 0, *shape[2:]))
+        for s, e in slices:  # every rank's share of this rank's gradient, padded; zeros past `upto`
+            piece = grad[:, s - lo:max(s, min(e, ctx.upto)) - lo]
             chunks.append(_pad_to(piece, longest))
         own = grad.new_empty(shape)
         dist.reduce_scatter(own, chunks, op=dist.ReduceOp.SUM, group=sp.group)
-        CommCounter.add("reduce_scatter", (sp.size - 1) * _bytes(own))
-        return own[:, : ctx.own], None, None
+        CommCounter.add("reduce_scatter", (sp.size - 1) * num_bytes(own))
+        return own[:, : ctx.own], None, None, None
 
 
 def gather_sequence(x: torch.Tensor, sp: SPContext, upto: int | None = None) -> torch.Tensor:
     """All slices of the sequence `[0, upto)` (default: up to this rank's end) -> `[B, upto, ...]`.
 
-    x: this rank's slice `[B, end - start, ...]`. Differentiable: gradients of the
-    gathered tensor flow back to the rank that owns each position.
+    x: this rank's slice `[B, end - start, ...]` (contiguous layout). Differentiable: gradients
+    of the gathered tensor flow back to the rank that owns each position.
     """
     if x.shape[1] != sp.end - sp.start:
         raise ValueError(f"gather_sequence got a slice of {x.shape[1]} tokens, this rank owns {sp.end - sp.start}")
     if sp.size == 1:
         return x
-    return _GatherSequence.apply(x, sp, sp.end if upto is None else upto)
+    return _GatherSequence.apply(x, sp, sp.slices, sp.end if upto is None else upto)
+
+
+def gather_runs(x: torch.Tensor, sp: SPContext, run: int) -> torch.Tensor:
+    """Every rank's `run`-th run, in position order -> `[B, hi - lo, ...]` covering `[lo, hi)`, the
+    positions those runs cover together (zigzag: run 0 covers `[0, M)`, run 1 `[M, N)`).
+
+    x: this rank's `run`-th run `[B, end - start, ...]`. Differentiable like `gather_sequence`.
+    """
+    slices = [runs[run] for runs in sp.all_runs]
+    start, end = slices[sp.rank]
+    if x.shape[1] != end - start:
+        raise ValueError(f"gather_runs got {x.shape[1]} tokens, run {run} of this rank has {end - start}")
+    return _GatherSequence.apply(x, sp, slices, max(e for _, e in slices))
 
 
 def _halo_plan(sp: SPContext, width: int) -> tuple[list, list]:
@@ -118,14 +134,15 @@ def _halo_plan(sp: SPContext, width: int) -> tuple[list, list]:
     return sends, recvs
 
 
-def _exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: list[tuple[int, torch.Tensor]]):
+def exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: list[tuple[int, torch.Tensor]],
+              kind: str = "halo"):
     ops = [dist.P2POp(dist.isend, t.contiguous(), sp.peers[p], group=sp.group) for p, t in outgoing]
     ops += [dist.P2POp(dist.irecv, t, sp.peers[p], group=sp.group) for p, t in incoming]
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
     for _, t in incoming:
-        CommCounter.add("halo", _bytes(t))
+        CommCounter.add(kind, num_bytes(t))
 
 
 class _HaloExchange(torch.autograd.Function):
@@ -139,7 +156,7 @@ class _HaloExchange(torch.autograd.Function):
         outgoing = [(dst, x[:, lo - start:hi - start]) for dst, lo, hi in sends]
         incoming = [(src, out[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in recvs]
         buffers = [(p, torch.empty_like(t)) for p, t in incoming]  # views are not contiguous in general
-        _exchange(sp, outgoing, buffers)
+        exchange(sp, outgoing, buffers)
         for (_, view), (_, buf) in zip(incoming, buffers):
             view.copy_(buf)
         return out
@@ -151,7 +168,7 @@ class _HaloExchange(torch.autograd.Function):
         grad_x = grad.new_zeros(ctx.shape)
         outgoing = [(src, grad[:, lo - halo_lo:hi - halo_lo]) for src, lo, hi in ctx.recvs]
         incoming = [(dst, grad.new_empty((grad.shape[0], hi - lo, *grad.shape[2:]))) for dst, lo, hi in ctx.sends]
-        _exchange(sp, outgoing, incoming)
+        exchange(sp, outgoing, incoming)
         for (_, lo, hi), (_, buf) in zip(ctx.sends, incoming):
             grad_x[:, lo - start:hi - start] += buf
         return grad_x, None, None

@@ -10,26 +10,40 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsframework.parallel.groups import ParallelGroups
-from fsframework.parallel.sharding import block_slices
+from fsframework.parallel.sharding import layout_runs
 
 
 @dataclass
 class SPContext:
-    """SP group membership plus the block-aligned slices of the current sequence.
+    """SP group membership plus the block-aligned runs of the current sequence.
 
-    `slices[r] = (start, end)`: tokens of SP rank `r`; `start`/`end` are this rank's.
+    `all_runs[r]`: the token ranges of SP rank `r` (`fsframework.parallel.sharding`), one
+    under the contiguous layout, two under zigzag; `runs` are this rank's. The contiguous
+    layout's `slices[r] = (start, end)` and this rank's `start`/`end` are what the halo and
+    retained-cell exchanges use.
     """
 
     groups: ParallelGroups
     block_size: int
-    slices: list[tuple[int, int]] = field(default_factory=list)
+    layout: str = "contiguous"
+    all_runs: list[list[tuple[int, int]]] = field(default_factory=list)
     seq_len: int = 0
 
     def begin(self, seq_len: int) -> None:
-        """Cut a sequence of `seq_len` tokens into this group's slices (same on every rank)."""
-        if seq_len != self.seq_len or not self.slices:
-            self.slices = block_slices(seq_len, self.size, self.block_size)
+        """Cut a sequence of `seq_len` tokens into this group's runs (same on every rank)."""
+        if seq_len != self.seq_len or not self.all_runs:
+            self.all_runs = layout_runs(seq_len, self.size, self.block_size, self.layout)
             self.seq_len = seq_len
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        return self.all_runs[self.rank]
+
+    @property
+    def slices(self) -> list[tuple[int, int]]:
+        if any(len(runs) != 1 for runs in self.all_runs):
+            raise ValueError(f"the {self.layout} layout gives ranks several runs, not one slice each")
+        return [runs[0] for runs in self.all_runs]
 
     @property
     def size(self) -> int:

@@ -9,8 +9,9 @@ untouched, so checkpoints of SP and non-SP runs are interchangeable, and no
 attention kind has an SP form of its own.
 
 After parallelize, `model(tokens [B, N])` takes the WHOLE sequence (every rank of
-an SP group holds the same sample) and returns the logits of this rank's slice
-`[B, n, V]`; `sp_context(model)` tells which slice that is.
+an SP group holds the same sample) and returns the logits of this rank's tokens
+`[B, n, V]`; `sp_context(model)` tells which they are (`runs`: one slice, or two
+under `parallel.sp_layout=zigzag`, in order).
 """
 
 from __future__ import annotations
@@ -21,21 +22,23 @@ import torch
 from torch import nn
 
 from fsframework.models.attention import QKVAttention
+from fsframework.models.registry import attention_kind
 from fsframework.models.transformer import TransformerLM
-from fsframework.parallel.attention import SequenceParallelKeys
+from fsframework.parallel.attention import RunsAttention, SequenceParallelKeys, ZigzagRunsSource
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import ParallelGroups, init_groups
-from fsframework.parallel.sharding import shard
+from fsframework.parallel.sharding import LAYOUTS, shard_runs
 
 
 class SPLanguageModel:
-    """TransformerLM on the own slice: embeddings, layers, head and positions of `[start, end)` only."""
+    """TransformerLM on the own tokens: embeddings, layers, head and positions of this rank's runs only."""
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, N]` (whole sequence) -> logits of this rank's slice `[B, end - start, V]`."""
+        """tokens `[B, N]` (whole sequence) -> logits of this rank's runs `[B, n, V]`, in order."""
         sp: SPContext = self._sp
         sp.begin(tokens.shape[1])
-        return self.lm_head(self.hidden_states(shard(tokens, sp.span), SequenceParallelKeys(sp)))
+        source = SequenceParallelKeys(sp) if sp.layout == "contiguous" else ZigzagRunsSource(sp)
+        return self.lm_head(self.hidden_states(shard_runs(tokens, sp.runs), source))
 
     def loss(self, tokens, targets, weights=None):
         from fsframework.parallel.loss import sequence_parallel_losses
@@ -55,14 +58,14 @@ class SPOwnLanguageModel(SPLanguageModel):
         return self.lm_head(self.sharded_hidden_states(tokens, sp.slices, sp.rank, root_gatherer(sp)))
 
 
-_SWAPPED: dict[type, type] = {}
+_SWAPPED: dict[tuple[type, type], type] = {}
 
 
 def _swap(module: nn.Module, mixin: type, sp: SPContext) -> None:
     base = type(module)
-    if base not in _SWAPPED:
-        _SWAPPED[base] = type(f"SequenceParallel{base.__name__}", (mixin, base), {})
-    module.__class__ = _SWAPPED[base]
+    if (mixin, base) not in _SWAPPED:
+        _SWAPPED[mixin, base] = type(f"SequenceParallel{base.__name__}", (mixin, base), {})
+    module.__class__ = _SWAPPED[mixin, base]
     module._sp = sp
 
 
@@ -86,11 +89,18 @@ def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups]
     groups = groups or init_groups(sp_size)
     if groups.sp != sp_size:
         raise ValueError(f"process groups were made for sp={groups.sp}, parallel.sp={sp_size}")
-    sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size)
+    layout = getattr(parallel_cfg, "sp_layout", "contiguous")
+    if layout not in LAYOUTS:
+        raise ValueError(f"parallel.sp_layout={layout!r} is not one of {LAYOUTS}")
+    if own_form or attention_kind(model.cfg.name).keys != "prefix":
+        layout = "contiguous"  # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already
+    sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size, layout=layout)
     for layer in [] if own_form else model.layers:
         if not isinstance(layer.attn, QKVAttention):
             raise TypeError(f"attention {type(layer.attn).__name__} is not in the offset form of "
                             "fsframework.models.attention, so it cannot take keys from other ranks")
+        if layout == "zigzag":
+            _swap(layer.attn, RunsAttention, sp)
     _swap(model, SPOwnLanguageModel if own_form else SPLanguageModel, sp)
     return model
 

@@ -6,6 +6,12 @@ blocks: the blocks are dealt as evenly as possible, earlier ranks taking the one
 extra block when `ceil(N / B)` is not a multiple of `sp`. Whole blocks matter
 for FreeSolo: every query of a block shares one eligible-cell set, so a block
 never straddles two ranks and routing stays exactly the single-process routing.
+
+Layouts (`parallel.sp_layout`): `contiguous` gives rank `r` the `r`-th of `sp` runs,
+so with causal attention the last rank does the most work (about `2 - 1/sp` times
+the mean); `zigzag` (ring-flash-attn, Llama 3 context parallelism) cuts `2 sp` runs
+and gives rank `r` runs `r` and `2 sp - 1 - r`: an early and a late run, the same
+causal work on every rank up to a block.
 """
 
 from __future__ import annotations
@@ -34,7 +40,37 @@ def block_slices(seq_len: int, sp: int, block_size: int) -> list[tuple[int, int]
     return slices
 
 
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def layout_runs(seq_len: int, sp: int, block_size: int, layout: str) -> list[list[tuple[int, int]]]:
+    """`runs[r]`: the token ranges of rank `r`, in position order (one for contiguous, two for zigzag).
+
+    Raises ValueError for an unknown layout or when some rank would own no block.
+    """
+    if layout == "contiguous":
+        return [[span] for span in block_slices(seq_len, sp, block_size)]
+    if layout != "zigzag":
+        raise ValueError(f"parallel.sp_layout={layout!r} is not one of {LAYOUTS}")
+    if -(-seq_len // block_size) < 2 * sp:  # too short to cut 2 sp runs: one slice each, unbalanced anyway
+        return layout_runs(seq_len, sp, block_size, "contiguous")
+    chunks = block_slices(seq_len, 2 * sp, block_size)
+    return [[chunks[r], chunks[2 * sp - 1 - r]] for r in range(sp)]
+
+
+def causal_work(runs: list[tuple[int, int]]) -> int:
+    """Score elements of causal attention for queries of `runs`: query `i` scores keys `[0, i]`."""
+    return sum((e * (e + 1) - s * (s + 1)) // 2 for s, e in runs)
+
+
 def shard(x: torch.Tensor, span: tuple[int, int], dim: int = 1) -> torch.Tensor:
     """The `[start, end)` slice of `x` along `dim` (the sequence axis)."""
     start, end = span
     return x.narrow(dim, start, end - start)
+
+
+def shard_runs(x: torch.Tensor, runs: list[tuple[int, int]], dim: int = 1) -> torch.Tensor:
+    """The `runs` of `x` along `dim`, concatenated in order: a rank's own tokens under any layout."""
+    if len(runs) == 1:
+        return shard(x, runs[0], dim)
+    return torch.cat([shard(x, run, dim) for run in runs], dim=dim)

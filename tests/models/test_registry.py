@@ -8,14 +8,18 @@ import torch
 from fsframework.config import AttentionConfig, ConfigError, ModelConfig
 from fsframework.models import registry
 from fsframework.models.attention import SlidingWindowAttention
+from fsframework.models.context import RetainedCells
 from fsframework.models.decode_cache import decode_cache
 
 
 def test_key_span_follows_the_entry():
     att = AttentionConfig(window=24)
     assert registry.attention_kind("swa").key_span(att) == 24
-    for name in ("tfpp", "alibi", "sinusoidal", "fs", "fsl"):
+    for name in ("tfpp", "alibi", "sinusoidal", "fs"):
         assert registry.attention_kind(name).key_span(att) is None
+    # FS-L reads the prefix through its cells: the span says which (fsframework.parallel.retained)
+    assert registry.attention_kind("fsl").key_span(att) == RetainedCells(att.cell_size, att.recent_cells,
+                                                                           att.retained_cells, 24)
 
 
 def test_built_modules_carry_their_span():

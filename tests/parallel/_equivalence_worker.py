@@ -1,6 +1,6 @@
 """One rank of the SP-vs-single-process check: every model kind, forward logits and all gradients.
 
-Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...]
+Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...] [LAYOUT]
 Each rank also computes the single-process reference itself (same seed, whole
 sequence), so no reference needs to cross processes. Gradients of the SP run are
 averaged over the world as DeepSpeed does; with dp > 1 every DP group gets its
@@ -21,6 +21,7 @@ from fsframework.models.registry import build_model
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
+from fsframework.parallel.sharding import shard_runs
 from fsframework.models.losses import lm_losses
 
 TOL = 1e-5
@@ -46,7 +47,7 @@ def sample(seed: int, n: int, vocab: int):
     return tokens[:, :-1], targets, weights
 
 
-def check(kind: str, n: int, sp: int, groups) -> list[str]:
+def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     cfg = tiny(kind)
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -62,17 +63,18 @@ def check(kind: str, n: int, sp: int, groups) -> list[str]:
         (lm_losses(logits, targets, weights if weighted else None)[0] / groups.dp).backward()
         if g == groups.dp_rank:
             ref_logits = logits.detach()
-    parallelize(model, ParallelConfig(sp=sp), groups)
+    parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     logits = model(tokens)
     loss, _ = sequence_parallel_losses(logits, targets, weights if weighted else None, sp_context(model))
     loss.backward()
     errors = []
-    start, end = sp_context(model).span
-    err = rel_rms(logits.detach(), ref_logits[:, start:end])
+    ctx = sp_context(model)
+    runs = ctx.runs
+    err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err
     if err > TOL:
-        errors.append(f"{kind} N={n}: logits of slice [{start}, {end}) differ, rel rms {err:.2e}")
+        errors.append(f"{kind} N={n}: logits of runs {runs} differ, rel rms {err:.2e}")
     for (name, p), p_ref in zip(model.named_parameters(), reference.parameters()):
         grad = p.grad.clone()
         dist.all_reduce(grad)
@@ -81,16 +83,17 @@ def check(kind: str, n: int, sp: int, groups) -> list[str]:
         worst = max(worst, err)
         if err > TOL:
             errors.append(f"{kind} N={n}: gradient of {name} differs, rel rms {err:.2e}")
-    print(f"rank {groups.rank}: {kind} N={n} slice [{start}, {end}) worst rel rms {worst:.1e}")
+    print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} runs {runs} worst rel rms {worst:.1e}")
     return errors
 
 
 def main() -> None:
     sp, kinds, lengths = int(sys.argv[1]), sys.argv[2].split(","), [int(x) for x in sys.argv[3].split(",")]
+    layout = sys.argv[4] if len(sys.argv) > 4 else "contiguous"
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     groups = init_groups(sp)
-    errors = [e for kind in kinds for n in lengths for e in check(kind, n, sp, groups)]
+    errors = [e for kind in kinds for n in lengths for e in check(kind, n, sp, groups, layout)]
     for e in errors:
         print(f"rank {groups.rank}: {e}")
     dist.barrier()

@@ -3,26 +3,35 @@ gradient, for every model kind, with real gloo ranks (fla's tests/context_parall
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from fsframework.models.registry import MODEL_NAMES
+from fsframework.models.registry import KINDS, MODEL_NAMES
 from tests.parallel.ranks import run_ranks
 
 WORKER = Path(__file__).with_name("_equivalence_worker.py")
 ALL_KINDS = ",".join(MODEL_NAMES)  # every registry kind
+# the kinds the zigzag layout cuts into two runs per rank (the others run contiguous under it, as in
+# the contiguous worlds: fsframework.parallel.parallelize)
+ZIGZAG_KINDS = ",".join(name for name, kind in KINDS.items() if kind.keys == "prefix" and not kind.language_model)
 
 
 @pytest.mark.ranks
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])  # zigzag: prefix kinds only, the others contiguous
 @pytest.mark.parametrize("world, sp, lengths", [
     pytest.param(2, 2, "100,37", id="sp2-ragged"),  # 7 and 3 blocks of 16: slices of unequal length
-    pytest.param(4, 4, "100", id="sp4"),  # a last slice of 4 tokens; the 40-token window spans two ranks
+    # a last slice of 4 tokens; the 40-token window spans two ranks; 200: 13 blocks, enough for 8 zigzag runs
+    pytest.param(4, 4, "100,200", id="sp4"),
     pytest.param(4, 2, "100", id="sp2xdp2"),  # two SP groups with different samples, DP-averaged gradients
 ])
-def test_sp_matches_single_process(world, sp, lengths):
-    outputs = run_ranks(WORKER, world, str(sp), ALL_KINDS, lengths)
+def test_sp_matches_single_process(world, sp, lengths, layout):
+    kinds = ALL_KINDS if layout == "contiguous" else ZIGZAG_KINDS
+    outputs = run_ranks(WORKER, world, str(sp), kinds, lengths, layout, timeout=240)
     # the worker exits non-zero on any mismatch above 1e-5 (relative RMS); make sure it checked everything
     checked = sum(line.count("worst rel rms") for line in outputs)
-    assert checked == world * len(ALL_KINDS.split(",")) * len(lengths.split(","))
+    assert checked == world * len(kinds.split(",")) * len(lengths.split(","))
+    if layout == "zigzag":  # the causal kinds really ran on two runs per rank (too few blocks: one)
+        assert all(re.search(r"tfpp N=\d+ zigzag runs \[\(\d+, \d+\), \(", out) for out in outputs)

@@ -1,0 +1,152 @@
+"""FS-L's earlier keys: only the retained cells of the earlier ranks, a byte count constant in N.
+
+Legend: B batch, n own slice length, H heads, d head width (keys and values travel
+concatenated, `2d`), s cell size, P retained cells, W recent cells, w window,
+a this rank's start, C_own own complete cells.
+
+FS-L's available set for a query block is the `W` most recent cells plus the top-`P`
+cells by the key-norm priority `a_c` (docs/freesolo.md §1.5). For every block of a
+rank whose slice starts at `a`, the earlier-rank cells of its top-`P` lie in the
+top-`P` of `[0, a)`: a cell that `P` cells of `[0, a)` outrank is outranked by them in
+every longer prefix too (the order is `a_c` descending, the earlier cell first on
+ties, the order `_route_fsl` keeps). So a rank fetches:
+
+1. the halo: the `h` positions before `a`, `h = min(a, ceil(max(W s, w) / s) s)` (whole
+   cells), for the recent cells and the local window;
+2. per (batch, head), the top-`P` cells of `[0, a - h)`: every rank all-gathers its own
+   top-`P` candidates (`a_c` and cell index, `P` pairs per head, constant in N) and
+   merges them for every later rank, so each owner knows which of its cells each later
+   rank needs and sends them without a request round.
+
+Both travel as cells (`s` positions of one batch row and head) in ONE point-to-point
+exchange per layer and direction: `P s + h` positions per head, whatever N is.
+
+The fetched positions fill a zero prefix `[B, a, H, 2d]`; the rest stays zero and is
+never read: a zero cell has `a_c = 0`, which no fetched cell is below, and the earlier
+cell wins ties, so FS-L's routing keeps exactly the single-process cells, and its
+readout and window read only fetched keys. Backward returns each fetched cell's
+gradient to its owner.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsframework.models.context import RetainedCells
+from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
+from fsframework.parallel.context import SPContext
+from fsframework.ops.freesolo_routing import cell_summaries
+
+
+def halo_width(span: RetainedCells) -> int:
+    """Positions before `a` every rank takes whole: the recent cells and the window, in whole cells."""
+    s = span.cell_size
+    return -(-max(span.recent_cells * s, span.window) // s) * s
+
+
+def _rank_order(values: torch.Tensor, cells: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `top` best of `values, cells` `[..., M]` (-1 cells invalid): `a_c` descending, earlier cell on ties."""
+    values = values.masked_fill(cells < 0, float("-inf"))
+    by_cell = torch.where(cells < 0, torch.iinfo(torch.long).max, cells).argsort(dim=-1, stable=True)
+    values, cells = values.gather(-1, by_cell), cells.gather(-1, by_cell)
+    best = values.argsort(dim=-1, descending=True, stable=True)[..., :top]
+    return values.gather(-1, best), cells.gather(-1, best)
+
+
+def _candidates(k: torch.Tensor, sp: SPContext, span: RetainedCells) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's own top-P cells by `a_c`: (values, cells) `[sp, B, H, P]`, cells -1 where a rank has fewer."""
+    with torch.no_grad():
+        a = cell_summaries(k, span.cell_size)[1].transpose(1, 2)  # B C_own H -> B H C_own
+        first = sp.start // span.cell_size
+        cells = torch.arange(first, first + a.shape[-1], device=k.device).expand_as(a)
+        pad = max(0, span.retained_cells - a.shape[-1])
+        a = torch.cat((a.double(), a.new_full((*a.shape[:-1], pad), float("-inf"), dtype=torch.float64)), dim=-1)
+        cells = torch.cat((cells, cells.new_full((*cells.shape[:-1], pad), -1)), dim=-1)
+        values, cells = _rank_order(a, cells, span.retained_cells)
+        mine = torch.stack((values, cells.double()))  # cell indices are exact in float64
+        every = [torch.empty_like(mine) for _ in range(sp.size)]
+        dist.all_gather(every, mine, group=sp.group)
+        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(mine))
+        every = torch.stack(every, dim=1)  # 2 sp B H P
+    return every[0], every[1].long()
+
+
+def _plan(values: torch.Tensor, cells: torch.Tensor, sp: SPContext, span: RetainedCells):
+    """`{(owner, target): (b, h, cell) long [count, 3]}`: the cells each target fetches from each owner,
+    the same on every rank."""
+    s, width = span.cell_size, halo_width(span)
+    bsz, heads = values.shape[1:3]
+    plan = {}
+    for target, (a, _) in enumerate(sp.slices[1:], start=1):
+        low = max(0, a - width)
+        # the union of the earlier ranks' candidates holds the top-P of [0, a); cells in the halo come with it
+        earlier = cells[:target].permute(1, 2, 0, 3).flatten(2)  # B H target*P
+        vals = values[:target].permute(1, 2, 0, 3).flatten(2)
+        _, best = _rank_order(vals, earlier, span.retained_cells)
+        halo = torch.arange(low // s, a // s, device=best.device).expand(bsz, heads, -1)
+        best = torch.cat((torch.where(best * s < low, best, -1), halo), dim=-1)
+        picks = (best >= 0).nonzero()  # (b, h, slot), in (b, h, slot) order
+        picked = torch.cat((picks[:, :2], best[picks[:, 0], picks[:, 1], picks[:, 2]][:, None]), dim=1)
+        owners = torch.bucketize(picked[:, 2] * s, torch.tensor([e for _, e in sp.slices], device=picked.device),
+                                 right=True)
+        for owner in range(target):
+            rows = picked[owners == owner]
+            if rows.numel():
+                plan[(owner, target)] = rows
+    return plan
+
+
+def _cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int, s: int) -> torch.Tensor:
+    """x `[B, T, H, f]` with position 0 at `first_pos`; rows (b, h, cell) `[m, 3]` -> `[m, s, f]`."""
+    pos = (rows[:, 2:] * s - first_pos) + torch.arange(s, device=x.device)  # m s
+    return x[rows[:, :1], pos, rows[:, 1:2]]
+
+
+class _FetchCells(torch.autograd.Function):
+    """Own `kv [B, n, H, 2d]` -> the cells this rank fetches, `[m, s, 2d]` (rows of `plan[(owner, rank)]`,
+    owners in order). Backward sends each received cell's gradient back to its owner."""
+
+    @staticmethod
+    def forward(ctx, kv: torch.Tensor, sp: SPContext, plan: dict, s: int):
+        ctx.sp, ctx.plan, ctx.s, ctx.shape = sp, plan, s, kv.shape
+        me = sp.rank
+        outgoing = [(t, _cells_of(kv, rows, sp.start, s)) for (o, t), rows in sorted(plan.items()) if o == me]
+        incoming = [(o, kv.new_empty((len(rows), s, kv.shape[-1]))) for (o, t), rows in sorted(plan.items())
+                    if t == me]
+        exchange(sp, outgoing, incoming, "cells")
+        if not incoming:
+            return kv.new_empty((0, s, kv.shape[-1]))
+        return torch.cat([buf for _, buf in incoming])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        sp, plan, s, me = ctx.sp, ctx.plan, ctx.s, ctx.sp.rank
+        mine = [(o, rows) for (o, t), rows in sorted(plan.items()) if t == me]
+        pieces = grad.split([len(rows) for _, rows in mine]) if mine else []
+        outgoing = [(o, piece) for (o, _), piece in zip(mine, pieces)]
+        theirs = [(t, rows) for (o, t), rows in sorted(plan.items()) if o == me]
+        incoming = [(t, grad.new_empty((len(rows), s, grad.shape[-1]))) for t, rows in theirs]
+        exchange(sp, outgoing, incoming, "cells")
+        grad_kv = grad.new_zeros(ctx.shape)
+        for (_, rows), (_, buf) in zip(theirs, incoming):
+            pos = (rows[:, 2:] * s - sp.start) + torch.arange(s, device=grad.device)
+            grad_kv.index_put_((rows[:, :1], pos, rows[:, 1:2]), buf, accumulate=True)
+        return grad_kv, None, None, None
+
+
+def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
+                span: RetainedCells) -> tuple[torch.Tensor, torch.Tensor]:
+    """Own `k, v` `[B, n, H, d]` -> `[B, a + n, H, d]` each: the halo and the earlier ranks' retained
+    cells at their positions, zeros elsewhere before `a` (see the module docstring), then the own keys."""
+    s = span.cell_size
+    values, cells = _candidates(k, sp, span)
+    plan = _plan(values, cells, sp, span)
+    kv = torch.cat((k, v), dim=-1)  # B n H 2d
+    fetched = _FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
+    mine = [rows for (_, t), rows in sorted(plan.items()) if t == sp.rank]
+    rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+    pos = rows[:, 2:] * s + torch.arange(s, device=k.device)  # m s
+    prefix = kv.new_zeros((kv.shape[0], sp.start, *kv.shape[2:])).index_put((rows[:, :1], pos, rows[:, 1:2]), fetched)
+    out = torch.cat((prefix, kv), dim=1)
+    return out[..., : k.shape[-1]], out[..., k.shape[-1]:]
