@@ -23,16 +23,24 @@ def build(
     text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
     compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
     overwrite: bool = flag("Replace an existing MDS dataset in --out", "--overwrite"),
+    eval_fraction: float = typer.Option(0.0, "--eval-fraction",
+                                        help="Fraction of the documents held out in OUT/eval (training goes to OUT/train)"),
+    eval_docs: int = typer.Option(0, "--eval-docs", help="Number of documents held out in OUT/eval (instead of a fraction)"),
+    seed: int = typer.Option(0, help="Seed of the held-out draw"),
 ) -> None:
     """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1).
 
-    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096
+    With --eval-fraction or --eval-docs, whole documents are held out in OUT/eval, which training
+    validation, `fsf eval --tasks perplexity` and `fsf calibrate` read.
+
+    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096 --eval-fraction 0.02
     """
     from fsframework.data.build import DataBuildError, build_shards
 
     try:
         build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
-                     text_field=text_field, compression=compression, overwrite=overwrite)
+                     text_field=text_field, compression=compression, overwrite=overwrite,
+                     eval_fraction=eval_fraction, eval_docs=eval_docs, seed=seed)
     except (DataBuildError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
 

@@ -40,7 +40,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
         evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
                             overrides=overrides or [])
-    except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
 
 

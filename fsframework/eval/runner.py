@@ -18,14 +18,16 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
+    # held-out text is needed (and, for the embedded corpus, built) only for perplexity; found
+    # (or found missing) before the model is loaded
+    data_dir = data_streams(ckpt.config(overrides), "eval")[0][0] if "perplexity" in tasks else None
     model, cfg = ckpt.load_model(device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)
     results = run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks,
                        lengths=lengths or list(cfg.eval.lengths), num_samples=num_samples, seed=seed,
                        batch_size=batch_size or cfg.eval.batch_size, out_path=str(out), plots_dir=str(out.parent),
-                       # held-out text is needed (and, for the embedded corpus, built) only for perplexity
-                       data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
+                       data_dir=data_dir,
                        device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
                        mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
     if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
