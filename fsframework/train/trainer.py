@@ -123,6 +123,10 @@ class Trainer:
         init_health_group(cfg.parallel.timeout_s)
         self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
+        self.resume_from: Optional[Path] = None  # the checkpoint found to resume from (check_resume)
+        self.resumed_config: Optional[Config] = None  # the config it was written with
+        self.resume_changes: list[str] = []  # optimizer and schedule keys this run changes (applied)
+        self._resume_checked = False
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
@@ -189,8 +193,31 @@ class Trainer:
                                       recall=cfg.loss if cfg.loss.recall_weighting else None,
                                       locations=[location for location, _ in streams])
 
+    def check_resume(self) -> None:
+        """Before build(): find the checkpoint to resume from and refuse, in one line, a config
+        that changes what it holds (`resume_config`), so the run directory stays as it was."""
+        from fsframework.checkpoints import read_config
+        from fsframework.train import resume_config
+
+        self._resume_checked = True
+        self.resume_from = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
+        if self.resume_from is None:
+            return
+        saved = self.resumed_config = read_config(self.resume_from)
+        refused, applied = resume_config.changed_keys(saved, self.cfg)
+        if refused:
+            raise CheckpointError(f"cannot resume {self.run_dir} from {self.resume_from.name}: the config changes "
+                                  f"what the checkpoint holds ({resume_config.describe(refused, saved, self.cfg)}); "
+                                  "use a new run_dir (train.init_from=CHECKPOINT starts from its weights)")
+        self.resume_changes = applied
+        if applied:
+            self.log(escape(f"resuming with changed optimizer settings: "
+                            f"{resume_config.describe(applied, saved, self.cfg)}"), soft_wrap=True)
+
     def maybe_resume(self) -> None:
-        found = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
+        if not self._resume_checked:
+            self.check_resume()  # callers that build() without fit()
+        found = self.resume_from
         if found is None:
             return
         # a checkpoint of another data-parallel size is reshaped (fsframework.train.resize)
@@ -200,6 +227,10 @@ class Trainer:
         self.state = TrainState(**client["train_state"])
         self.loader.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
+        if self.resume_changes:
+            from fsframework.train.resume_config import apply_optimizer_settings
+
+            apply_optimizer_settings(self.optimizer_base, self.scheduler, self.resumed_config, self.cfg)
         self.resumed_from = self.last_checkpoint = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}"
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
@@ -353,6 +384,7 @@ class Trainer:
         stops = StopRequests(cfg.train.preempt_signals)
         stops.install()
         try:
+            self.check_resume()
             self.build()
             self.maybe_resume()
             return self._loop(stops)
