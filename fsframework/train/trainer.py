@@ -240,6 +240,7 @@ class Trainer:
         self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
                                             rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
                                             tokenizer=self.tokenizer, protect=self.resumed_from)
+        self.log(f"checkpoint at step {self.state.step}: {escape(str(self.last_checkpoint))}", soft_wrap=True)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
@@ -434,6 +435,7 @@ class Trainer:
                     break
                 if self.state.step < last:
                     self.stop_on_request(stops, saved)
+            monitor.summary(self.state.step, self.state.tokens, self.last_checkpoint)
         finally:
             monitor.close()
         return self.state
