@@ -12,8 +12,10 @@ from fsframework.cli.common import fail
 
 def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory (FS or FS-L)"),
               data: Optional[Path] = typer.Option(None, help="MDS directory of text (default: the run's eval split)"),
-              windows: int = typer.Option(64, help="number of windows run through the model"),
-              seq_len: int = typer.Option(4096, "--seq-len", help="tokens per window"),
+              windows: Optional[int] = typer.Option(None, help="number of windows run through the model "
+                                                    "(default: 64, or as many as the held-out text holds)"),
+              seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per window (default: 4096, or "
+                                                    "the run's data.seq_len when the text holds no such window)"),
               seed: int = typer.Option(0, help="seed of the window shuffle"),
               batch_size: int = typer.Option(1, "--batch-size", help="windows per forward pass")) -> None:
     """Write <checkpoint>/calibration.json, FS-B's per-head thresholds, and a heat map beside it.
