@@ -23,6 +23,8 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
              batch_size: int = typer.Option(0, help="0: eval.batch_size of the checkpoint's config"),
              seed: int = typer.Option(0),
              out: Optional[Path] = typer.Option(None, help="JSON file of scores (default <run>/eval/scores.json)"),
+             name: Optional[str] = typer.Option(None, help="label of this evaluation in tensorboard (default: the "
+                                                "kind, read path and sample count)"),
              overrides: Optional[List[str]] = typer.Argument(None, help="config overrides, e.g. model.attention.impl=reference")) -> None:
     """Evaluate a checkpoint: perplexity vs length and long-context retrieval tasks.
 
@@ -39,7 +41,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
     try:
         evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
-                            overrides=overrides or [])
+                            overrides=overrides or [], name=name)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
 

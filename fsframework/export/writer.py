@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS,
-                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config)
+                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config,
+                                     training_step)
 from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
 from fsframework.export.hf_tokenizer import generation_config
 from fsframework.export.proof import logits_of, max_difference, proof_batch
@@ -125,10 +126,10 @@ def _longest(cfg: Config) -> int:
     return max([cfg.data.seq_len, *cfg.eval.lengths])
 
 
-def hf_config(cfg: Config, dtype: str, source: Path, eos_id: Optional[int] = None) -> dict[str, Any]:
+def hf_config(cfg: Config, dtype: str, source: Path, eos_id: Optional[int] = None, step: int = 0) -> dict[str, Any]:
     """config.json: transformers' fields (Llama's for tfpp), the tokenizer's EOS (also the pad
-    token) and the `fsframework` record."""
-    record = framework_record(cfg.model, source=str(source), dtype=dtype)
+    token) and the `fsframework` record (with the training step, where evaluations log)."""
+    record = framework_record(cfg.model, source=str(source), dtype=dtype, step=step)
     if eos_id is None and cfg.data.tokenizer == "byte":
         eos_id = 256  # the byte tokenizer's end of text (fsframework.data.tokenizers)
     special = {"bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": eos_id}
@@ -190,7 +191,8 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
             shutil.copyfile(ckpt.path / CALIBRATION_FILE, tmp / CALIBRATION_FILE)
         if cfg.model.name != "tfpp":
             write_modeling_file(tmp)
-        (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve(), eos_id), indent=2))
+        (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve(), eos_id,
+                                                                  training_step(ckpt.path)), indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(generation_config(eos_id), indent=2))
         difference, drift = prove(model, tmp, dtype)
         if difference != 0.0:
