@@ -29,6 +29,8 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.calibrate import calibrate as run_calibration
 
+    if data is not None:
+        data = mds_directory(data)
     try:
         record = run_calibration(checkpoint, data=str(data) if data else None, windows=windows, seq_len=seq_len,
                                  seed=seed, batch_size=batch_size)
@@ -37,3 +39,14 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     if "file" in record:
         Console().print(f"wrote {record['file']} ({record['n_layers']} layers x {record['n_heads']} heads, "
                         f"{record['cells']} cells per head) and {record['heatmap']}")
+
+
+def mds_directory(data: Path) -> Path:
+    """`--data`: an MDS dataset, or a dataset root whose held-out split (`eval/`) is read; exits 2
+    naming the problem before the model is loaded."""
+    if not data.is_dir():
+        fail(f"--data {data}: {'not found' if not data.exists() else 'not a directory'} (give an MDS dataset directory)")
+    for candidate in (data, data / "eval"):
+        if (candidate / "index.json").is_file():
+            return candidate
+    fail(f"--data {data}: no MDS dataset in it (no index.json, nor eval/index.json; build one with `fsf data build`)")

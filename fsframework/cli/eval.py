@@ -38,6 +38,8 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
         parsed_lengths = parse_lengths(lengths) if lengths else None
     except ValueError as exc:
         fail(str(exc))
+    if out is not None and (out.is_dir() or out.parent.is_file()):
+        fail(f"--out {out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a JSON file to write")
     try:
         evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,

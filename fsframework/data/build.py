@@ -251,6 +251,31 @@ def tokenize_files(inputs: list[str | Path], *, tokenizer: str = "byte", workers
     yield from _ordered_map(_tokenize_chunk, tasks, workers, (tokenizer,))
 
 
+def _checked_inputs(inputs: list[str | Path]) -> list[Path]:
+    paths = [Path(p) for p in inputs]
+    for path in paths:
+        input_kind(path)
+        if not path.is_file():
+            raise DataBuildError(f"{path}: input file not found")
+        if not os.access(path, os.R_OK):
+            raise DataBuildError(f"{path}: input file not readable")
+    return paths
+
+
+def read_texts(inputs: list[str | Path], *, text_field: str = "text") -> Iterator[str]:
+    """The text of every document of `inputs`, in order, read as `build_shards` reads them: the
+    same formats, the same documents skipped and the same errors (`DataBuildError`, naming the
+    file and line or row). For tools that need text, not tokens (`fsf data tokenizer`)."""
+    paths = _checked_inputs(inputs)
+    for fi, line, kind, payload, _ in _records(paths, text_field):
+        status, value = _text_of(kind, payload, text_field)
+        if status == "error":
+            unit = {".txt": None, ".parquet": "row"}.get(input_kind(paths[fi]), "line")
+            raise DataBuildError(f"{paths[fi]}" + (f", {unit} {line}" if unit else "") + f": {value}")
+        if status == "text" and value.strip():
+            yield value
+
+
 # ---------------------------------------------------------------- held-out split
 
 class HeldOutSplit:
@@ -329,13 +354,7 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
         raise DataBuildError(f"--eval-docs {eval_docs}: give a count >= 0, or --eval-fraction, not both")
     if not inputs:
         raise DataBuildError("no input files given")
-    paths = [Path(p) for p in inputs]
-    for path in paths:
-        input_kind(path)
-        if not path.is_file():
-            raise DataBuildError(f"{path}: input file not found")
-        if not os.access(path, os.R_OK):
-            raise DataBuildError(f"{path}: input file not readable")
+    paths = _checked_inputs(inputs)
     tok = load_tokenizer(tokenizer)
     out_dir = Path(out_dir)
     _prepare_out(out_dir, overwrite)
