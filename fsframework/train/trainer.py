@@ -442,9 +442,8 @@ class Trainer:
 
 
 def train(cfg: Config) -> TrainState:
-    from fsframework.models.registry import check_trainable
-
     from fsframework.data.loader import check_data_fits
+    from fsframework.models.registry import check_trainable
 
     check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
     check_data_fits(cfg, heldout_for=f"train.eval_every={cfg.train.eval_every}" if cfg.train.eval_every else None)
