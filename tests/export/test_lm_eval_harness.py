@@ -66,3 +66,24 @@ def test_lm_eval_harness_on_an_export(kind, tmp_path, monkeypatch):
         assert theirs == pytest.approx(mine, abs=1e-3)
         correct += int(max(range(len(mine)), key=mine.__getitem__) == doc["label"])
     assert results["results"][task]["acc,none"] == pytest.approx(correct / len(DOCS))
+
+
+def test_fsf_eval_harness_exports_and_runs_it(tmp_path, monkeypatch):
+    from tests.utils import run_fsf
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = random_checkpoint(tmp_path / "run", "fs")
+    task = write_local_task(tmp_path / "tasks")
+    proc = run_fsf("eval", str(run), "--harness", "no_such_task", "--harness-include", str(tmp_path / "tasks"),
+                   check=False)
+    assert proc.returncode == 2 and "unknown task no_such_task" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (run / "eval").exists()
+
+    proc = run_fsf("eval", str(run), "--harness", task, "--harness-include", str(tmp_path / "tasks"))
+    results = json.loads((run / "eval" / "harness.json").read_text())["results"][task]
+    ours, _ = Checkpoint.open(run).load_model()
+    correct = sum(max(range(2), key=lambda c: our_loglikelihood(ours, d["question"], " " + d["choices"][c]))
+                  == d["label"] for d in DOCS)
+    assert results["acc,none"] == pytest.approx(correct / len(DOCS))
+    assert f"{task}: acc" in proc.stdout
