@@ -327,6 +327,18 @@ def is_export(path: Path) -> bool:
     return all((path / name).is_file() for name in (EXPORT_HF_CONFIG, CONFIG_FILE, EXPORT_WEIGHTS))
 
 
+def training_step(path: Path) -> int:
+    """The optimizer step a checkpoint or export holds: NNN of a folder `step_NNN`; for an export,
+    the step its config.json records (`fsf export` keeps its source's); else 0."""
+    path = Path(path)
+    digits = path.name.rpartition("_")[2]
+    if path.name.startswith("step_") and digits.isdigit():
+        return int(digits)
+    if is_export(path):
+        return int(json.loads((path / EXPORT_HF_CONFIG).read_text()).get("fsframework", {}).get("step", 0))
+    return 0
+
+
 def read_export_weights(path: Path) -> dict[str, "torch.Tensor"]:
     """fp32 weights of export directory `path`, keys as in the plain model: Llama names (a tfpp
     export, model_type "llama") mapped back, the "model." prefix of the other kinds' files dropped.

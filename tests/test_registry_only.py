@@ -12,7 +12,7 @@ from fsframework.models.registry import KINDS, attention_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "fsframework" / "models" / "registry.py"
-NAME_HOLDERS = {"name", "model_name", "kind_name"}  # `cfg.model.name`, `name`, `self.model_name`, ...
+NAME_HOLDERS = {"name", "model_name", "kind_name", "kind"}  # `cfg.model.name`, `name`, `self.model_name`, ...
 
 
 def _names_a_model(node: ast.AST) -> bool:
@@ -49,7 +49,7 @@ def test_no_module_outside_the_registry_switches_on_kind_names():
 def test_the_scan_finds_the_forms_a_switch_takes():
     # the scan must not pass vacuously: each of these is a switch it has to report
     for code in ('if cfg.model.name == "tfpp": pass', 'if self.cfg.name != "fsb": pass',
-                 'x = name in ("fs", "fsl")', 'ok = "argrc" == model.name'):
+                 'x = name in ("fs", "fsl")', 'y = kind == "tfpp"', 'ok = "argrc" == model.name'):
         assert name_switches(code, "probe.py") == ["probe.py:1"], code
     # comparisons that are not about kinds stay quiet
     for code in ('if path.name == "checkpoints": pass', 'if variant == "fs": pass', 'if cfg.name == other: pass'):

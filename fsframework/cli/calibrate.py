@@ -12,8 +12,10 @@ from fsframework.cli.common import fail
 
 def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory (FS or FS-L)"),
               data: Optional[Path] = typer.Option(None, help="MDS directory of text (default: the run's eval split)"),
-              windows: int = typer.Option(64, help="number of windows run through the model"),
-              seq_len: int = typer.Option(4096, "--seq-len", help="tokens per window"),
+              windows: Optional[int] = typer.Option(None, help="number of windows run through the model "
+                                                    "(default: 64, or as many as the held-out text holds)"),
+              seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per window (default: 4096, or "
+                                                    "the run's data.seq_len when the text holds no such window)"),
               seed: int = typer.Option(0, help="seed of the window shuffle"),
               batch_size: int = typer.Option(1, "--batch-size", help="windows per forward pass")) -> None:
     """Write <checkpoint>/calibration.json, FS-B's per-head thresholds, and a heat map beside it.
@@ -27,6 +29,8 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.calibrate import calibrate as run_calibration
 
+    if data is not None:
+        data = mds_directory(data)
     try:
         record = run_calibration(checkpoint, data=str(data) if data else None, windows=windows, seq_len=seq_len,
                                  seed=seed, batch_size=batch_size)
@@ -35,3 +39,14 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     if "file" in record:
         Console().print(f"wrote {record['file']} ({record['n_layers']} layers x {record['n_heads']} heads, "
                         f"{record['cells']} cells per head) and {record['heatmap']}")
+
+
+def mds_directory(data: Path) -> Path:
+    """`--data`: an MDS dataset, or a dataset root whose held-out split (`eval/`) is read; exits 2
+    naming the problem before the model is loaded."""
+    if not data.is_dir():
+        fail(f"--data {data}: {'not found' if not data.exists() else 'not a directory'} (give an MDS dataset directory)")
+    for candidate in (data, data / "eval"):
+        if (candidate / "index.json").is_file():
+            return candidate
+    fail(f"--data {data}: no MDS dataset in it (no index.json, nor eval/index.json; build one with `fsf data build`)")

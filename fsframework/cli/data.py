@@ -23,16 +23,24 @@ def build(
     text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
     compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
     overwrite: bool = flag("Replace an existing MDS dataset in --out", "--overwrite"),
+    eval_fraction: float = typer.Option(0.0, "--eval-fraction",
+                                        help="Fraction of the documents held out in OUT/eval (training goes to OUT/train)"),
+    eval_docs: int = typer.Option(0, "--eval-docs", help="Number of documents held out in OUT/eval (instead of a fraction)"),
+    seed: int = typer.Option(0, help="Seed of the held-out draw"),
 ) -> None:
     """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1).
 
-    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096
+    With --eval-fraction or --eval-docs, whole documents are held out in OUT/eval, which training
+    validation, `fsf eval --tasks perplexity` and `fsf calibrate` read.
+
+    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096 --eval-fraction 0.02
     """
     from fsframework.data.build import DataBuildError, build_shards
 
     try:
         build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
-                     text_field=text_field, compression=compression, overwrite=overwrite)
+                     text_field=text_field, compression=compression, overwrite=overwrite,
+                     eval_fraction=eval_fraction, eval_docs=eval_docs, seed=seed)
     except (DataBuildError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
 
@@ -63,18 +71,24 @@ def tokenizer(
     inputs: List[Path] = typer.Option([], "--input", help="Text files to train on (default: the embedded corpus)"),
     python_chars: int = typer.Option(1_000_000, "--python-chars", help="Embedded corpus: characters of stdlib text"),
     retrieval_docs: int = typer.Option(2000, "--retrieval-docs", help="Embedded corpus: retrieval documents"),
+    text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
 ) -> None:
     """Train a byte-level BPE tokenizer.json, on text files or on the embedded corpus.
 
-    Example: fsf data tokenizer tokenizer.json --vocab-size 4096 --input notes.txt
+    Inputs are read as `fsf data build` reads them (.txt, .jsonl, .jsonl.gz, .parquet).
+
+    Example: fsf data tokenizer tokenizer.json --vocab-size 4096 --input notes.jsonl
     """
+    from fsframework.data.build import DataBuildError, read_texts
     from fsframework.data.tokenizers import train_bpe_tokenizer
 
+    if out.is_dir() or out.parent.is_file():
+        fail(f"{out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a tokenizer.json to write")
     if inputs:
-        missing = [str(p) for p in inputs if not p.is_file()]
-        if missing:
-            fail(f"input files not found: {', '.join(missing)}")
-        texts = (p.read_text(encoding="utf-8", errors="replace") for p in inputs)
+        try:
+            texts = list(read_texts(inputs, text_field=text_field))  # every error found before training
+        except DataBuildError as exc:
+            fail(str(exc))
     else:
         from fsframework.data.corpus import embedded_documents
 

@@ -23,6 +23,12 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
              batch_size: int = typer.Option(0, help="0: eval.batch_size of the checkpoint's config"),
              seed: int = typer.Option(0),
              out: Optional[Path] = typer.Option(None, help="JSON file of scores (default <run>/eval/scores.json)"),
+             name: Optional[str] = typer.Option(None, help="label of this evaluation in tensorboard (default: the "
+                                                "kind, read path and sample count)"),
+             harness: Optional[str] = typer.Option(None, help="comma-separated lm-evaluation-harness tasks, run on "
+                                                   "an export of the checkpoint instead of --tasks"),
+             harness_include: Optional[Path] = typer.Option(None, "--harness-include",
+                                                            help="folder of task YAML files of one's own"),
              overrides: Optional[List[str]] = typer.Argument(None, help="config overrides, e.g. model.attention.impl=reference")) -> None:
     """Evaluate a checkpoint: perplexity vs length and long-context retrieval tasks.
 
@@ -31,17 +37,51 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.runner import evaluate_checkpoint
 
+    if harness:
+        run_harness_command(checkpoint, harness, harness_include, out)
+        return
+
     try:
         names = parse_tasks(tasks)
         parsed_lengths = parse_lengths(lengths) if lengths else None
     except ValueError as exc:
         fail(str(exc))
+    if out is not None and (out.is_dir() or out.parent.is_file()):
+        fail(f"--out {out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a JSON file to write")
     try:
         evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
-                            overrides=overrides or [])
-    except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
+                            overrides=overrides or [], name=name)
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
+
+
+def run_harness_command(checkpoint: Path, tasks: str, include: Optional[Path], out: Optional[Path]) -> None:
+    """`--harness`: lm-evaluation-harness on an export; results to OUT (default <run>/eval/harness.json)."""
+    import json
+
+    from rich.console import Console
+
+    from fsframework.checkpoints import Checkpoint, CheckpointError
+    from fsframework.eval.harness import run_harness
+    from fsframework.export import ExportError
+
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if include is not None and not include.is_dir():
+        fail(f"--harness-include {include}: not a directory of task YAML files")
+    if out is not None and (out.is_dir() or out.parent.is_file()):
+        fail(f"--out {out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a JSON file to write")
+    try:
+        out = out or Checkpoint.open(checkpoint).run.eval_dir / "harness.json"
+        results = run_harness(checkpoint, names, include_path=include)
+    except (CheckpointError, ExportError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    for task, metrics in results["results"].items():
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        Console(soft_wrap=True).print(f"{task}: {shown}", markup=False, highlight=False)
+    Console(soft_wrap=True).print(f"wrote {out}", markup=False, highlight=False)
 
 
 def parse_tasks(text: str) -> list[str]:

@@ -18,6 +18,7 @@ def guarded(step: Callable[[], T]) -> T:
     loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
     SLURM batch script requeues on; SIGINT: 130), its message already printed."""
     from fsframework.checkpoints import CheckpointError
+    from fsframework.config import ConfigError
     from fsframework.data.inspect_shards import ShardError
     from fsframework.parallel.health import RankFailure
     from fsframework.train.nonfinite import NonFiniteLoss
@@ -32,7 +33,7 @@ def guarded(step: Callable[[], T]) -> T:
              code=EXIT_INTERRUPTED)
     except (RankFailure, NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
         fail(str(exc), code=EXIT_RUN_FAILED)
-    except (CheckpointError, FileNotFoundError, ShardError) as exc:  # bad input
+    except (CheckpointError, ConfigError, FileNotFoundError, ShardError) as exc:  # bad input
         fail(str(exc))
 
 
@@ -68,9 +69,12 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf run yamls/quickstart.yaml
     """
     cfg = trainable_config(config, overrides)
+    from fsframework.data.loader import check_data_fits
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
     from fsframework.train.trainer import train as run_training
 
+    if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
+        guarded(lambda: check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
     guarded(lambda: run_training(cfg))
     scores = guarded(lambda: evaluate_checkpoint(
         Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,

@@ -22,6 +22,14 @@ What is skipped and what is an error:
   or with a non-text column. These mean the inputs or the options are wrong, so
   a shard built from them would be silently wrong.
 
+Held-out split: with `eval_fraction` or `eval_docs`, whole documents are drawn (seeded,
+independent of the number of workers) into `out_dir/eval`, the rest go to `out_dir/train`;
+training validation, `fsf eval --tasks perplexity` and `fsf calibrate` read `eval`. Without
+either, `out_dir` itself is the training dataset and has no held-out split.
+
+`build.json` (in `out_dir`) records the recipe, including the tokenizer's identity
+(`tokenizers.tokenizer_identity`), which training checks against `data.tokenizer`.
+
 Shards are written to a temporary sibling directory and moved to `out_dir` only when
 the build succeeds. Output is identical for any number of workers: documents keep
 their input order.
@@ -33,6 +41,7 @@ import gzip
 import json
 import multiprocessing as mp
 import os
+import random
 import shutil
 import zlib
 from collections import deque
@@ -43,7 +52,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from fsframework.data.shards import pack_documents, write_mds
-from fsframework.data.tokenizers import load_tokenizer
+from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
 SKIP_REASONS = ("empty", "invalid_utf8")
 _EXTENSIONS = (".jsonl.gz", ".jsonl", ".txt", ".parquet")
@@ -242,6 +251,63 @@ def tokenize_files(inputs: list[str | Path], *, tokenizer: str = "byte", workers
     yield from _ordered_map(_tokenize_chunk, tasks, workers, (tokenizer,))
 
 
+def _checked_inputs(inputs: list[str | Path]) -> list[Path]:
+    paths = [Path(p) for p in inputs]
+    for path in paths:
+        input_kind(path)
+        if not path.is_file():
+            raise DataBuildError(f"{path}: input file not found")
+        if not os.access(path, os.R_OK):
+            raise DataBuildError(f"{path}: input file not readable")
+    return paths
+
+
+def read_texts(inputs: list[str | Path], *, text_field: str = "text") -> Iterator[str]:
+    """The text of every document of `inputs`, in order, read as `build_shards` reads them: the
+    same formats, the same documents skipped and the same errors (`DataBuildError`, naming the
+    file and line or row). For tools that need text, not tokens (`fsf data tokenizer`)."""
+    paths = _checked_inputs(inputs)
+    for fi, line, kind, payload, _ in _records(paths, text_field):
+        status, value = _text_of(kind, payload, text_field)
+        if status == "error":
+            unit = {".txt": None, ".parquet": "row"}.get(input_kind(paths[fi]), "line")
+            raise DataBuildError(f"{paths[fi]}" + (f", {unit} {line}" if unit else "") + f": {value}")
+        if status == "text" and value.strip():
+            yield value
+
+
+# ---------------------------------------------------------------- held-out split
+
+class HeldOutSplit:
+    """Draws held-out documents as they stream past, in input order, from `random.Random(seed)`:
+    each document with probability `fraction`, or a uniform `count` of them by reservoir sampling
+    (a document a later draw displaces goes back to training). The held-out documents stay in
+    memory until the training split is written: they are the small part of the data."""
+
+    def __init__(self, fraction: float, count: int, seed: int):
+        self.fraction, self.count = fraction, count
+        self.rng = random.Random(seed)
+        self.held: list[np.ndarray] = []
+        self.seen = 0
+
+    def train_documents(self, docs: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """The documents of `docs` that training keeps; the others collect in `held`."""
+        for doc in docs:
+            self.seen += 1
+            if self.fraction:
+                if self.rng.random() < self.fraction:
+                    self.held.append(doc)
+                else:
+                    yield doc
+            elif len(self.held) < self.count:
+                self.held.append(doc)
+            else:
+                slot = self.rng.randrange(self.seen)
+                if slot < self.count:
+                    self.held[slot], doc = doc, self.held[slot]
+                yield doc
+
+
 # ---------------------------------------------------------------- building
 
 def _prepare_out(out_dir: Path, overwrite: bool) -> None:
@@ -262,12 +328,15 @@ def shard_summary(out_dir: str | Path) -> dict:
 
 def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "byte", seq_len: int,
                  workers: int = 1, text_field: str = "text", compression: str | None = "zstd",
-                 size_limit: int = 1 << 24, overwrite: bool = False, verbose: bool = True) -> dict:
-    """Tokenize `inputs` and write MDS shards of `seq_len + 1`-token samples to `out_dir`.
+                 size_limit: int = 1 << 24, overwrite: bool = False, verbose: bool = True,
+                 eval_fraction: float = 0.0, eval_docs: int = 0, seed: int = 0) -> dict:
+    """Tokenize `inputs` and write MDS shards of `seq_len + 1`-token samples to `out_dir`
+    (to `out_dir/train` and `out_dir/eval` when `eval_fraction` or `eval_docs` holds documents out).
 
     Returns stats: documents, skipped (per reason), tokens (document tokens incl. EOS),
     tokens_written (in samples; the trailing partial sample is dropped), samples,
-    shards, bytes. With `verbose`, shows a progress bar and prints the summary.
+    shards, bytes, and with a held-out split eval_documents and eval_samples. With
+    `verbose`, shows a progress bar and prints the summary.
     """
     from streaming.base.compression import is_compression
 
@@ -279,15 +348,13 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
         compression = None
     if compression is not None and not is_compression(compression):
         raise DataBuildError(f"unknown compression {compression!r}")
+    if not 0.0 <= eval_fraction < 1.0:
+        raise DataBuildError(f"--eval-fraction {eval_fraction} must lie in [0, 1)")
+    if eval_docs < 0 or (eval_docs and eval_fraction):
+        raise DataBuildError(f"--eval-docs {eval_docs}: give a count >= 0, or --eval-fraction, not both")
     if not inputs:
         raise DataBuildError("no input files given")
-    paths = [Path(p) for p in inputs]
-    for path in paths:
-        input_kind(path)
-        if not path.is_file():
-            raise DataBuildError(f"{path}: input file not found")
-        if not os.access(path, os.R_OK):
-            raise DataBuildError(f"{path}: input file not readable")
+    paths = _checked_inputs(inputs)
     tok = load_tokenizer(tokenizer)
     out_dir = Path(out_dir)
     _prepare_out(out_dir, overwrite)
@@ -305,7 +372,7 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
                 if status == "ok":
                     stats["documents"] += 1
                     stats["tokens"] += len(value) + 1
-                    yield value.tolist()
+                    yield value
                 elif status == "skip":
                     stats["skipped"][value] += 1
                 else:
@@ -315,19 +382,34 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
             if progress is not None:
                 progress.update(task_id, advance=advanced, description=f"{stats['documents']:,} documents")
 
+    split = HeldOutSplit(eval_fraction, eval_docs, seed) if eval_fraction or eval_docs else None
+    train_dir = tmp_dir / "train" if split else tmp_dir
+
+    def write(docs, where: Path) -> int:
+        return write_mds(pack_documents((d.tolist() for d in docs), seq_len, tok.eos_id), where,
+                         compression=compression, size_limit=size_limit)
+
     try:
         with (progress if progress is not None else nullcontext()):
             task_id = progress.add_task("tokenizing", total=total_bytes) if progress is not None else None
-            samples = write_mds(pack_documents(documents(task_id), seq_len, tok.eos_id), tmp_dir,
-                                compression=compression, size_limit=size_limit)
+            docs = documents(task_id)
+            samples = write(split.train_documents(docs) if split else docs, train_dir)
             if progress is not None:
                 progress.update(task_id, completed=total_bytes)
         if samples == 0:
-            raise DataBuildError(f"inputs hold {stats['tokens']} tokens, fewer than one sample of "
-                                 f"{seq_len + 1}; nothing written")
-        stats.update(samples=samples, tokens_written=samples * (seq_len + 1), **shard_summary(tmp_dir))
+            raise DataBuildError(f"inputs hold {stats['tokens']} tokens{' for training' if split else ''}, "
+                                 f"fewer than one sample of {seq_len + 1}; nothing written")
+        stats.update(samples=samples, tokens_written=samples * (seq_len + 1), **shard_summary(train_dir))
+        if split:
+            held_tokens = sum(len(d) + 1 for d in split.held)
+            eval_samples = write(split.held, tmp_dir / "eval") if held_tokens > seq_len else 0
+            if eval_samples == 0:
+                raise DataBuildError(f"the {len(split.held)} held-out documents hold {held_tokens} tokens, fewer "
+                                     f"than one sample of {seq_len + 1}: raise --eval-fraction or --eval-docs")
+            stats.update(eval_documents=len(split.held), eval_samples=eval_samples)
         recipe = {"inputs": [str(p) for p in paths], "tokenizer": tok.name, "seq_len": seq_len,
-                  "text_field": text_field, "compression": compression}
+                  "text_field": text_field, "compression": compression, "eval_fraction": eval_fraction,
+                  "eval_docs": eval_docs, "seed": seed, "tokenizer_identity": tokenizer_identity(tok)}
         (tmp_dir / "build.json").write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
@@ -358,4 +440,6 @@ def print_summary(stats: dict, out_dir: str | Path) -> None:
                        ("samples", f"{stats['samples']:,}"), ("shards", f"{stats['shards']:,}"),
                        ("bytes", f"{stats['bytes']:,}")):
         table.add_row(key, value)
+    if "eval_samples" in stats:
+        table.add_row("held out (eval/)", f"{stats['eval_documents']:,} documents, {stats['eval_samples']:,} samples")
     Console().print(table)

@@ -29,8 +29,49 @@ def _split_location(source: str, split: str) -> str:
         return str(local)
     if split == "train" and (Path(root) / "index.json").is_file():
         return root
+    if split == "eval" and ((Path(root) / "index.json").is_file() or (Path(root) / "train" / "index.json").is_file()):
+        raise FileNotFoundError(f"dataset {source!r} has no held-out split ({local} is missing): rebuild it with "
+                                f"`fsf data build ... --out {source} --eval-fraction 0.02` (or --eval-docs N)")
     raise FileNotFoundError(f"dataset {source!r}: no MDS index at {local / 'index.json'} "
                             "(build shards with `fsf data build`)")
+
+
+def _sources(cfg: Config) -> list[str]:
+    return [s.source for s in cfg.data.streams] if cfg.data.streams else [cfg.data.source]
+
+
+def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
+    """Checks before any work (no run directory, no engine): the tokenizer's vocabulary fits
+    `model.vocab_size`, every local dataset was built with `data.tokenizer` (its `build.json`),
+    and, when `heldout_for` names the option that reads it, the held-out split exists.
+    Raises ConfigError or FileNotFoundError (both one line, naming the option to change)."""
+    import json
+
+    from fsframework.config import ConfigError
+    from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
+
+    if cfg.data.source == "mqar" and not cfg.data.streams:
+        return  # generated ids, checked against the vocabulary by the config
+    tok = load_tokenizer(cfg.data.tokenizer)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} has {tok.vocab_size} tokens, more than "
+                          f"model.vocab_size={cfg.model.vocab_size}: set model.vocab_size={tok.vocab_size} or more")
+    mine = tokenizer_identity(tok)
+    for source in _sources(cfg):
+        recipe_file = Path(source) / "build.json"
+        if source == "embedded" or "://" in source or not recipe_file.is_file():
+            continue
+        built = json.loads(recipe_file.read_text())["recipe"].get("tokenizer_identity")
+        if built is not None and (built["vocab_size"], built["eos_id"], built["sha256"]) != (
+                mine["vocab_size"], mine["eos_id"], mine["sha256"]):
+            raise ConfigError(f"dataset {source} was built with tokenizer {built['name']} (vocabulary "
+                              f"{built['vocab_size']}), not data.tokenizer={cfg.data.tokenizer} (vocabulary "
+                              f"{mine['vocab_size']}): set data.tokenizer={built['name']} or rebuild the dataset")
+    if heldout_for and cfg.data.source != "embedded":
+        try:
+            _split_location(_sources(cfg)[0], "eval")  # validation and perplexity read the first stream's
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{heldout_for} reads the held-out split: {exc}") from None
 
 
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:

@@ -113,3 +113,13 @@ def train_bpe_tokenizer(texts, vocab_size: int, out_path: str | Path) -> HFToken
     tok.save(str(tmp))
     tmp.replace(out_path)
     return HFTokenizer(str(out_path))
+
+
+def tokenizer_identity(tok: Tokenizer) -> dict:
+    """What a dataset built with `tok` records of it (`build.json`), so training and evaluation can
+    tell a different tokenizer from the same file at another path: vocabulary size, EOS and, for a
+    file, the SHA-256 of its bytes."""
+    import hashlib
+
+    digest = None if tok.name == "byte" else hashlib.sha256(Path(tok.name).read_bytes()).hexdigest()
+    return {"name": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id, "sha256": digest}

@@ -3,7 +3,9 @@
 `calibrate(checkpoint, ...)` runs the checkpoint's own model (FS or FS-L) over `windows`
 windows of `seq_len` tokens of held-out text (by default the run's eval split; its first
 `4 x windows x seq_len` tokens, or all of it when shorter, are cut into consecutive windows
-and `windows` of them drawn with `seed`), collects `a_c = max_{j in c} ||k_j||` of
+and `windows` of them drawn with `seed`; left unset, they are 64 windows of 4096 tokens, or
+as many as a smaller held-out split holds, of the run's `data.seq_len` when it holds no
+4096-token window), collects `a_c = max_{j in c} ||k_j||` of
 every complete cell from the unrotated keys of every FreeSolo layer and head, and
 writes the pooled median per (layer, head) as `tau` into `<checkpoint>/calibration.json`
 with a heat map `calibration.png` beside it. FS-B's `Ftau` admits `a_c >= tau`.
@@ -29,6 +31,7 @@ from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint
 from fsframework.parallel.process_group import init_distributed
 
 HEATMAP_FILE = "calibration.png"
+DEFAULT_WINDOWS, DEFAULT_SEQ_LEN = 64, 4096
 
 
 def calibration_windows(stream: np.ndarray, windows: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -126,11 +129,23 @@ def _gather(values: list[torch.Tensor], world: int, window_rows: int) -> list[to
     return out
 
 
-def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: int = 64, seq_len: int = 4096,
-              seed: int = 0, batch_size: int = 1, device=None, progress: bool = True) -> dict:
+def default_windows(stream: np.ndarray, windows: Optional[int], seq_len: Optional[int],
+                    run_seq_len: int) -> tuple[int, int]:
+    """(windows, seq_len) to cut from `stream`: the values given, else the defaults reduced to what
+    the held-out text holds (a small run's eval split has few long windows)."""
+    length = seq_len or (DEFAULT_SEQ_LEN if len(stream) >= DEFAULT_SEQ_LEN or run_seq_len >= DEFAULT_SEQ_LEN
+                         else run_seq_len)
+    count = windows or max(1, min(DEFAULT_WINDOWS, len(stream) // length))
+    return count, length
+
+
+def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Optional[int] = None,
+              seq_len: Optional[int] = None, seed: int = 0, batch_size: int = 1, device=None,
+              progress: bool = True) -> dict:
     """Compute and write the checkpoint's FS-B thresholds; returns the calibration record.
 
-    data: an MDS directory (default: the run's eval split). Raises ValueError on bad input.
+    data: an MDS directory (default: the run's eval split); windows, seq_len: None for the defaults
+    that fit the held-out text (`default_windows`). Raises ValueError on bad input.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -139,7 +154,7 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: in
     from fsframework.models.freesolo_attention import freesolo_layers
     from fsframework.models.registry import attention_kind
 
-    if windows < 1 or seq_len < 1 or batch_size < 1:
+    if (windows is not None and windows < 1) or (seq_len is not None and seq_len < 1) or batch_size < 1:
         raise ValueError(f"--windows ({windows}), --seq-len ({seq_len}) and the batch size ({batch_size}) must be >= 1")
     rank, world = _world()
     if device is None:
@@ -155,15 +170,17 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: in
         raise ValueError(f"checkpoint {ckpt.path} is a {cfg.model.name} model: only FreeSolo models (fs, fsl) "
                          "have the key-norm cells FS-B thresholds")
     cell_size = cfg.model.attention.cell_size
-    if seq_len < cell_size:
+    if seq_len is not None and seq_len < cell_size:
         raise ValueError(f"--seq-len {seq_len} is shorter than one cell ({cell_size} tokens)")
 
     def read() -> tuple[torch.Tensor, str]:
         where = data or data_streams(cfg, "eval")[0][0]
-        stream = heldout_tokens(str(where), windows * seq_len * 4)
-        return calibration_windows(stream, windows, seq_len, seed), str(where)
+        stream = heldout_tokens(str(where), (windows or DEFAULT_WINDOWS) * (seq_len or DEFAULT_SEQ_LEN) * 4)
+        count, length = default_windows(stream, windows, seq_len, cfg.data.seq_len)
+        return calibration_windows(stream, count, length, seed), str(where)
 
     tokens, data_dir = _shared_windows(read, rank, world)
+    windows, seq_len = tokens.shape
     mine = tokens[rank::world]
     recorder = KeyNormRecorder(layers, cell_size)
     try:

@@ -10,7 +10,10 @@ import torch
 
 
 def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
-                        batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str]) -> dict:
+                        batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str],
+                        name: Optional[str] = None) -> dict:
+    """Evaluate `checkpoint` (run, checkpoint or export); scores to `out`, and to the run's
+    tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label)."""
     from fsframework.checkpoints import Checkpoint
     from fsframework.data.loader import data_streams
     from fsframework.data.tokenizers import load_tokenizer
@@ -18,27 +21,40 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
+    # held-out text is needed (and, for the embedded corpus, built) only for perplexity; found
+    # (or found missing) before the model is loaded
+    data_dir = data_streams(ckpt.config(overrides), "eval")[0][0] if "perplexity" in tasks else None
     model, cfg = ckpt.load_model(device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)
     results = run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks,
                        lengths=lengths or list(cfg.eval.lengths), num_samples=num_samples, seed=seed,
                        batch_size=batch_size or cfg.eval.batch_size, out_path=str(out), plots_dir=str(out.parent),
-                       # held-out text is needed (and, for the embedded corpus, built) only for perplexity
-                       data_dir=data_streams(cfg, "eval")[0][0] if "perplexity" in tasks else None,
+                       data_dir=data_dir,
                        device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
                        mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
     if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
         from fsframework.eval.tensorboard import log_eval_results
 
-        log_eval_results(ckpt.run.tensorboard, results, checkpoint_step(ckpt.path))
+        log_eval_results(ckpt.run.tensorboard, results, checkpoint_step(ckpt.path),
+                         label=name or eval_label(read_path(model, cfg), num_samples))
     return results
 
 
 def checkpoint_step(ckpt: Path) -> int:
-    """The optimizer step of checkpoint folder `step_NNNNNNNN` (0 for a folder named otherwise)."""
-    digits = ckpt.name.rpartition("_")[2]
-    return int(digits) if digits.isdigit() else 0
+    """The optimizer step of checkpoint folder `step_NNNNNNNN`, or the one an export records (0 else)."""
+    from fsframework.checkpoints import training_step
+
+    return training_step(ckpt)
+
+
+def eval_label(path: dict, num_samples: int) -> str:
+    """What an evaluation read, as a tensorboard tag part: the kind, its read path's settings (FS's
+    top_k, FS-B's search) and the sample count, e.g. `fsb-top_k4-beam_width16-bound_c8.0-forests_both-n10`;
+    evaluations that differ in any of them log apart instead of over each other."""
+    parts = [path["model"]] + [f"{key}{'_' if isinstance(value, str) else ''}{value}"
+                               for key, value in path.items() if key not in ("model", "tau_file")]
+    return "-".join(parts + [f"n{num_samples}"])
 
 
 def read_path(model, cfg) -> dict:

@@ -1,8 +1,10 @@
 """`fsf eval` results in the run's tensorboard, next to the training curves (docs/evaluation.md).
 
-Scalars `eval/<task>/<length>` (and `eval/ruler_mean/<length>`) at the evaluated checkpoint's
-step, so evaluations of successive checkpoints draw a curve per task and length; the plots of
-the evaluation as images under `eval_plots/<name>`.
+Scalars `eval/<label>/<task>/<length>` (and `eval/<label>/ruler_mean/<length>`) at the evaluated
+checkpoint's training step (an export's is its source's), so evaluations of successive checkpoints
+draw a curve per task and length, and evaluations that read differently (another read path or
+sample count, named by the label; `fsf eval --name` gives one) never overwrite each other; the
+plots of the evaluation as images under `eval_plots/<label>/<name>`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def log_eval_results(log_dir: Path, results: dict, step: int) -> None:
+def log_eval_results(log_dir: Path, results: dict, step: int, label: str) -> None:
     """Append `results` (from `fsframework.eval.suite.run_eval`) to the tensorboard events in `log_dir`."""
     import matplotlib.image
     from torch.utils.tensorboard import SummaryWriter
@@ -21,9 +23,9 @@ def log_eval_results(log_dir: Path, results: dict, step: int) -> None:
         for task, by_length in series.items():
             for length, value in by_length.items():
                 if isinstance(value, (int, float)):  # None: the length did not fit the model or the data
-                    writer.add_scalar(f"eval/{task}/{length}", value, step)
+                    writer.add_scalar(f"eval/{label}/{task}/{length}", value, step)
         for plot in results.get("plots", []):
             image = matplotlib.image.imread(plot)  # H x W x (3 or 4), floats in [0, 1]
-            writer.add_image(f"eval_plots/{Path(plot).stem}", image[..., :3], step, dataformats="HWC")
+            writer.add_image(f"eval_plots/{label}/{Path(plot).stem}", image[..., :3], step, dataformats="HWC")
     finally:
         writer.close()

@@ -5,7 +5,9 @@ self-contained directory that other tools read (docs/export.md):
                                  config; `fsframework` records the model config and the versions
     model.safetensors            the weights (fp32 or bf16; a tied lm_head stored once)
     config.yaml                  the run's full config, paths absolute: data and eval settings
-    tokenizer.json | .model      the run's file tokenizer (with tokenizer_config.json for .json)
+    tokenizer.json | .model      the run's tokenizer (the byte tokenizer written as a tokenizer.json),
+                                 with tokenizer_config.json and special_tokens_map.json
+    generation_config.json       EOS and pad ids for transformers' generate()
     calibration.json             FS-B thresholds, when the checkpoint has them
     modeling_fsframework.py      every kind but tfpp: the transformers entry point
 
@@ -27,9 +29,11 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, TOKENIZER_STEM,
-                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config)
+from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS,
+                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config,
+                                     training_step)
 from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
+from fsframework.export.hf_tokenizer import generation_config
 from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.remote import TENSOR_PREFIX, remote_code_config, write_modeling_file
 from fsframework.models.llama import model_config_dict
@@ -108,26 +112,33 @@ def absolute_paths(cfg: Config, base: Path) -> Config:
     return cfg
 
 
-def _write_tokenizer(ckpt: Checkpoint, spec: str, tmp: Path) -> None:
-    if spec == "byte":
-        return
-    source = Path(checkpoint_tokenizer(ckpt.path, spec))
-    if not source.is_file():
-        raise ExportError(f"tokenizer {source} of checkpoint {ckpt.path} not found")
-    shutil.copyfile(source, tmp / f"{TOKENIZER_STEM}{source.suffix}")
-    if source.suffix == ".json":  # a tokenizers file: transformers' AutoTokenizer reads it with this
-        (tmp / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+def _write_tokenizer(ckpt: Checkpoint, cfg: Config, spec: str, tmp: Path) -> int:
+    """The tokenizer files (fsframework.export.hf_tokenizer); returns the EOS id."""
+    from fsframework.export.hf_tokenizer import write_tokenizer_files
+
+    source = None
+    if spec != "byte":
+        source = Path(checkpoint_tokenizer(ckpt.path, spec))
+        if not source.is_file():
+            raise ExportError(f"tokenizer {source} of checkpoint {ckpt.path} not found")
+    return write_tokenizer_files(spec, source, tmp, _longest(cfg))
 
 
-def hf_config(cfg: Config, dtype: str, source: Path) -> dict[str, Any]:
-    """config.json: transformers' fields (Llama's for tfpp) and the `fsframework` record."""
-    record = framework_record(cfg.model, source=str(source), dtype=dtype)
-    # the byte tokenizer's end of text (fsframework.data.tokenizers); a file tokenizer names its own
-    special = {"bos_token_id": None, "eos_token_id": 256 if cfg.data.tokenizer == "byte" else None}
+def _longest(cfg: Config) -> int:
+    return max([cfg.data.seq_len, *cfg.eval.lengths])
+
+
+def hf_config(cfg: Config, dtype: str, source: Path, eos_id: Optional[int] = None, step: int = 0) -> dict[str, Any]:
+    """config.json: transformers' fields (a native architecture's, Llama's for tfpp), the
+    tokenizer's EOS (also the pad token) and the `fsframework` record (with the training step,
+    where evaluations log)."""
+    record = framework_record(cfg.model, source=str(source), dtype=dtype, step=step)
+    if eos_id is None and cfg.data.tokenizer == "byte":
+        eos_id = 256  # the byte tokenizer's end of text (fsframework.data.tokenizers)
+    special = {"bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": eos_id}
     native = attention_kind(cfg.model.name).native_adapter()
     if native:
-        longest = max([cfg.data.seq_len, *cfg.eval.lengths])
-        fields = native.native_config(cfg.model, max_positions=longest, torch_dtype=TORCH_DTYPE_NAMES[dtype])
+        fields = native.native_config(cfg.model, max_positions=_longest(cfg), torch_dtype=TORCH_DTYPE_NAMES[dtype])
     else:
         fields = remote_code_config(cfg.model, torch_dtype=TORCH_DTYPE_NAMES[dtype])
     return {**fields, **special, "fsframework": record}
@@ -179,12 +190,14 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
         tensors = export_tensors(model.state_dict(), cfg.model, dtype)
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG_FILE).write_text(to_yaml(absolute_paths(saved, _training_cwd(saved, ckpt.run.root))))
-        _write_tokenizer(ckpt, saved.data.tokenizer, tmp)
+        eos_id = _write_tokenizer(ckpt, cfg, saved.data.tokenizer, tmp)
         if (ckpt.path / CALIBRATION_FILE).is_file():
             shutil.copyfile(ckpt.path / CALIBRATION_FILE, tmp / CALIBRATION_FILE)
         if attention_kind(cfg.model.name).native_export is None:
             write_modeling_file(tmp)
-        (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve()), indent=2))
+        (tmp / EXPORT_HF_CONFIG).write_text(json.dumps(hf_config(cfg, dtype, ckpt.path.resolve(), eos_id,
+                                                                  training_step(ckpt.path)), indent=2))
+        (tmp / "generation_config.json").write_text(json.dumps(generation_config(eos_id), indent=2))
         difference, drift = prove(model, tmp, dtype)
         if difference != 0.0:
             raise ProofFailed(f"the exported weights do not reproduce the checkpoint's logits (largest difference "

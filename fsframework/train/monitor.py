@@ -1,9 +1,18 @@
-"""Run monitoring: metrics.jsonl, tensorboard scalars and a rich progress bar (rank 0 only)."""
+"""Run monitoring: metrics.jsonl, tensorboard scalars and, on stdout, a rich progress bar on a
+terminal or plain lines elsewhere (rank 0 only).
+
+A cluster job's stdout is a file (SLURM, nohup, CI), where a progress bar shows nothing until the
+run ends; there, and with `train.progress=false`, every logged step (`train.log_every`) prints one
+plain line (step, loss, lr, tokens/s, ETA). Validations and the end of the run print a line in
+both modes. Messages are never wrapped (a wrapped line splits the paths it names).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fsframework.checkpoints import RunDir
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -30,6 +39,11 @@ def strict_json(record: dict[str, Any]) -> str:
     return json.dumps(clean, allow_nan=False)
 
 
+def say(line: str) -> None:
+    """One plain line on stdout: no markup, no highlighting, never wrapped."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 class Monitor:
     def __init__(self, run_dir: Path | RunDir, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
                  tensorboard: bool):
@@ -38,6 +52,10 @@ class Monitor:
         self.metrics_path = run.metrics
         self.writer = None
         self.progress = None
+        self.total_steps, self.start_step = total_steps, start_step
+        self.started = time.perf_counter()
+        self.last: dict[str, Any] = {}
+        self.plain = enabled and not (progress and console.is_terminal)
         if not enabled:
             return
         truncate_metrics(self.metrics_path, start_step)
@@ -45,7 +63,7 @@ class Monitor:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(run.tensorboard), purge_step=start_step + 1)
-        if progress:
+        if progress and not self.plain:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
@@ -62,9 +80,38 @@ class Monitor:
                 if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                     # keys with a section of their own ("val/loss") keep it; the rest are train/
                     self.writer.add_scalar(key if "/" in key else f"train/{key}", value, record["step"])
+        self.last = record
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
                                  tps=f"{record['tokens_per_s']:.0f}")
+        if self.plain:
+            say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.3g}  "
+                f"tokens/s {record['tokens_per_s']:,.0f}  ETA {self.eta(record['step'])}")
+        if "val/loss" in record:
+            say(f"validation at step {record['step']}: loss {record['val/loss']:.4f}, perplexity "
+                f"{record['val/ppl']:.3f} (best {record['val/best_ppl']:.3f})")
+
+    def eta(self, step: int) -> str:
+        done = step - self.start_step
+        if done <= 0:
+            return "-"
+        left = (time.perf_counter() - self.started) / done * (self.total_steps - step)
+        return str(timedelta(seconds=round(max(left, 0.0))))
+
+    def summary(self, step: int, tokens: int, checkpoint: Path | None) -> None:
+        """The end-of-run line: steps, tokens, time, last loss and the checkpoint a rerun reads."""
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.started
+        parts = [f"finished at step {step}/{self.total_steps}", f"{tokens:,} tokens",
+                 f"{timedelta(seconds=round(elapsed))} this session"]
+        if "loss" in self.last:
+            parts.append(f"last loss {self.last['loss']:.4f}")
+        if "val/best_ppl" in self.last:
+            parts.append(f"best validation perplexity {self.last['val/best_ppl']:.3f}")
+        if checkpoint is not None:
+            parts.append(f"checkpoint {checkpoint}")
+        say(", ".join(parts))
 
     def advance(self, step: int) -> None:
         if self.progress is not None:

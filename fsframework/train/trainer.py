@@ -123,6 +123,10 @@ class Trainer:
         init_health_group(cfg.parallel.timeout_s)
         self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
+        self.resume_from: Optional[Path] = None  # the checkpoint found to resume from (check_resume)
+        self.resumed_config: Optional[Config] = None  # the config it was written with
+        self.resume_changes: list[str] = []  # optimizer and schedule keys this run changes (applied)
+        self._resume_checked = False
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
@@ -189,8 +193,31 @@ class Trainer:
                                       recall=cfg.loss if cfg.loss.recall_weighting else None,
                                       locations=[location for location, _ in streams])
 
+    def check_resume(self) -> None:
+        """Before build(): find the checkpoint to resume from and refuse, in one line, a config
+        that changes what it holds (`resume_config`), so the run directory stays as it was."""
+        from fsframework.checkpoints import read_config
+        from fsframework.train import resume_config
+
+        self._resume_checked = True
+        self.resume_from = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
+        if self.resume_from is None:
+            return
+        saved = self.resumed_config = read_config(self.resume_from)
+        refused, applied = resume_config.changed_keys(saved, self.cfg)
+        if refused:
+            raise CheckpointError(f"cannot resume {self.run_dir} from {self.resume_from.name}: the config changes "
+                                  f"what the checkpoint holds ({resume_config.describe(refused, saved, self.cfg)}); "
+                                  "use a new run_dir (train.init_from=CHECKPOINT starts from its weights)")
+        self.resume_changes = applied
+        if applied:
+            self.log(escape(f"resuming with changed optimizer settings: "
+                            f"{resume_config.describe(applied, saved, self.cfg)}"), soft_wrap=True)
+
     def maybe_resume(self) -> None:
-        found = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
+        if not self._resume_checked:
+            self.check_resume()  # callers that build() without fit()
+        found = self.resume_from
         if found is None:
             return
         # a checkpoint of another data-parallel size is reshaped (fsframework.train.resize)
@@ -200,6 +227,10 @@ class Trainer:
         self.state = TrainState(**client["train_state"])
         self.loader.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
+        if self.resume_changes:
+            from fsframework.train.resume_config import apply_optimizer_settings
+
+            apply_optimizer_settings(self.optimizer_base, self.scheduler, self.resumed_config, self.cfg)
         self.resumed_from = self.last_checkpoint = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}"
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
@@ -209,6 +240,7 @@ class Trainer:
         self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
                                             rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
                                             tokenizer=self.tokenizer, protect=self.resumed_from)
+        self.log(f"checkpoint at step {self.state.step}: {escape(str(self.last_checkpoint))}", soft_wrap=True)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
@@ -353,6 +385,7 @@ class Trainer:
         stops = StopRequests(cfg.train.preempt_signals)
         stops.install()
         try:
+            self.check_resume()
             self.build()
             self.maybe_resume()
             return self._loop(stops)
@@ -402,13 +435,16 @@ class Trainer:
                     break
                 if self.state.step < last:
                     self.stop_on_request(stops, saved)
+            monitor.summary(self.state.step, self.state.tokens, self.last_checkpoint)
         finally:
             monitor.close()
         return self.state
 
 
 def train(cfg: Config) -> TrainState:
+    from fsframework.data.loader import check_data_fits
     from fsframework.models.registry import check_trainable
 
     check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
+    check_data_fits(cfg, heldout_for=f"train.eval_every={cfg.train.eval_every}" if cfg.train.eval_every else None)
     return Trainer(cfg).fit()

@@ -18,13 +18,42 @@ def test_scores_and_plots_are_logged_at_the_checkpoint_step(tmp_path):
     results["plots"] = write_plots(results, tmp_path / "eval")
     step = checkpoint_step(Path("runs/x/checkpoints/step_00000300"))
     assert step == 300
-    log_eval_results(tmp_path / "tensorboard", results, step)
+    log_eval_results(tmp_path / "tensorboard", results, step, label="fs-n10")
 
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-    assert scalars == {"eval/perplexity/256": [(300, 12.5)], "eval/perplexity/512": [(300, 14.0)],
-                       "eval/passkey/256": [(300, 100.0)]}  # a length without a score logs nothing
-    assert sorted(events.Tags()["images"]) == ["eval_plots/perplexity_vs_length", "eval_plots/score_vs_length"]
-    image = events.Images("eval_plots/perplexity_vs_length")[0]
+    assert scalars == {"eval/fs-n10/perplexity/256": [(300, 12.5)], "eval/fs-n10/perplexity/512": [(300, 14.0)],
+                       "eval/fs-n10/passkey/256": [(300, 100.0)]}  # a length without a score logs nothing
+    assert sorted(events.Tags()["images"]) == ["eval_plots/fs-n10/perplexity_vs_length",
+                                               "eval_plots/fs-n10/score_vs_length"]
+    image = events.Images("eval_plots/fs-n10/perplexity_vs_length")[0]
     assert image.step == 300 and image.width > 100 and image.height > 100
+
+
+def _scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_evaluations_that_read_differently_log_apart_and_an_export_keeps_its_step(tmp_path):
+    from fsframework.export import export_checkpoint
+    from tests.export.helpers import random_checkpoint
+    from tests.utils import run_fsf
+
+    run = random_checkpoint(tmp_path / "run", "fs", "train.tensorboard=true")  # its checkpoint is step 1
+    passkey = ["--tasks", "passkey", "--lengths", "512"]
+    run_fsf("eval", str(run), *passkey, "--num-samples", "1")
+    run_fsf("eval", str(run), *passkey, "--num-samples", "2")
+    run_fsf("eval", str(run), *passkey, "--num-samples", "1", "--name", "mine")
+    run_fsf("eval", str(run), *passkey, "--num-samples", "1", "model.attention.top_k=1")
+    tags = _scalars(run / "tensorboard")
+    assert tags == {"eval/fs-top_k2-n1/passkey/512": [1], "eval/fs-top_k2-n2/passkey/512": [1],
+                    "eval/mine/passkey/512": [1], "eval/fs-top_k1-n1/passkey/512": [1]}
+
+    export_checkpoint(run, tmp_path / "out")
+    run_fsf("eval", str(tmp_path / "out"), *passkey, "--num-samples", "1")
+    assert _scalars(tmp_path / "out" / "tensorboard") == {"eval/fs-top_k2-n1/passkey/512": [1]}

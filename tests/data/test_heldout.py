@@ -1,0 +1,102 @@
+"""A user's own data end to end: `fsf data build` holds documents out, and validation, `fsf eval`
+perplexity and the checks before training find (or name the option that makes) that split."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fsframework.data.build import DataBuildError, build_shards
+from tests.utils import REPO, run_fsf
+
+QUICKSTART = str(REPO / "yamls" / "quickstart.yaml")
+TINY = ["data.seq_len=32", "data.micro_batch_size=2", "model.name=tfpp", "model.d_model=32", "model.n_layers=1",
+        "model.n_heads=2", "train.progress=false", "train.tensorboard=false", "train.ckpt_every=100"]
+
+
+def write_docs(path, count=120):
+    # each document starts with its own number, so a sample tells which documents it came from
+    rows = [json.dumps({"text": f"<{i}> " + f"document {i} says hello. " * (3 + i % 5)}) for i in range(count)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def document_numbers(split_dir):
+    from streaming import StreamingDataset
+
+    ds = StreamingDataset(local=str(split_dir), shuffle=False, batch_size=1)
+    text = bytes(np.concatenate([ds[i]["tokens"] for i in range(ds.num_samples)]).clip(0, 255).astype(np.uint8))
+    return {int(part.split(b">")[0]) for part in text.split(b"<")[1:] if part.split(b">")[0].isdigit()}
+
+
+def test_held_out_documents_are_disjoint_seeded_and_counted(tmp_path):
+    docs = write_docs(tmp_path / "docs.jsonl")
+    stats = build_shards([str(docs)], tmp_path / "a", seq_len=32, eval_fraction=0.2, seed=3, verbose=False)
+    assert (tmp_path / "a" / "train" / "index.json").is_file() and (tmp_path / "a" / "eval" / "index.json").is_file()
+    train, held = document_numbers(tmp_path / "a" / "train"), document_numbers(tmp_path / "a" / "eval")
+    assert held and not train & held and 10 < stats["eval_documents"] < 40
+    build_shards([str(docs)], tmp_path / "b", seq_len=32, eval_fraction=0.2, seed=3, workers=2, verbose=False)
+    assert document_numbers(tmp_path / "b" / "eval") == held  # the same draw with any number of workers
+    build_shards([str(docs)], tmp_path / "c", seq_len=32, eval_fraction=0.2, seed=4, verbose=False)
+    assert document_numbers(tmp_path / "c" / "eval") != held
+
+    stats = build_shards([str(docs)], tmp_path / "d", seq_len=32, eval_docs=7, verbose=False)
+    assert stats["eval_documents"] == 7
+    recipe = json.loads((tmp_path / "d" / "build.json").read_text())["recipe"]
+    assert recipe["eval_docs"] == 7 and recipe["tokenizer_identity"]["vocab_size"] == 257
+
+
+def test_held_out_options_are_checked(tmp_path):
+    docs = write_docs(tmp_path / "docs.jsonl", count=40)
+    with pytest.raises(DataBuildError, match="not both"):
+        build_shards([str(docs)], tmp_path / "x", seq_len=32, eval_fraction=0.1, eval_docs=3, verbose=False)
+    with pytest.raises(DataBuildError, match="raise --eval-fraction or --eval-docs"):
+        build_shards([str(docs)], tmp_path / "x", seq_len=200, eval_docs=1, verbose=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_own_data_trains_with_validation_and_evaluates(tmp_path):
+    run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
+            "--seq-len", "32", "--eval-fraction", "0.1")
+    run = tmp_path / "run"
+    run_fsf("train", QUICKSTART, f"run_dir={run}", f"data.source={tmp_path / 'shards'}", *TINY,
+            "train.max_steps=4", "train.eval_every=2", "train.eval_batches=1")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("val/loss" in r for r in records)
+    proc = run_fsf("eval", str(run), "--tasks", "perplexity", "--lengths", "32", "--num-samples", "1")
+    scores = json.loads((run / "eval" / "scores.json").read_text())
+    assert scores["scores"]["perplexity"], proc.stdout
+
+
+def test_a_dataset_without_held_out_split_is_named_before_any_work(tmp_path):
+    run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
+            "--seq-len", "32")
+    source = f"data.source={tmp_path / 'shards'}"
+    for command, extra in (("train", ["train.eval_every=2"]), ("run", [])):
+        run = tmp_path / f"run_{command}"
+        proc = run_fsf(command, QUICKSTART, f"run_dir={run}", source, *TINY, "train.max_steps=2", *extra, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert "--eval-fraction" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not run.exists()
+    run = tmp_path / "run"
+    run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, "train.max_steps=2")
+    proc = run_fsf("eval", str(run), "--tasks", "perplexity", "--lengths", "32", check=False)
+    assert proc.returncode == 2 and "--eval-fraction" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_tokenizer_mismatch_is_refused_before_any_work(tmp_path):
+    from fsframework.data.tokenizers import train_bpe_tokenizer
+
+    tok = tmp_path / "tok.json"
+    train_bpe_tokenizer([f"some text number {i} and more words" for i in range(200)], 400, tok)
+    run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
+            "--seq-len", "32")
+    source = f"data.source={tmp_path / 'shards'}"
+    run = tmp_path / "run"
+    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, f"data.tokenizer={tok}",
+                   "model.vocab_size=260", "train.max_steps=2", check=False)
+    assert proc.returncode == 2 and "model.vocab_size=" in proc.stderr and not run.exists(), proc.stderr
+    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, f"data.tokenizer={tok}",
+                   "model.vocab_size=512", "train.max_steps=2", check=False)
+    assert proc.returncode == 2 and "was built with tokenizer byte" in proc.stderr and not run.exists(), proc.stderr
