@@ -89,7 +89,7 @@ def _logits(q_g, k_rows, rows, member, bias, cell_size, scale):
     `[Bt, H, G, L, d]`; L = Cg * s."""
     dim = q_g.shape[-1]
     # F.embedding is a much faster row gather than advanced indexing on CPU; -1 cells read row 0, masked
-    keys = F.embedding(rows, k_rows).view(*rows.shape[:3], -1, dim)
+    keys = F.embedding(rows, k_rows).view(*rows.shape[:3], -1, dim).to(q_g.dtype)
     logits = torch.matmul(q_g, keys.transpose(-1, -2)) * scale
     if bias is not None:
         logits += bias.to(logits.dtype)[..., None].expand(*bias.shape, cell_size).flatten(-2)
@@ -114,6 +114,35 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2, 3).transpose(1, 2)
 
 
+def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, cells: torch.Tensor,
+                     num_cells: int, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The readout's forward pass over cell rows: `y [Bt, n, H, d]` and its log-sum-exp `[Bt, n, H]` (acc dtype).
+
+    q `[Bt, n, H, d]`; k_rows, v_rows `[Bt*H*C', s*d]`, one row per (batch row, head, cell) in
+    any dtype (only the gathered rows are converted); cells `[Bt, n, H, K]` indices into the C'
+    cells of each (batch row, head), -1 = none. Whole-sequence readout (`SelectedCellAttention`)
+    and a decode cache's (`read_cell_rows`) both run it.
+    """
+    bsz, seq, heads, dim = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
+    lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device)
+    if num_cells == 0:
+        return y, lse
+    for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
+        q_g = _group(q[:, start:end].to(acc), rows)
+        logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
+        # rows without any key keep a finite max and a zero sum: y = 0, no NaN
+        row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
+        row_max = row_max.clamp_min(torch.finfo(acc).min)
+        p = _probs(logits, skip, row_max)
+        total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
+        values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim).to(acc)
+        y[:, start:end] = _ungroup(torch.matmul(p / total, values))
+        lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+    return y, lse
+
+
 class SelectedCellAttention(torch.autograd.Function):
     """`y [Bt, N, H, d]` (acc dtype) from q, k, v `[Bt, N, H, d]` and cells `[Bt, N, H, K]`.
 
@@ -123,24 +152,10 @@ class SelectedCellAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cells, cell_size):
-        bsz, seq, heads, dim = q.shape
         acc = torch.promote_types(q.dtype, torch.float32)
         num_cells = k.shape[1] // cell_size  # k may extend before q (queries of a later slice)
-        y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
-        lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device)
-        if num_cells > 0:
-            k_rows, v_rows = _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc)
-            for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
-                q_g = _group(q[:, start:end].to(acc), rows)
-                logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
-                # rows without any key keep a finite max and a zero sum: y = 0, no NaN
-                row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
-                row_max = row_max.clamp_min(torch.finfo(acc).min)
-                p = _probs(logits, skip, row_max)
-                total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
-                values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim)
-                y[:, start:end] = _ungroup(torch.matmul(p / total, values))
-                lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+        y, lse = attend_cell_rows(q, _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc), cells,
+                                  num_cells, cell_size)
         ctx.save_for_backward(q, k, v, cells, y, lse)
         ctx.cell_size = cell_size
         return y
@@ -190,3 +205,15 @@ def selected_cell_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                             cell_size: int) -> torch.Tensor:
     """Softmax readout of the selected cells before the RMSNorm, `[Bt, N, H, d]` in fp32 (fp64 kept)."""
     return SelectedCellAttention.apply(q, k, v, cells, cell_size)
+
+
+def read_cell_rows(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor,
+                   cells: torch.Tensor) -> torch.Tensor:
+    """`selected_cell_attention` over keys/values kept cell-major, `[Bt, H, C', s, d]` each (a decode
+    cache's archive or candidate cells; contiguous per (batch row, head), so the rows are a view);
+    cells `[Bt, n, H, K]` index C' (-1 = none). No gradient. -> `[Bt, n, H, d]` in fp32 (fp64 kept)."""
+    bsz, heads, num_cells, cell_size, dim = k_cells.shape
+    rows = bsz * heads * num_cells
+    y, _ = attend_cell_rows(q, k_cells.reshape(rows, cell_size * dim), v_cells.reshape(rows, cell_size * dim),
+                            cells, num_cells, cell_size)
+    return y
