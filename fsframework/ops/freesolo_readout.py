@@ -60,18 +60,20 @@ def _plan(cells: torch.Tensor, num_cells: int):
     Returns `rows` `[Bt, H, G, Cg]` (rows of `_cell_major` tensors to read),
     `member` `[Bt, H, G, m, Cg]` (query reads that cell) and `bias` (None, or
     `log(times listed)` of the same shape when a query lists a cell twice), or
-    None when the chunk selects nothing.
+    None when a chunk of several queries selects nothing.
     """
     bsz, num, heads, top_k = cells.shape
     cells = cells.permute(0, 2, 1, 3).long()  # Bt H n K
+    base = (torch.arange(bsz, device=cells.device)[:, None] * heads
+            + torch.arange(heads, device=cells.device)[None, :]) * num_cells  # Bt H
+    if num == 1:  # one query (a decoded token): its own cells are the union, no need to find it
+        return base[:, :, None, None] + cells.clamp_min(0), (cells >= 0)[:, :, :, None], None
     flat = cells.reshape(bsz, heads, num * top_k).sort(dim=-1).values
     first = flat >= 0
     first[..., 1:] &= flat[..., 1:] != flat[..., :-1]
     width = int(first.sum(dim=-1).max())  # largest union over (batch, head)
     if width == 0:
         return None
-    base = (torch.arange(bsz, device=cells.device)[:, None] * heads
-            + torch.arange(heads, device=cells.device)[None, :]) * num_cells  # Bt H
     if width <= _UNION_FACTOR * top_k:
         slot = torch.where(first, first.cumsum(dim=-1) - 1, width)
         union = torch.full((bsz, heads, width + 1), -1, dtype=torch.long, device=cells.device)
@@ -115,8 +117,10 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, cells: torch.Tensor,
-                     num_cells: int, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The readout's forward pass over cell rows: `y [Bt, n, H, d]` and its log-sum-exp `[Bt, n, H]` (acc dtype).
+                     num_cells: int, cell_size: int,
+                     with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The readout's forward pass over cell rows: `y [Bt, n, H, d]` and its log-sum-exp `[Bt, n, H]` (acc dtype;
+    None unless `with_lse`: only the backward pass reads it).
 
     q `[Bt, n, H, d]`; k_rows, v_rows `[Bt*H*C', s*d]`, one row per (batch row, head, cell) in
     any dtype (only the gathered rows are converted); cells `[Bt, n, H, K]` indices into the C'
@@ -126,7 +130,7 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
-    lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device)
+    lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device) if with_lse else None
     if num_cells == 0:
         return y, lse
     for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
@@ -139,7 +143,8 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
         values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim).to(acc)
         y[:, start:end] = _ungroup(torch.matmul(p / total, values))
-        lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+        if with_lse:
+            lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
     return y, lse
 
 
@@ -215,5 +220,5 @@ def read_cell_rows(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor
     bsz, heads, num_cells, cell_size, dim = k_cells.shape
     rows = bsz * heads * num_cells
     y, _ = attend_cell_rows(q, k_cells.reshape(rows, cell_size * dim), v_cells.reshape(rows, cell_size * dim),
-                            cells, num_cells, cell_size)
+                            cells, num_cells, cell_size, with_lse=False)
     return y
