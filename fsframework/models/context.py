@@ -16,12 +16,17 @@ enough for the kind:
 the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
 `fsframework.models.decode_cache` keeps them from earlier decoding steps. The span
 each kind needs is part of its registry entry (`fsframework.models.registry`).
+
+A source that keeps per-layer state between forward passes (a decode cache) says so by
+being a `LayerStateSource`: a layer whose cached form is more than its earlier keys
+(FreeSolo: cell summaries, FS-L's candidates, FS-B's forests) asks it for `layer_state`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Optional, Protocol, Union
 
 import torch
 
@@ -68,3 +73,18 @@ class WholeSequence:
 
 
 WHOLE_SEQUENCE = WholeSequence()
+
+
+class LayerStateSource(ABC):
+    """A `KeySource` that keeps each layer's state between forward passes (`fsframework.models.decode_cache`)."""
+
+    start: int
+
+    @abstractmethod
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ...
+
+    @abstractmethod
+    def layer_state(self, layer: int):
+        """Layer `layer`'s state (its decode cache), built on first use."""

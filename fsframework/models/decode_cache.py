@@ -16,8 +16,9 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
   already rotated: `keeps_keys`);
 - `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`), `FSBCache`
   (`fsframework.models.fsb_cache`): FreeSolo's raw keys and cell summaries, FS-L's bounded
-  set (a size that does not depend on the context), FS-B's forests. A FreeSolo layer asks
-  its cache for both branches (`branches`) instead of for keys.
+  set (a size that does not depend on the context), FS-B's forests. The cache is a
+  `LayerStateSource`: a FreeSolo layer asks it for its layer's cache (`layer_state`) and
+  that cache for both branches (`branches`) instead of for keys.
 
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
 walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
@@ -33,11 +34,13 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from fsframework.models.context import LayerStateSource
+
 # prefill positions per step: bounds the activations and the [chunk x T] attention scores of a step
 PREFILL_CHUNK = 512
 
 
-class DecodeCache:
+class DecodeCache(LayerStateSource):
     """One cache per attention layer (built by the registry's `cache` class on first use), plus
     the number of positions already processed."""
 

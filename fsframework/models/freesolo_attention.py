@@ -23,7 +23,7 @@ from torch import nn
 
 from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.models.attention import QKVAttention
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
 from fsframework.models.registry import attention_kind
 from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
 from fsframework.ops.offset_attention import window_attention_at
@@ -150,10 +150,9 @@ class FreeSoloAttention(QKVAttention):
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
-        cache = source.layer_state(self.layer_idx) if hasattr(source, "layer_state") else None
-        if hasattr(cache, "branches"):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
+        if isinstance(source, LayerStateSource):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
             q, k, v = self.project(x, source.start)
-            return cache.branches(self, q, k, v, source.start)
+            return source.layer_state(self.layer_idx).branches(self, q, k, v, source.start)
         q, k, v = self.qkv(x, source)
         return self.attend(q, k, v, source.start)
 

@@ -9,11 +9,11 @@ which changes only when a piece starts a new block. Then the cells
 completed since the last boundary become eligible: their summaries (mean key `kbar`,
 largest key norm `a`) are computed once, from their raw keys.
 
-- `FSCache` (FS): every raw key/value (grown geometrically) and the summaries of every
-  eligible cell; a query scores all of them (`O(C)` per token, as the routing does).
-- `FSBCache` (FS-B, `fsframework.models.fsb_cache`): FS's summaries, the raw keys/values
-  head-major, and per batch row and head the forests of docs/freesolo.md §1.8, grown at each
-  boundary with the new cells.
+- `FSCache` (FS): every raw key/value, head-major (`[B, H, T, d]`, so a head's cells are one
+  view), and the summaries of every eligible cell, both `GrowingBuffer`s; a query scores all
+  of them (`O(C)` per token, as the routing does).
+- `FSBCache` (FS-B, `fsframework.models.fsb_cache`): FS's archive and summaries, and FS-B's
+  routing state (the forests of docs/freesolo.md §1.8), grown at each boundary with the new cells.
 - `FSLCache` (FS-L): the local window (a ring of `w` keys, rotated once when they enter),
   the unfinished block (`Bq` raw keys), and per head the candidate cells of the current
   block: the retained set (the `P` cells of largest `a` seen so far, merged with the newly
@@ -21,8 +21,10 @@ largest key norm `a`) are computed once, from their raw keys.
   keys/values and summaries. Its size, the keys and values of `w + Bq + (P + W) s`
   positions, does not depend on the context.
 
-All give the logits of a full forward pass (tests/models/test_decode_cache.py): the same
-cells are scored by the same formula (`fsframework.ops.freesolo_cache`).
+The caches hold tensors and call the ops of the whole-sequence path: `route_candidates`
+scores a block's queries, `admit_fsl` / `admit_fsb` advance FS-L's candidate set and FS-B's
+forests at a boundary, `cell_readout_kept` is `cell_readout` over the kept cells. So all give
+the logits of a full forward pass (tests/models/test_decode_cache.py).
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fsframework.models.kv_cache import GrowingKV, WindowKV, tensor_bytes
-from fsframework.ops.freesolo_cache import read_candidates, route_candidates
-from fsframework.ops.freesolo_routing import cell_summaries
+from fsframework.models.kv_cache import GrowingBuffer, WindowKV, tensor_bytes
+from fsframework.ops.freesolo import cell_readout_kept
+from fsframework.ops.freesolo_routing import admit_fsl, cell_summaries, fsl_valid, route_candidates
 from fsframework.ops.offset_attention import window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -78,11 +80,10 @@ class _FreeSoloLayerCache:
         if self.num_cells == 0:  # the first block reads nothing long range: exactly 0, as in the full form
             self.selected = torch.full((*q.shape[:3], self.top_k), -1, dtype=torch.long, device=q.device)
             return local, torch.zeros_like(q)
-        choice, cells_k, cells_v = self._route(module, q, start)
+        choice, cells_k, cells_v, ids = self._route(module, q, start)
         # the piece's selected cells `[B, n, H, K]` (-1 = none), kept for diagnostics and the tests
-        self.selected = torch.where(choice >= 0, self._cell_ids(choice), -1)
-        long_range = read_candidates(q, cells_k, cells_v, choice, rms_weight=module.readout_gain())
-        return local, long_range
+        self.selected = ids
+        return local, cell_readout_kept(q, cells_k, cells_v, choice, rms_weight=module.readout_gain())
 
     def _local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, a) -> torch.Tensor:
         """Cache the piece's keys; its local branch (docs/freesolo.md §1.2) over the cached window."""
@@ -90,68 +91,49 @@ class _FreeSoloLayerCache:
         return window_attention_at(q, k_local, v_local, start, window=a.window, rope_theta=a.rope_theta,
                                    impl=a.impl)
 
-    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
-        """The piece's choice `[B, n, H, K]` (positions into the candidate cells, -1 = none) and the
-        candidates' raw keys and values `[B, H, M, s, d]`: Eq. 7 over the cached summaries."""
-        kbar, a_c, centers, valid, cells_k, cells_v = self._candidates()
-        choice = route_candidates(q, start, kbar, a_c, centers, valid, top_k=self.top_k, sigma=module.sigma,
-                                  lam=module.lam)
-        return choice, cells_k, cells_v
-
     def _centers(self, cells: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return (cells.to(like.dtype) + 0.5) * self.cell_size
 
 
 class FSCache(_FreeSoloLayerCache):
-    """FS: the raw key/value archive plus the summaries of every eligible cell."""
+    """FS: the raw key/value archive (head-major) plus the summaries of every eligible cell."""
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        self.kv = GrowingKV()
-        self.kbar: torch.Tensor | None = None  # B C H d (grown geometrically)
-        self.a: torch.Tensor | None = None  # B C H
+        # B H T d keys and values: a whole number of cells, so `cells` views the archive as B H C s d
+        self.archive = GrowingBuffer(dim=2, multiple=self.cell_size)
+        self.summaries = GrowingBuffer(dim=1)  # kbar B C H d, a B C H
 
     def _append(self, k, v):
-        keys, values = self.kv.append(k, v)
+        keys, values = self.archive.append(k.transpose(1, 2), v.transpose(1, 2))
         low = max(0, self.length - self.window)
-        return keys[:, low:], values[:, low:]
-
-    def _keys(self, low: int, high: int) -> torch.Tensor:
-        """Cached keys of positions `[low, high)`, `[B, high - low, H, d]`."""
-        return self.kv.view()[0][:, low:high]
+        return keys[:, :, low:].transpose(1, 2), values[:, :, low:].transpose(1, 2)
 
     def _admit(self, num_cells: int) -> None:
-        kbar, a = cell_summaries(self._keys(self.num_cells * self.cell_size, num_cells * self.cell_size),
-                                 self.cell_size)
-        if self.kbar is None or num_cells > self.kbar.shape[1]:
-            capacity = max(num_cells, 2 * (0 if self.kbar is None else self.kbar.shape[1]))
-            grown_kbar = kbar.new_empty((kbar.shape[0], capacity, *kbar.shape[2:]))
-            grown_a = a.new_empty((a.shape[0], capacity, a.shape[2]))
-            if self.kbar is not None:
-                grown_kbar[:, :self.num_cells] = self.kbar[:, :self.num_cells]
-                grown_a[:, :self.num_cells] = self.a[:, :self.num_cells]
-            self.kbar, self.a = grown_kbar, grown_a
-        self.kbar[:, self.num_cells:num_cells], self.a[:, self.num_cells:num_cells] = kbar, a
+        """The cells `[num_cells_before, num_cells)` (the block just finished) get their summaries."""
+        s = self.cell_size
+        keys = self.archive.view(self.num_cells * s, num_cells * s)[0].transpose(1, 2).contiguous()  # B n H d
+        self.summaries.append(*cell_summaries(keys, s))
         self.num_cells = num_cells
 
-    def _candidates(self):
-        num, s = self.num_cells, self.cell_size
-        kbar, a = self.kbar[:, :num].transpose(1, 2), self.a[:, :num].transpose(1, 2)  # B H C (d)
-        centers = self._centers(torch.arange(num, device=a.device), a)
-        keys, values = self.kv.view()
-        bsz, _, heads, dim = keys.shape
+    def cells(self, x: torch.Tensor) -> torch.Tensor:
+        """An archive buffer `[B, H, capacity, d]` viewed cell-major, `[B, H, capacity / s, s, d]`."""
+        bsz, heads, capacity, dim = x.shape
+        return x.view(bsz, heads, capacity // self.cell_size, self.cell_size, dim)
 
-        def cells(x):  # a view: B H C s d over the token-major archive
-            return x[:, :num * s].view(bsz, num, s, heads, dim).permute(0, 3, 1, 2, 4)
-
-        return kbar, a, centers, None, cells(keys), cells(values)
-
-    def _cell_ids(self, choice: torch.Tensor) -> torch.Tensor:
-        return choice  # candidates are every eligible cell, in order
+    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
+        """Eq. 7 over every eligible cell: the choice `[B, n, H, K]` (cell ids), the archive cell-major."""
+        kbar, a = self.summaries.view()
+        a = a.transpose(1, 2)  # B H C
+        centers = self._centers(torch.arange(self.num_cells, device=a.device), a)
+        choice = route_candidates(q, start, kbar.transpose(1, 2), a, centers, None, top_k=self.top_k,
+                                  sigma=module.sigma, lam=module.lam)
+        keys, values = self.archive.tensors
+        return choice, self.cells(keys), self.cells(values), choice
 
     @property
     def nbytes(self) -> int:
-        return self.kv.nbytes + tensor_bytes(self.kbar, self.a)
+        return self.archive.nbytes + self.summaries.nbytes
 
 
 class FSLCache(_FreeSoloLayerCache):
@@ -162,18 +144,17 @@ class FSLCache(_FreeSoloLayerCache):
         a = module.cfg.attention
         self.retained, self.recent = a.retained_cells, a.recent_cells
         self.local = WindowKV(self.window)
-        self.pending_k: torch.Tensor | None = None  # B Bq H d: positions [num_cells * s, length)
-        self.pending_v: torch.Tensor | None = None
-        # candidates of the current block, per head, in cell order: the retained cells first
-        # (`num_kept` of them, ascending), then the recent ones; see `_candidates`
-        self.cells: torch.Tensor | None = None  # B H M cell indices
-        self.kbar = self.a = self.cells_k = self.cells_v = None  # B H M d, B H M, B H M s d (x2)
+        # B Bq H d keys, values of positions [num_cells * s, length): one block at most, cleared when it ends
+        self.pending = GrowingBuffer(min_capacity=self.block_size)
+        # FS-L's routing state (`admit_fsl`): per head the candidates of the current block, the
+        # retained cells first (`num_kept` of them), with their summaries and raw keys/values
+        self.state: dict[str, torch.Tensor] | None = None
         self.num_kept = 0
 
     def _local(self, q, k, v, start, a):
         # the ring serves only the local branch: it keeps its keys rotated, once, when they enter, so a
         # token does not re-rotate the whole window (the same rotation as the op's: the same numbers);
-        # the cells keep the raw keys (`pending_k`), which routing and readout read unrotated
+        # the cells keep the raw keys (`pending`), which routing and readout read unrotated
         if a.rope_theta is None:
             return super()._local(q, k, v, start, a)
         q, k_rot = rotate(q, a.rope_theta, start), rotate(k, a.rope_theta, start)
@@ -182,20 +163,14 @@ class FSLCache(_FreeSoloLayerCache):
 
     def _append(self, k, v, k_ring=None):
         """Raw `k` to the unfinished block; `k_ring` (default `k`) to the local ring."""
-        if self.pending_k is None:
-            shape = (k.shape[0], self.block_size, *k.shape[2:])
-            self.pending_k, self.pending_v = k.new_empty(shape), v.new_empty(shape)
-        at = self.length - self.num_cells * self.cell_size
-        self.pending_k[:, at:at + k.shape[1]] = k
-        self.pending_v[:, at:at + k.shape[1]] = v
+        self.pending.append(k, v)
         return self.local.extend(k if k_ring is None else k_ring, v)
 
     def _admit(self, num_cells: int) -> None:
-        """The cells `[num_cells_before, num_cells)` (the block just finished) become eligible."""
+        """The cells `[num_cells_before, num_cells)` (the block just finished) become candidates."""
         s, fresh = self.cell_size, num_cells - self.num_cells
-        bsz, _, heads, dim = self.pending_k.shape
-        new_k = self.pending_k[:, :fresh * s]
-        new_v = self.pending_v[:, :fresh * s]
+        new_k, new_v = self.pending.view(0, fresh * s)
+        bsz, _, heads, dim = new_k.shape
         kbar, a = cell_summaries(new_k, s)  # B F H d, B F H
 
         def per_head(x):  # B F s H d -> B H F s d
@@ -203,51 +178,22 @@ class FSLCache(_FreeSoloLayerCache):
 
         new = dict(cells=torch.arange(self.num_cells, num_cells, device=a.device).expand(bsz, heads, -1),
                    kbar=kbar.transpose(1, 2), a=a.transpose(1, 2), cells_k=per_head(new_k), cells_v=per_head(new_v))
-        kept = self._part(slice(0, self.num_kept))
-        # retained: top-P by `a` over the kept cells and the new ones (cell order; a stable sort
-        # gives ties to the earlier cell, as the reference routing does)
-        pool = {name: torch.cat((kept[name], new[name]), dim=2) for name in new} if kept else new
-        if self.retained == 0:
-            retained = {name: x[:, :, :0] for name, x in pool.items()}
-        elif pool["cells"].shape[2] > self.retained:
-            best = pool["a"].sort(dim=-1, descending=True, stable=True).indices[..., :self.retained]
-            best = best.gather(-1, pool["cells"].gather(-1, best).sort(dim=-1).indices)  # back to cell order
-            retained = {name: _take(x, best) for name, x in pool.items()}
-        else:
-            retained = pool
-        # recent: the last W eligible cells (the previous recent ones and the new ones)
-        recent_prev = self._part(slice(self.num_kept, None))
-        both = {name: torch.cat((recent_prev[name], new[name]), dim=2) for name in new} if recent_prev else new
-        recent = {name: x[:, :, max(0, x.shape[2] - self.recent):] for name, x in both.items()}
-        self.num_kept = retained["cells"].shape[2]
-        for name in new:
-            setattr(self, name, torch.cat((retained[name], recent[name]), dim=2).contiguous())
+        self.state, self.num_kept = admit_fsl(self.state, self.num_kept, new, retained=self.retained,
+                                              recent=self.recent)
+        self.pending.clear()  # the block's positions now live in the candidates (or are dropped)
         self.num_cells = num_cells
 
-    def _part(self, part: slice) -> dict:
-        if self.cells is None:
-            return {}
-        return {name: getattr(self, name)[:, :, part] for name in ("cells", "kbar", "a", "cells_k", "cells_v")}
-
-    def _candidates(self):
-        # kept cells inside the recent window are listed twice: only their recent copy is valid,
-        # so the valid ones stay in cell order (kept ones all precede the recent window)
-        low = max(0, self.num_cells - self.recent)
-        valid = torch.ones_like(self.cells, dtype=torch.bool)
-        valid[:, :, :self.num_kept] = self.cells[:, :, :self.num_kept] < low
-        return (self.kbar, self.a, self._centers(self.cells, self.a), valid, self.cells_k, self.cells_v)
-
-    def _cell_ids(self, choice: torch.Tensor) -> torch.Tensor:
-        bsz, num, heads, top_k = choice.shape
-        ids = self.cells[:, None].expand(bsz, num, heads, -1)
-        return ids.gather(-1, choice.clamp_min(0))
+    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
+        """Eq. 7 over the candidates: the choice `[B, n, H, K]` (positions into them), their raw keys and
+        values `[B, H, M, s, d]`, and the chosen cell ids."""
+        st = self.state
+        choice = route_candidates(q, start, st["kbar"], st["a"], self._centers(st["cells"], st["a"]),
+                                  fsl_valid(st["cells"], self.num_kept, self.num_cells, self.recent),
+                                  top_k=self.top_k, sigma=module.sigma, lam=module.lam)
+        ids = st["cells"][:, None].expand(-1, q.shape[1], -1, -1).gather(-1, choice.clamp_min(0))
+        return choice, st["cells_k"], st["cells_v"], torch.where(choice >= 0, ids, -1)
 
     @property
     def nbytes(self) -> int:
-        return self.local.nbytes + tensor_bytes(self.pending_k, self.pending_v, self.cells, self.kbar, self.a,
-                                                self.cells_k, self.cells_v)
-
-
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Entries `index` `[B, H, M']` along dim 2 of `x` `[B, H, M, ...]`."""
-    return x.gather(2, index.view(*index.shape, *([1] * (x.dim() - 3))).expand(*index.shape, *x.shape[3:]))
+        state = tensor_bytes(*self.state.values()) if self.state else 0
+        return self.local.nbytes + self.pending.nbytes + state

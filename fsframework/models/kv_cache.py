@@ -2,8 +2,10 @@
 
 Legend: B batch, n new positions, H heads, d head width, w window.
 
-- `GrowingKV`: every position, in a buffer preallocated and grown geometrically (doubling),
-  so appending a token copies nothing but the token (amortised O(1)); reads are views.
+- `GrowingBuffer`: every position (or cell), in buffers preallocated and grown geometrically
+  (doubling), so appending a token copies nothing but the token (amortised O(1)); reads are
+  views. Every growing part of a decode cache is one: prefix keys/values, FreeSolo's key
+  archive and cell summaries.
 - `WindowKV`: a ring buffer of the last `w` positions, whose size does not depend on the
   context; a read lays the ring out in position order (a copy of `w` positions, which the
   windowed attention reads anyway).
@@ -25,38 +27,57 @@ def tensor_bytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-class GrowingKV:
-    """Keys and values of every position so far, `[B, capacity, H, d]` each, grown by doubling."""
+class GrowingBuffer:
+    """Tensors that grow together along axis `dim` (positions or cells), preallocated and grown
+    geometrically (doubling), so appending copies nothing but the new entries (amortised O(1));
+    reads are views. `multiple`: the capacity is kept a multiple of it (a head-major key archive
+    with a multiple of `cell_size` positions views as whole cells); `min_capacity`: the first
+    allocation (a buffer that is cleared before it fills never grows past it)."""
 
-    def __init__(self):
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    def __init__(self, dim: int = 1, multiple: int = 1, min_capacity: int = MIN_CAPACITY):
+        self.dim, self.multiple, self.min_capacity = dim, multiple, min_capacity
+        self.tensors: tuple[torch.Tensor, ...] = ()
         self.length = 0
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append `k, v` `[B, n, H, d]`; return views of every position, the new ones included."""
-        end = self.length + k.shape[1]
-        if self.k is None or end > self.k.shape[1]:
-            self._grow(k, end)
-        self.k[:, self.length:end] = k
-        self.v[:, self.length:end] = v
+    @property
+    def capacity(self) -> int:
+        return self.tensors[0].shape[self.dim] if self.tensors else 0
+
+    def append(self, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append one tensor per buffer (same size along `dim`); return views of every entry so far."""
+        end = self.length + new[0].shape[self.dim]
+        if end > self.capacity:
+            self._grow(new, end)
+        for buffer, x in zip(self.tensors, new):
+            buffer.narrow(self.dim, self.length, end - self.length).copy_(x)
         self.length = end
-        return self.k[:, :end], self.v[:, :end]
+        return self.view()
 
-    def _grow(self, like: torch.Tensor, need: int) -> None:
-        capacity = max(need, MIN_CAPACITY, 2 * (0 if self.k is None else self.k.shape[1]))
-        shape = (like.shape[0], capacity, *like.shape[2:])
-        k, v = like.new_empty(shape), like.new_empty(shape)
-        if self.k is not None:
-            k[:, :self.length], v[:, :self.length] = self.k[:, :self.length], self.v[:, :self.length]
-        self.k, self.v = k, v
+    def _grow(self, like: tuple[torch.Tensor, ...], need: int) -> None:
+        capacity = max(need, self.min_capacity, 2 * self.capacity)
+        capacity = -(-capacity // self.multiple) * self.multiple
+        grown = []
+        for i, x in enumerate(like):
+            shape = list(x.shape)
+            shape[self.dim] = capacity
+            buffer = x.new_empty(shape)
+            if self.tensors:
+                buffer.narrow(self.dim, 0, self.length).copy_(self.tensors[i].narrow(self.dim, 0, self.length))
+            grown.append(buffer)
+        self.tensors = tuple(grown)
 
-    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[:, :self.length], self.v[:, :self.length]
+    def clear(self) -> None:
+        """Forget the entries; the memory is kept for the next ones."""
+        self.length = 0
+
+    def view(self, low: int = 0, high: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Views of entries `[low, high)` (default: all of them)."""
+        high = self.length if high is None else high
+        return tuple(x.narrow(self.dim, low, high - low) for x in self.tensors)
 
     @property
     def nbytes(self) -> int:
-        return tensor_bytes(self.k, self.v)
+        return tensor_bytes(*self.tensors)
 
 
 class WindowKV:
@@ -101,7 +122,7 @@ class PrefixKVCache:
     every key and value, as the layer's `project` produced them (RoPE kinds: already rotated)."""
 
     def __init__(self, module: nn.Module):
-        self.kv = GrowingKV()
+        self.kv = GrowingBuffer()
 
     def keys(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv.append(k, v)

@@ -5,6 +5,7 @@ C = N // s complete cells.
 
     select_cells(q, k, ...)           -> cells [Bt, N, H, K]  (routing, no gradient)
     cell_readout(q, k, v, cells, ...) -> LR    [Bt, N, H, d]  (NoPE softmax + RMSNorm)
+    cell_readout_kept(q, k_cells, v_cells, cells, ...)      (the same, over a decode cache's cells)
     long_range_attention(q, k, v, ...) = cell_readout(q, k, v, select_cells(q, k, ...))
 
 q, k, v are the UNROTATED projections (no RoPE in routing or readout). The
@@ -24,7 +25,7 @@ import torch
 from fsf_kernels.common.args import check_qkv, check_readout_args
 from fsf_kernels.common.support import readout_unsupported, routing_unsupported
 from fsframework.ops.dispatch import kernel_for
-from fsframework.ops.freesolo_readout import selected_cell_attention
+from fsframework.ops.freesolo_readout import read_cell_rows, selected_cell_attention
 from fsframework.ops.freesolo_routing import select_cells_reference
 from fsframework.ops.fsb_search import select_cells_fsb
 
@@ -105,11 +106,27 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     else:
         # the kernel reads out only the given queries
         return kernel(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, eps=eps, q_start=q_start)
-    y = selected_cell_attention(q, k, v, cells, cell_size)
+    return readout_norm(selected_cell_attention(q, k, v, cells, cell_size), rms_weight, eps).to(q.dtype)
+
+
+def cell_readout_kept(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor, cells: torch.Tensor, *,
+                      rms_weight: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """`cell_readout` over the cells a decode cache keeps -> `[Bt, n, H, d]` in q's dtype, no gradient.
+
+    q `[Bt, n, H, d]` (unrotated); k_cells, v_cells `[Bt, H, C', s, d]` cell-major (every cell
+    of a head-major archive, or FS-L's candidate cells); cells `[Bt, n, H, K]` index C' (-1 = none).
+    The same softmax (`attend_cell_rows`) and RMSNorm as the whole-sequence readout.
+    """
+    return readout_norm(read_cell_rows(q, k_cells, v_cells, cells), rms_weight, eps).to(q.dtype)
+
+
+def readout_norm(y: torch.Tensor, rms_weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The readout's RMSNorm over d (docs/freesolo.md §1.6), in y's dtype: `g * y / sqrt(mean(y^2) + eps)`.
+    Zero rows stay exactly 0."""
     y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
     if rms_weight is not None:
         y = y * rms_weight.to(y.dtype)  # [H, d] and [d] both broadcast over [Bt, N, H, d]
-    return y.to(q.dtype)
+    return y
 
 
 def unit_gradient_gain(read: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:

@@ -60,18 +60,20 @@ def _plan(cells: torch.Tensor, num_cells: int):
     Returns `rows` `[Bt, H, G, Cg]` (rows of `_cell_major` tensors to read),
     `member` `[Bt, H, G, m, Cg]` (query reads that cell) and `bias` (None, or
     `log(times listed)` of the same shape when a query lists a cell twice), or
-    None when the chunk selects nothing.
+    None when a chunk of several queries selects nothing.
     """
     bsz, num, heads, top_k = cells.shape
     cells = cells.permute(0, 2, 1, 3).long()  # Bt H n K
+    base = (torch.arange(bsz, device=cells.device)[:, None] * heads
+            + torch.arange(heads, device=cells.device)[None, :]) * num_cells  # Bt H
+    if num == 1:  # one query (a decoded token): its own cells are the union, no need to find it
+        return base[:, :, None, None] + cells.clamp_min(0), (cells >= 0)[:, :, :, None], None
     flat = cells.reshape(bsz, heads, num * top_k).sort(dim=-1).values
     first = flat >= 0
     first[..., 1:] &= flat[..., 1:] != flat[..., :-1]
     width = int(first.sum(dim=-1).max())  # largest union over (batch, head)
     if width == 0:
         return None
-    base = (torch.arange(bsz, device=cells.device)[:, None] * heads
-            + torch.arange(heads, device=cells.device)[None, :]) * num_cells  # Bt H
     if width <= _UNION_FACTOR * top_k:
         slot = torch.where(first, first.cumsum(dim=-1) - 1, width)
         union = torch.full((bsz, heads, width + 1), -1, dtype=torch.long, device=cells.device)
@@ -89,7 +91,7 @@ def _logits(q_g, k_rows, rows, member, bias, cell_size, scale):
     `[Bt, H, G, L, d]`; L = Cg * s."""
     dim = q_g.shape[-1]
     # F.embedding is a much faster row gather than advanced indexing on CPU; -1 cells read row 0, masked
-    keys = F.embedding(rows, k_rows).view(*rows.shape[:3], -1, dim)
+    keys = F.embedding(rows, k_rows).view(*rows.shape[:3], -1, dim).to(q_g.dtype)
     logits = torch.matmul(q_g, keys.transpose(-1, -2)) * scale
     if bias is not None:
         logits += bias.to(logits.dtype)[..., None].expand(*bias.shape, cell_size).flatten(-2)
@@ -114,6 +116,38 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(2, 3).transpose(1, 2)
 
 
+def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, cells: torch.Tensor,
+                     num_cells: int, cell_size: int,
+                     with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The readout's forward pass over cell rows: `y [Bt, n, H, d]` and its log-sum-exp `[Bt, n, H]` (acc dtype;
+    None unless `with_lse`: only the backward pass reads it).
+
+    q `[Bt, n, H, d]`; k_rows, v_rows `[Bt*H*C', s*d]`, one row per (batch row, head, cell) in
+    any dtype (only the gathered rows are converted); cells `[Bt, n, H, K]` indices into the C'
+    cells of each (batch row, head), -1 = none. Whole-sequence readout (`SelectedCellAttention`)
+    and a decode cache's (`read_cell_rows`) both run it.
+    """
+    bsz, seq, heads, dim = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
+    lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device) if with_lse else None
+    if num_cells == 0:
+        return y, lse
+    for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
+        q_g = _group(q[:, start:end].to(acc), rows)
+        logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
+        # rows without any key keep a finite max and a zero sum: y = 0, no NaN
+        row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
+        row_max = row_max.clamp_min(torch.finfo(acc).min)
+        p = _probs(logits, skip, row_max)
+        total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
+        values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim).to(acc)
+        y[:, start:end] = _ungroup(torch.matmul(p / total, values))
+        if with_lse:
+            lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+    return y, lse
+
+
 class SelectedCellAttention(torch.autograd.Function):
     """`y [Bt, N, H, d]` (acc dtype) from q, k, v `[Bt, N, H, d]` and cells `[Bt, N, H, K]`.
 
@@ -123,24 +157,10 @@ class SelectedCellAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cells, cell_size):
-        bsz, seq, heads, dim = q.shape
         acc = torch.promote_types(q.dtype, torch.float32)
         num_cells = k.shape[1] // cell_size  # k may extend before q (queries of a later slice)
-        y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
-        lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device)
-        if num_cells > 0:
-            k_rows, v_rows = _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc)
-            for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
-                q_g = _group(q[:, start:end].to(acc), rows)
-                logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
-                # rows without any key keep a finite max and a zero sum: y = 0, no NaN
-                row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
-                row_max = row_max.clamp_min(torch.finfo(acc).min)
-                p = _probs(logits, skip, row_max)
-                total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
-                values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim)
-                y[:, start:end] = _ungroup(torch.matmul(p / total, values))
-                lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+        y, lse = attend_cell_rows(q, _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc), cells,
+                                  num_cells, cell_size)
         ctx.save_for_backward(q, k, v, cells, y, lse)
         ctx.cell_size = cell_size
         return y
@@ -190,3 +210,15 @@ def selected_cell_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                             cell_size: int) -> torch.Tensor:
     """Softmax readout of the selected cells before the RMSNorm, `[Bt, N, H, d]` in fp32 (fp64 kept)."""
     return SelectedCellAttention.apply(q, k, v, cells, cell_size)
+
+
+def read_cell_rows(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor,
+                   cells: torch.Tensor) -> torch.Tensor:
+    """`selected_cell_attention` over keys/values kept cell-major, `[Bt, H, C', s, d]` each (a decode
+    cache's archive or candidate cells; contiguous per (batch row, head), so the rows are a view);
+    cells `[Bt, n, H, K]` index C' (-1 = none). No gradient. -> `[Bt, n, H, d]` in fp32 (fp64 kept)."""
+    bsz, heads, num_cells, cell_size, dim = k_cells.shape
+    rows = bsz * heads * num_cells
+    y, _ = attend_cell_rows(q, k_cells.reshape(rows, cell_size * dim), v_cells.reshape(rows, cell_size * dim),
+                            cells, num_cells, cell_size, with_lse=False)
+    return y

@@ -11,6 +11,11 @@ key-norm priority incrementally, merging the `B/s` newly eligible cells of each
 block into the previous top-P, so its routing is `O(N)` in time and memory.
 No `N x N` or `N x N/s` tensor is ever built.
 
+The per-block steps are ops of their own, which a decode cache calls as well
+(`fsframework.models.freesolo_cache`): `route_candidates` scores one block's queries over
+its available cells, and `admit_fsl` takes FS-L's candidate set at a block boundary and
+returns the next one.
+
 [choice]s implemented here (docs/freesolo.md §1.5, §1.6): ties in the FS-L priority `a_c`
 and ties in the routing score `r_ic` are both won by the earlier cell.
 """
@@ -23,8 +28,8 @@ import torch
 
 from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, per_head
 
-__all__ = ["VARIANTS", "cell_summaries", "check_query_offset", "check_routing_args", "per_head",
-           "select_cells_reference", "top_k_earliest"]
+__all__ = ["VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args", "fsl_valid",
+           "per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,58 +122,101 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
     return out
 
 
+def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
+                     valid: torch.Tensor | None, *, top_k: int, sigma: float | torch.Tensor,
+                     lam: float | torch.Tensor) -> torch.Tensor:
+    """Eq. 7 and top-K for the queries of one query block over its available cells -> `[Bt, n, H, K]`
+    positions into M, best first, -1 where fewer are valid. Whole-sequence routing and a decode cache
+    both score a block with it.
+
+    q: unrotated `[Bt, n, H, d]` at positions `[q_start, q_start + n)` (inside one block); kbar
+    `[Bt, H, M, d]`, a `[Bt, H, M]` (the summaries' dtype is the score dtype); centers `(c + 1/2) s`,
+    broadcastable to `[Bt, H, M]`; valid: bool `[Bt, H, M]` or None. Candidates are listed in cell
+    order among the valid ones, so ties go to the earlier cell.
+    """
+    bsz, num, heads, dim = q.shape
+    like = torch.empty((), dtype=kbar.dtype, device=q.device)
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
+        content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(kbar.dtype), kbar) * (1.0 / math.sqrt(dim))
+        pos = torch.arange(q_start, q_start + num, device=q.device)
+        scores = content + _prior(a, centers.expand_as(a), pos, lam_h, sigma_h)
+        return top_k_earliest(scores, None if valid is None else valid[:, None], top_k)
+
+
+def admit_fsl(state: dict[str, torch.Tensor] | None, num_kept: int, new: dict[str, torch.Tensor], *,
+              retained: int, recent: int) -> tuple[dict[str, torch.Tensor], int]:
+    """FS-L's candidate cells after a block boundary (docs/freesolo.md §1.5): the state in, the next one out.
+
+    A state is a dict of `[Bt, H, M, ...]` tensors, one entry per candidate cell and head: `cells`
+    (ids), `a` (priority) and whatever the caller carries along (mean keys, raw keys/values). It
+    lists the retained cells (the first `num_kept`, ascending) then the recent ones (ascending).
+    `new` holds the newly eligible cells, ascending and after every cell of the state. The next
+    retained set is the top-`retained` by `a` of the kept and new cells (a stable sort of a
+    cell-ordered list: ties go to the earlier cell); the next recent set the last `recent` of the
+    recent and new cells. Returns (state, num_kept); the state is None before the first boundary.
+    """
+    kept = {name: x[:, :, :num_kept] for name, x in state.items()} if state else None
+    pool = {name: torch.cat((kept[name], x), dim=2) for name, x in new.items()} if kept else new
+    if pool["cells"].shape[2] > retained:
+        best = pool["a"].sort(dim=-1, descending=True, stable=True).indices[..., :retained]
+        best = best.sort(dim=-1).values  # back to cell order (pool positions are in cell order)
+        pool = {name: _take(x, best) for name, x in pool.items()}
+    prev = {name: x[:, :, num_kept:] for name, x in state.items()} if state else None
+    both = {name: torch.cat((prev[name], x), dim=2) for name, x in new.items()} if prev else new
+    recent_part = {name: x[:, :, max(0, x.shape[2] - recent):] for name, x in both.items()}
+    merged = {name: torch.cat((pool[name], recent_part[name]), dim=2).contiguous() for name in new}
+    return merged, pool["cells"].shape[2]
+
+
+def fsl_valid(cells: torch.Tensor, num_kept: int, num_cells: int, recent: int) -> torch.Tensor:
+    """Which candidates of an FS-L state `cells [Bt, H, M]` are scored: retained cells inside the recent
+    window are listed twice, only their recent copy counts, so the valid ones stay in cell order."""
+    valid = torch.ones_like(cells, dtype=torch.bool)
+    valid[:, :, :num_kept] = cells[:, :, :num_kept] < max(0, num_cells - recent)
+    return valid
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Entries `index` `[B, H, M']` along dim 2 of `x` `[B, H, M, ...]`."""
+    return x.gather(2, index.view(*index.shape, *([1] * (x.dim() - 3))).expand(*index.shape, *x.shape[3:]))
+
+
 def _route_fs(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, q_start=0, **_):
     """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
-    seq, scale = q_start + q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+    seq = q_start + q.shape[1]
     for start in range(max(block_size, q_start), seq, block_size):  # the first block has no eligible cell
         end = min(start + block_size, seq)
         num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
-        qb = q[:, start - q_start:end - q_start].to(kbar_h.dtype)
-        content = torch.einsum("bqhd,bhcd->bqhc", qb, kbar_h[:, :, :num]) * scale
-        pos = torch.arange(start, end, device=q.device)
-        scores = content + _prior(a_h[:, :, :num], centers[None, None, :num], pos, lam, sigma)
-        out[:, start - q_start:end - q_start] = top_k_earliest(scores, None, top_k)  # position == cell index
+        rows = slice(start - q_start, end - q_start)
+        # position == cell index
+        out[:, rows] = route_candidates(q[:, rows], start, kbar_h[:, :, :num], a_h[:, :, :num], centers[:num], None,
+                                        top_k=top_k, sigma=sigma, lam=lam)
 
 
 def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, recent, retained,
                q_start=0):
-    """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, top-P kept incrementally.
+    """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, the candidates kept by `admit_fsl`.
 
     The retained set is built from the first block on even when queries start at
     `q_start` (it depends on the whole history); only blocks from `q_start` are scored.
     """
     bsz, num_q, heads, dim = q.shape
     seq = q_start + num_q
-    scale = 1.0 / math.sqrt(dim)
-    device = q.device
-    # retained cells per batch and head, ascending cell index (so merges stay in cell order)
-    kept = torch.empty((bsz, heads, 0), dtype=torch.long, device=device)
-    num_seen = 0
+    state, num_kept, num_seen = None, 0, 0
     for start in range(block_size, seq, block_size):
         end = min(start + block_size, seq)
         num = start // cell_size
-        if retained > 0:
-            # newly eligible cells all come after the kept ones, so the concatenation is in cell order
-            new = torch.arange(num_seen, num, device=device).expand(bsz, heads, -1)
-            cand = torch.cat((kept, new), dim=-1)
-            if cand.shape[-1] > retained:
-                # stable descending sort of a cell-ordered list: ties in a_c go to the earlier cell
-                best = a_h.gather(-1, cand).sort(dim=-1, descending=True, stable=True).indices[..., :retained]
-                cand = cand.gather(-1, best).sort(dim=-1).values
-            kept = cand
+        new = dict(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
+                   a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
+        state, num_kept = admit_fsl(state, num_kept, new, retained=retained, recent=recent)
         num_seen = num
         if start < q_start:
             continue
-        low = max(0, num - recent)
-        recent_cells = torch.arange(low, num, device=device).expand(bsz, heads, -1)
-        # kept cells inside the recent window are duplicates; the rest precede every recent cell
-        cells = torch.cat((kept, recent_cells), dim=-1)  # Bt H M
-        valid = torch.cat((kept < low, torch.ones_like(recent_cells, dtype=torch.bool)), dim=-1)
-        kb = kbar_h.gather(2, cells[..., None].expand(-1, -1, -1, dim))  # Bt H M d
-        qb = q[:, start - q_start:end - q_start].to(kb.dtype)
-        content = torch.einsum("bqhd,bhmd->bqhm", qb, kb) * scale
-        pos = torch.arange(start, end, device=device)
-        scores = content + _prior(a_h.gather(-1, cells), centers[cells], pos, lam, sigma)
-        choice = top_k_earliest(scores, valid[:, None], top_k)  # Bt Bq H K, positions into M
+        rows = slice(start - q_start, end - q_start)
+        cells = state["cells"]
+        choice = route_candidates(q[:, rows], start, state["kbar"], state["a"], centers[cells],
+                                  fsl_valid(cells, num_kept, num, recent), top_k=top_k, sigma=sigma, lam=lam)
         chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
-        out[:, start - q_start:end - q_start] = torch.where(choice >= 0, chosen, -1)
+        out[:, rows] = torch.where(choice >= 0, chosen, -1)

@@ -26,11 +26,17 @@ result is the exact top-K of Eq. 12.
 Every batch row, head and forest is grown and searched at once: their forests are the rows
 of one `Forests` (`[G, capacity, ...]` buffers), admission is batched over them
 (`admit_cells`), and the search holds one beam tensor `[G, Q, Wb]`.
+
+The per-block steps take and return FS-B's state (`FSBState`: the forests and their
+thresholds): `admit_fsb` at a block boundary, `route_fsb_block` for a block's queries.
+`select_cells_fsb` walks the blocks of a sequence with them; a decode cache
+(`fsframework.models.fsb_cache`) calls the same two as its blocks arrive.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -249,6 +255,52 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch
     return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
 
 
+class FSBState(NamedTuple):
+    """FS-B's routing state of one layer (docs/freesolo.md §1.8): tensors only.
+
+    forests: one forest row per (batch row, head, kind), as `forest_thresholds` orders them;
+    thresholds `[G * kinds]`: each row's admission threshold. `start_fsb` makes an empty one,
+    `admit_fsb` grows it at a block boundary, `route_fsb_block` reads it."""
+
+    forests: Forests
+    thresholds: torch.Tensor
+
+
+def start_fsb(tau: torch.Tensor | None, forests: str, batch: int, heads: int, dim: int, *,
+              like: torch.Tensor) -> FSBState:
+    """An FS-B state with no cell admitted; `like` gives the summaries' dtype and device."""
+    kinds = FOREST_KINDS[forests]
+    return FSBState(Forests(batch * heads * len(kinds), dim, dtype=like.dtype, device=like.device),
+                    forest_thresholds(tau, heads, batch, kinds, like=like))
+
+
+def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
+              ids: torch.Tensor) -> FSBState:
+    """The state after a block boundary: the newly eligible cells `ids [n]` with their summaries,
+    kbar `[G, n, d]`, a `[G, n]` per (batch row, head) g, centers `[n]` (`admit_cells`)."""
+    admit_cells(state.forests, kbar, a, centers, ids, state.thresholds)
+    return state
+
+
+def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor,
+                    centers: torch.Tensor, *, lam: torch.Tensor, sigma: torch.Tensor, beam_width: int,
+                    bound_c: float, top_k: int) -> torch.Tensor:
+    """FS-B's cells for the queries of one block -> `[G, Q, K]` cell ids, -1 = none.
+
+    q `[G, Q, d]` at positions `pos [Q]`, one row per (batch row, head) g; keys cell-major
+    `[G, C', s, d]` (C' >= C: read in place), a `[G, C]`, centers `[C]` of the C eligible cells;
+    lam, sigma `[G]`. A beam per query searches every forest of its row (`beam_search`), and the
+    union of what they found is rescored by Eq. 12 (`rescore`).
+    """
+    groups, num_q = q.shape[:2]
+    kinds = state.forests.rows // groups
+    found = beam_search(state.forests.store, state.forests.root, q.repeat_interleave(kinds, dim=0), pos,
+                        beam_width=beam_width, lam=lam.repeat_interleave(kinds),
+                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c)  # [G kinds, Q, Wb]
+    cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
+    return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
+
+
 def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | None = None, beam_width: int = 16,
                      bound_c: float = 8.0, forests: str = "both", cell_size: int = 32, block_size: int = 128,
                      top_k: int = 4, sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
@@ -269,7 +321,6 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
     like = torch.empty((), dtype=acc, device=device)
     sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
     lam_h = per_head(lam, heads, "lam", positive=False, like=like)
-    kinds = FOREST_KINDS[forests]
     seq = q_start + num_q
     with torch.no_grad():
         kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
@@ -284,27 +335,18 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
         head_of = torch.arange(heads, device=device).repeat(bsz)  # [G]
         lam_g, sigma_g = lam_h[head_of], sigma_h[head_of]
-        nf = len(kinds)
-        forests = Forests(bsz * heads * nf, dim, dtype=acc, device=device)
-        thresholds = forest_thresholds(tau, heads, bsz, kinds, like=like)
-        q_rows = q_bh.repeat_interleave(nf, dim=0)
-        lam_rows, sigma_rows = lam_g.repeat_interleave(nf), sigma_g.repeat_interleave(nf)
+        state = start_fsb(tau, forests, bsz, heads, dim, like=like)
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
         seen = 0
         for start in range(block_size, seq, block_size):  # the first block has no eligible cell
             num = start // cell_size  # every block boundary admits the newly eligible cells
-            admit_cells(forests, kbar_bh[:, seen:num], a_bh[:, seen:num], centers[seen:num],
-                        torch.arange(seen, num, device=device), thresholds)
+            state = admit_fsb(state, kbar_bh[:, seen:num], a_bh[:, seen:num], centers[seen:num],
+                              torch.arange(seen, num, device=device))
             seen = num
             if start < q_start:
                 continue
-            end = min(start + block_size, seq)
-            pos = torch.arange(start, end, device=device, dtype=acc)
-            found = beam_search(forests.store, forests.root, q_rows[:, start - q_start:end - q_start], pos,
-                                beam_width=beam_width,
-                                lam=lam_rows, sigma=sigma_rows, bound_c=bound_c)  # [G nf, Q, Wb]
-            cand = found.view(bsz * heads, nf, end - start, beam_width).transpose(1, 2).flatten(2)
-            out[:, start - q_start:end - q_start] = rescore(q_bh[:, start - q_start:end - q_start], k_cells, a_bh,
-                                                            centers, pos, cand, top_k=top_k, lam=lam_g,
-                                                            sigma=sigma_g)
+            rows = slice(start - q_start, min(start + block_size, seq) - q_start)
+            pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
+            out[:, rows] = route_fsb_block(state, q_bh[:, rows], pos, k_cells, a_bh, centers, lam=lam_g,
+                                           sigma=sigma_g, beam_width=beam_width, bound_c=bound_c, top_k=top_k)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

@@ -107,10 +107,3 @@ def row_tiled(combine: Combine, rows: int) -> Combine:
 
     return tiled
 
-
-def block_roots(x: torch.Tensor, combine: Combine) -> torch.Tensor:
-    """The root `[B, D]` of `x` `[B, 2**k, D]` reduced by its balanced tree."""
-    n = x.shape[1]
-    if n & (n - 1) or n == 0:
-        raise ValueError(f"a block root needs a power-of-two length, got {n}")
-    return up_sweep(x, combine)[-1][:, 0]

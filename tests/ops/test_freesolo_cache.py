@@ -1,5 +1,6 @@
-"""FreeSolo over cached summaries (`fsframework.ops.freesolo_cache`, `fsframework.models.freesolo_cache`)
-selects the cells and reads the values that the whole-sequence routing and readout do."""
+"""FreeSolo over cached summaries (the per-block ops `route_candidates` / `cell_readout_kept`, and the
+caches of `fsframework.models.freesolo_cache`) selects the cells and reads the values that the
+whole-sequence routing and readout do."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.freesolo_cache import FSCache, FSLCache
 from fsframework.models.fsb_cache import FSBCache
-from fsframework.ops.freesolo import cell_readout, select_cells
-from fsframework.ops.freesolo_cache import gather_cells, read_candidates, read_cells, route_candidates
-from fsframework.ops.freesolo_routing import cell_summaries
+from fsframework.ops.freesolo import cell_readout, cell_readout_kept, select_cells
+from fsframework.ops.freesolo_routing import cell_summaries, route_candidates
 
 ROUTING = dict(cell_size=4, block_size=8, top_k=3, recent_cells=2, retained_cells=3)
 
@@ -37,23 +37,25 @@ def test_route_and_read_over_every_cell_equal_the_whole_sequence_ops():
                                   (torch.arange(num, dtype=torch.float64) + 0.5) * s, None, top_k=3, sigma=sigma,
                                   lam=lam)
         assert torch.equal(choice, cells[:, rows])
-        view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
-        values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4)
-        # the dense layout (8 queries x 3 >= the candidates) and the per-query gather (one query)
-        dense = read_candidates(q[:, rows], view, values, choice, rms_weight=weight)
-        torch.testing.assert_close(dense, full[:, rows], rtol=1e-12, atol=1e-12)
+        view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
+        values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
+        # a block of 8 queries (its union of cells read densely) and single queries
+        block_read = cell_readout_kept(q[:, rows], view, values, choice, rms_weight=weight)
+        torch.testing.assert_close(block_read, full[:, rows], rtol=1e-12, atol=1e-12)
         for i in range(block, block + 8, 3):
-            one = read_candidates(q[:, i:i + 1], view, values, choice[:, i - block:i - block + 1], rms_weight=weight)
+            one = cell_readout_kept(q[:, i:i + 1], view, values, choice[:, i - block:i - block + 1], rms_weight=weight)
             torch.testing.assert_close(one, full[:, i:i + 1], rtol=1e-12, atol=1e-12)
 
 
 def test_rows_with_nothing_selected_read_zero():
     q, k, v = _qkv(8)
     choice = torch.full((2, 8, 3, 2), -1, dtype=torch.long)
-    cells = k[:, :8].view(2, 2, 4, 3, 8).permute(0, 3, 1, 2, 4)
-    out = read_cells(q, gather_cells(cells, choice), gather_cells(cells, choice), choice >= 0)
-    assert torch.equal(out, torch.zeros_like(q))
-    assert torch.equal(read_candidates(q, cells, cells, choice), torch.zeros_like(q))  # dense layout
+    choice[1, 3, 0] = torch.tensor([1, -1])  # one query reads a cell, so the others are masked, not skipped
+    cells = k[:, :8].view(2, 2, 4, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
+    out = cell_readout_kept(q, cells, cells, choice)
+    assert torch.equal(out[0], torch.zeros_like(q[0])) and torch.equal(out[1, :3], torch.zeros_like(q[1, :3]))
+    assert out[1, 3, 0].abs().sum() > 0 and torch.equal(out[1, 3, 1:], torch.zeros_like(q[1, 3, 1:]))
+    assert torch.equal(cell_readout_kept(q, cells, cells, torch.full_like(choice, -1)), torch.zeros_like(q))
 
 
 @pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])

@@ -16,22 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 import triton
-import triton.language as tl
 
 from fsf_kernels.common.support import SHARED_LIMIT  # one table for the launches' tiles and the checks
 
 TARGETS = tuple(sorted(SHARED_LIMIT))
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
-_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def ptr(dtype: torch.dtype) -> str:
     return _PTR[dtype]
-
-
-def tl_dtype(dtype: torch.dtype):
-    return _TL[dtype]
 
 
 @dataclass(frozen=True)
@@ -118,11 +112,3 @@ def compile_for(item: Launch, arch: int) -> Compiled:
     configurations compile once)."""
     return _compile(item.key(), arch, item)
 
-
-def dedupe(items) -> list[Launch]:
-    seen, out = set(), []
-    for item in items:
-        if item.key() not in seen:
-            seen.add(item.key())
-            out.append(item)
-    return out
