@@ -20,7 +20,7 @@ from fsframework.checkpoints import CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHT
 from fsframework.config import Config, to_yaml, validate
 from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.writer import (ExportError, ExportResult, ProofFailed, export_tensors, hf_config,
-                                       staged_out_dir)
+                                       save_weights, staged_out_dir)
 from fsframework.models.llama import NotTransformerPlusPlus, from_llama_name, model_config_from_llama
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
@@ -55,8 +55,6 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
     """Write export directory `out` (a tfpp model) from Llama checkpoint `hf_dir`, proved:
     transformers' LlamaForCausalLM on `hf_dir` and our tfpp read back from `out` give logits
     within `tolerance` (fp32)."""
-    from safetensors.torch import save_file
-
     from fsframework.models.registry import build_model
 
     started = time.perf_counter()
@@ -79,8 +77,7 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
     model.load_state_dict(state, strict=False)
 
     with staged_out_dir(out) as tmp:
-        save_file(export_tensors(model.state_dict(), cfg.model, dtype), str(tmp / EXPORT_WEIGHTS),
-                  metadata={"format": "pt"})
+        save_weights(export_tensors(model.state_dict(), cfg.model, dtype), tmp / EXPORT_WEIGHTS)
         (tmp / CONFIG_FILE).write_text(to_yaml(cfg))
         for name in TOKENIZER_FILES:
             if (hf_dir / name).is_file():

@@ -144,6 +144,17 @@ def hf_config(cfg: Config, dtype: str, source: Path, eos_id: Optional[int] = Non
     return {**fields, **special, "fsframework": record}
 
 
+def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """model.safetensors, readable like every other file the process writes: safetensors creates
+    its file private (0600), which would hide an export from the rest of a shared group."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 @contextmanager
 def staged_out_dir(out: Path) -> Iterator[Path]:
     """A temporary directory beside `out` to write an export in: renamed to `out` when the block
@@ -169,8 +180,6 @@ def staged_out_dir(out: Path) -> Iterator[Path]:
 def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32",
                       log: Callable[[str], Any] = lambda _m: None) -> ExportResult:
     """Export the checkpoint at `source` (run dir, checkpoint or export) to `out`, proved."""
-    from safetensors.torch import save_file
-
     from fsframework.models.registry import build_model
 
     if dtype not in DTYPES:
@@ -188,7 +197,7 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
 
     with staged_out_dir(out) as tmp:
         tensors = export_tensors(model.state_dict(), cfg.model, dtype)
-        save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
+        save_weights(tensors, tmp / EXPORT_WEIGHTS)
         (tmp / CONFIG_FILE).write_text(to_yaml(absolute_paths(saved, _training_cwd(saved, ckpt.run.root))))
         eos_id = _write_tokenizer(ckpt, cfg, saved.data.tokenizer, tmp)
         if (ckpt.path / CALIBRATION_FILE).is_file():

@@ -85,7 +85,8 @@ class Monitor:
             self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
                                  tps=f"{record['tokens_per_s']:.0f}")
         if self.plain:
-            say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}  lr {record['lr']:.3g}  "
+            lr = f"  lr {record['lr']:.3g}" if "lr" in record else ""  # a record without one (a test's) still prints
+            say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}{lr}  "
                 f"tokens/s {record['tokens_per_s']:,.0f}  ETA {self.eta(record['step'])}")
         if "val/loss" in record:
             say(f"validation at step {record['step']}: loss {record['val/loss']:.4f}, perplexity "

@@ -20,12 +20,15 @@ ZIGZAG_KINDS = ",".join(name for name, kind in KINDS.items() if kind.keys == "pr
 
 @pytest.mark.ranks
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])  # zigzag: prefix kinds only, the others contiguous
-@pytest.mark.parametrize("world, sp, lengths", [
-    pytest.param(2, 2, "100,37", id="sp2-ragged"),  # 7 and 3 blocks of 16: slices of unequal length
+# zigzag runs at sp 2 and 4 (prefix kinds cut into two runs per rank); data parallelism averages
+# whole SP groups' gradients whatever their layout, so sp2xdp2 runs once, contiguous
+@pytest.mark.parametrize("world, sp, lengths, layout", [
+    pytest.param(2, 2, "100,37", "contiguous", id="sp2-ragged-contiguous"),  # 7 and 3 blocks of 16: unequal slices
+    pytest.param(2, 2, "100,37", "zigzag", id="sp2-ragged-zigzag"),
     # a last slice of 4 tokens; the 40-token window spans two ranks; 200: 13 blocks, enough for 8 zigzag runs
-    pytest.param(4, 4, "100,200", id="sp4"),
-    pytest.param(4, 2, "100", id="sp2xdp2"),  # two SP groups with different samples, DP-averaged gradients
+    pytest.param(4, 4, "100,200", "contiguous", id="sp4-contiguous"),
+    pytest.param(4, 4, "100,200", "zigzag", id="sp4-zigzag"),
+    pytest.param(4, 2, "100", "contiguous", id="sp2xdp2-contiguous"),  # two SP groups, different samples
 ])
 def test_sp_matches_single_process(world, sp, lengths, layout):
     kinds = ALL_KINDS if layout == "contiguous" else ZIGZAG_KINDS
