@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Protocol, Union
+from typing import Protocol, Union
 
 import torch
 
@@ -82,7 +82,7 @@ class LayerStateSource(ABC):
 
     @abstractmethod
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
     @abstractmethod

@@ -23,6 +23,7 @@ from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.sharding import shard_runs
 from fsframework.models.losses import lm_losses
+from tests.parallel.ranks import finish_rank
 
 TOL = 1e-5
 
@@ -93,12 +94,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     groups = init_groups(sp)
-    errors = [e for kind in kinds for n in lengths for e in check(kind, n, sp, groups, layout)]
-    for e in errors:
-        print(f"rank {groups.rank}: {e}")
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.exit(1 if errors else 0)
+    finish_rank([e for kind in kinds for n in lengths for e in check(kind, n, sp, groups, layout)], groups.rank)
 
 
 if __name__ == "__main__":

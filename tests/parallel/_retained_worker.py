@@ -26,6 +26,7 @@ from fsframework.parallel.collectives import CommCounter
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.retained import halo_width, retained_kv
+from tests.parallel.ranks import finish_rank
 
 SPAN = RetainedCells(cell_size=4, recent_cells=2, retained_cells=3, window=10)  # halo: 3 cells
 
@@ -76,12 +77,7 @@ def main() -> None:
     sp_size, lengths = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
     dist.init_process_group("gloo")
     sp = SPContext(groups=init_groups(sp_size), block_size=8)
-    errors = [e for n in lengths for e in check(n, sp)]
-    for e in errors:
-        print(f"rank {sp.rank}: {e}")
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.exit(1 if errors else 0)
+    finish_rank([e for n in lengths for e in check(n, sp)], sp.rank)
 
 
 if __name__ == "__main__":

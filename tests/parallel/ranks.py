@@ -46,3 +46,15 @@ def run_ranks(script: Path, world: int, *args: str, timeout: float = 180, env: d
         report = "\n".join(f"--- rank {r} (exit {c}) ---\n{o}" for r, (c, o) in enumerate(zip(codes, outputs)))
         raise AssertionError(f"{script.name} with {world} ranks failed:\n{report}")
     return outputs
+
+
+def finish_rank(errors: list[str], rank: int) -> None:
+    """The end of a worker script: print this rank's errors, wait for every rank, leave the group
+    and exit non-zero when anything failed (what `run_ranks` reads)."""
+    import torch.distributed as dist
+
+    for error in errors:
+        print(f"rank {rank}: {error}")
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(1 if errors else 0)
