@@ -3,7 +3,10 @@ the scheduling of multi-rank tests under pytest-xdist."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,32 +53,48 @@ def pytest_collection_modifyitems(config, items):
                                     "install the pytest version pyproject.toml's dev extras name")
 
 
+_SESSIONS_LOCK = Path(tempfile.gettempdir()) / "fsframework-test-sessions.lock"
+_session_lock = None  # held shared by every pytest session on the machine, for its whole life
+
+
 def _clean_streaming_shared_memory() -> None:
     """A killed run can leave mosaicml-streaming shared memory behind. streaming's cleaner
-    unlinks every registered segment, live or not, so it runs only where no test runs beside
-    it: in the pytest process before any test starts and after the last one ended (under
-    xdist that is the controller, never a worker)."""
+    unlinks every registered segment from prefix 0 up, live or not, so it runs only where no test
+    runs beside it: in the pytest process before any test starts and after the last one ended
+    (under xdist that is the controller, never a worker), and only when no other pytest session
+    on the machine (a second checkout's suite) is running: each holds the sessions lock shared,
+    the cleaner needs it alone."""
+    global _session_lock
     try:
         from streaming.base.util import clean_stale_shared_memory
     except ImportError:
         return
-    clean_stale_shared_memory()
+    if _session_lock is None:
+        _session_lock = open(_SESSIONS_LOCK, "a+")
+    try:
+        fcntl.flock(_session_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # another session runs: its worlds' segments are live
+    else:
+        clean_stale_shared_memory()
+    fcntl.flock(_session_lock, fcntl.LOCK_SH)
 
 
-def _streaming_prefixes_of_this_worker() -> None:
+def _streaming_prefixes_of_this_process() -> None:
     """Every StreamingDataset on the machine registers the first free shared-memory prefix number
     (0, 1, ...); a multi-rank world takes its number in two steps with a barrier between, so a
     dataset made in another test process meanwhile can take the same number and one of the two
-    fails. Datasets made inside an xdist worker (in-process runs, data tests) count from a range
-    of that worker's own, far from the numbers the subprocess worlds take."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        return
+    fails. Datasets made inside a test process (in-process runs, data tests) count from a range
+    of that process's own, far from the numbers the subprocess worlds take: the session's range
+    (from its controller's pid, so two sessions on one machine do not share one) and in it the
+    xdist worker's."""
     try:
         from streaming.base.shared import prefix
     except ImportError:
         return
-    first = 10_000 * (1 + int(worker.removeprefix("gw")))
+    session = int(os.environ.setdefault("FSF_TEST_SHM_BASE", str(100_000 * (1 + os.getpid() % 5_000))))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    first = session + 1_000 * int(worker.removeprefix("gw"))
 
     def each_prefix_int():
         n = first
@@ -89,7 +108,7 @@ def _streaming_prefixes_of_this_worker() -> None:
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         _clean_streaming_shared_memory()
-    _streaming_prefixes_of_this_worker()
+    _streaming_prefixes_of_this_process()
 
 
 def pytest_unconfigure(config):
