@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import fsframework.data  # noqa: F401  (streaming without its dataset zoo, as every fsf process imports it)
+
 # Triton reads TRITON_INTERPRET when a kernel module is imported: on a CPU-only machine the
 # kernels must run under the interpreter wherever a test first imports them.
 if not torch.cuda.is_available():

@@ -27,7 +27,7 @@ def run_harness(checkpoint: Path, tasks: list[str], *, include_path: Optional[Pa
     from fsframework.checkpoints import Checkpoint
     from fsframework.export import export_checkpoint
 
-    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    manager = _task_manager(TaskManager, tasks, include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:  # before the export: a typo costs nothing
         raise ValueError(f"--harness: unknown task {', '.join(unknown)} (a task of one's own needs "
@@ -44,3 +44,14 @@ def run_harness(checkpoint: Path, tasks: list[str], *, include_path: Optional[Pa
                                   task_manager=manager, batch_size=batch_size, limit=limit,
                                   device="cuda" if torch.cuda.is_available() else "cpu")
     return {key: results[key] for key in ("results", "versions", "n-shot", "config") if key in results}
+
+
+def _task_manager(manager_type, tasks: list[str], include_path: Optional[Path]):
+    """The harness's task index: indexing its thousands of built-in task files takes about half
+    a minute, so when every asked task is one of the user's own (under `include_path`) only
+    those are indexed; otherwise the built-in ones too."""
+    if include_path is not None:
+        own = manager_type(include_path=str(include_path), include_defaults=False)
+        if all(task in own.all_tasks for task in tasks):
+            return own
+    return manager_type(include_path=str(include_path) if include_path else None)

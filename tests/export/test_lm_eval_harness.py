@@ -55,7 +55,8 @@ def test_lm_eval_harness_on_an_export(kind, tmp_path, monkeypatch):
     task = write_local_task(tmp_path / "tasks")
     remote = "" if kind == "tfpp" else ",trust_remote_code=True"
     results = simple_evaluate(model="hf", model_args=f"pretrained={out},dtype=float32{remote}", tasks=[task],
-                              task_manager=TaskManager(include_path=str(tmp_path / "tasks")), device="cpu",
+                              task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
+                              device="cpu",
                               batch_size=1, log_samples=True)
     ours, _ = Checkpoint.open(out).load_model()
     samples = results["samples"][task]
@@ -78,8 +79,17 @@ def test_fsf_eval_harness_exports_and_runs_it(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run = random_checkpoint(tmp_path / "run", "fs")
     task = write_local_task(tmp_path / "tasks")
+    # the built-in index (half a minute to build) stands empty: a task found neither there nor
+    # in the user's folder is named in one line, before anything is exported or written
+    import lm_eval.tasks
+
+    real_manager = lm_eval.tasks.TaskManager
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager",
+                        lambda include_path=None, include_defaults=True: real_manager(
+                            include_path=include_path or str(tmp_path / "tasks"), include_defaults=False))
     proc = run_fsf("eval", str(run), "--harness", "no_such_task", "--harness-include", str(tmp_path / "tasks"),
                    check=False)
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", real_manager)
     assert proc.returncode == 2 and "unknown task no_such_task" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (run / "eval").exists()
 

@@ -1,6 +1,8 @@
 """One rank of the SP-vs-single-process check: every model kind, forward logits and all gradients.
 
-Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...] [LAYOUT]
+Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...] [LAYOUT[,LAYOUT]]
+Under the zigzag layout only the kinds it cuts into two runs per rank are checked (the others
+run contiguous under it, as in the contiguous check).
 Each rank also computes the single-process reference itself (same seed, whole
 sequence), so no reference needs to cross processes. Gradients of the SP run are
 averaged over the world as DeepSpeed does; with dp > 1 every DP group gets its
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
 from fsframework.models.freesolo_attention import set_fsb_thresholds
-from fsframework.models.registry import build_model
+from fsframework.models.registry import KINDS, build_model
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
@@ -90,11 +92,20 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
 
 def main() -> None:
     sp, kinds, lengths = int(sys.argv[1]), sys.argv[2].split(","), [int(x) for x in sys.argv[3].split(",")]
-    layout = sys.argv[4] if len(sys.argv) > 4 else "contiguous"
+    layouts = sys.argv[4].split(",") if len(sys.argv) > 4 else ["contiguous"]
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     groups = init_groups(sp)
-    finish_rank([e for kind in kinds for n in lengths for e in check(kind, n, sp, groups, layout)], groups.rank)
+    finish_rank([e for layout in layouts for kind in kinds_under(layout, kinds) for n in lengths
+                 for e in check(kind, n, sp, groups, layout)], groups.rank)
+
+
+def kinds_under(layout: str, kinds: list[str]) -> list[str]:
+    """The kinds a layout changes: zigzag cuts the causal prefix kinds (not a whole language
+    model such as AR-GRC) into two runs per rank (fsframework.parallel.parallelize)."""
+    if layout == "contiguous":
+        return kinds
+    return [k for k in kinds if KINDS[k].keys == "prefix" and not KINDS[k].language_model]
 
 
 if __name__ == "__main__":
