@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -56,26 +56,24 @@ class FaultySource(WrappedSource):
         return {**batch, "weights": torch.full(batch["targets"].shape, float("nan"))}
 
 
-def inject(patch: Any, spec: str) -> None:
-    """Make every Trainer built from now on inject fault `spec`; `patch` is pytest's monkeypatch
-    (undone after the test) or anything with its `setattr(target, name, value)`."""
+def faulty_make_source(spec: str) -> Callable[[Trainer, list], BatchSource]:
+    """`Trainer.make_source` with fault `spec` injected into the source it builds."""
     kind, rank, step = parse(spec)
-    make_source: Callable = Trainer.make_source
+    make_source = Trainer.make_source
 
-    def faulty_source(self: Trainer, streams: list) -> BatchSource:
+    def faulty(self: Trainer, streams: list) -> BatchSource:
         return FaultySource(make_source(self, streams), kind, rank, step, self.dist.rank)
 
-    patch.setattr(Trainer, "make_source", faulty_source)
+    return faulty
 
 
-class _Patch:
-    @staticmethod
-    def setattr(target, name, value) -> None:
-        setattr(target, name, value)
+def inject(monkeypatch, spec: str) -> None:
+    """Every Trainer built in this test injects fault `spec`."""
+    monkeypatch.setattr(Trainer, "make_source", faulty_make_source(spec))
 
 
 if __name__ == "__main__":
     from fsframework.cli import app
 
-    inject(_Patch, os.environ[FAULT_ENV])
+    Trainer.make_source = faulty_make_source(os.environ[FAULT_ENV])
     app(prog_name="fsf")
