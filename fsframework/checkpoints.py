@@ -519,9 +519,23 @@ class Checkpoint:
         return out
 
 
+# Engine checkpoints written while the engine held the model inside a loss module name every
+# tensor "model.<name>"; newer ones name it as the model does. Every reader of engine-state
+# names (consolidation here, resume and resizing in fsframework.train) drops the prefix with
+# `without_wrapper_prefix`.
+WRAPPER_PREFIX = "model."
+
+
+def without_wrapper_prefix(state: dict) -> dict:
+    """`state` (tensor name -> anything) with an older engine checkpoint's "model." prefix dropped
+    from every name; unchanged unless every name carries it."""
+    if state and all(key.startswith(WRAPPER_PREFIX) for key in state):
+        return {key[len(WRAPPER_PREFIX):]: value for key, value in state.items()}
+    return state
+
+
 def _plain_keys(state: dict) -> dict:
-    prefix = "model."  # the engine wraps the model in the loss module
-    return {k[len(prefix):] if k.startswith(prefix) else k: v.float() for k, v in state.items()}
+    return {k: v.float() for k, v in without_wrapper_prefix(state).items()}
 
 
 def consolidated_state_dict(ckpt: Path) -> dict[str, "torch.Tensor"]:

@@ -66,10 +66,13 @@ def test_a_conversion_that_does_not_reproduce_its_logits_is_a_failed_run(command
     assert res.exit_code == EXIT_RUN_FAILED and "do not reproduce" in res.output
 
 
-def test_a_failing_rank_is_a_failed_run(tmp_path, data_cache):
+def test_a_failing_rank_is_a_failed_run(tmp_path, data_cache, monkeypatch):
+    from tests.faults import inject
+
+    inject(monkeypatch, "raise:0:1")
     proc = run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={tmp_path / 'run'}",
                    f"data.cache_dir={data_cache}", *TINY_DATA, *TINY_MODEL, "model.name=tfpp", "train.max_steps=2",
-                   "train.progress=false", "train.tensorboard=false", env={"FSF_FAULT": "raise:0:1"}, check=False)
+                   "train.progress=false", "train.tensorboard=false", check=False)
     assert proc.returncode == EXIT_RUN_FAILED and "injected fault at step 1" in proc.stderr
 
 

@@ -97,6 +97,7 @@ def bench_trainer(steps: int = 4) -> float:
     import torch
 
     from fsframework.config import load_config
+    from fsframework.models.losses import lm_losses
     from fsframework.models.registry import build_model
 
     repo = Path(__file__).resolve().parents[1]
@@ -108,7 +109,7 @@ def bench_trainer(steps: int = 4) -> float:
     best = float("inf")
     for _ in range(steps + 1):
         start = time.perf_counter()
-        model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
+        lm_losses(model(tokens[:, :-1]), tokens[:, 1:])[0].backward()
         opt.step()
         opt.zero_grad()
         best = min(best, time.perf_counter() - start)

@@ -32,7 +32,6 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     from fsframework.parallel.deepspeed_config import deepspeed_config
     from fsframework.train.checkpoint import save
     from fsframework.parallel.process_group import init_distributed
-    from fsframework.train.trainer import LanguageModelingLoss
 
     overrides = [f"run_dir={run_dir}", "data.tokenizer=byte", "parallel.precision=fp32"]
     if zero_stage is not None:
@@ -44,7 +43,7 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     print(f"{recipe}: {cfg.model.name}, {count_parameters(model) / 1e6:.1f}M parameters, "
           f"ZeRO stage {cfg.parallel.zero_stage}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
-    engine, *_ = deepspeed.initialize(model=LanguageModelingLoss(model), optimizer=optimizer,
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                       config=deepspeed_config(cfg))
     started = time.perf_counter()
     ckpt = save(engine, run_dir / "checkpoints", 1, {"train_state": {}}, to_yaml(cfg), rank=0, keep=1)

@@ -73,9 +73,8 @@ def worker(spec: dict) -> None:
     from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
     from fsframework.models.registry import build_model
     from fsframework.parallel.collectives import CommCounter
+    from fsframework.parallel.batch import shard_batch
     from fsframework.parallel.parallelize import parallelize, sp_context
-    from fsframework.parallel.loss import sequence_parallel_losses
-    from fsframework.models.losses import lm_losses
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -96,10 +95,8 @@ def worker(spec: dict) -> None:
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
     def step():
-        logits = model(inputs)
-        ctx = sp_context(model)
-        loss = sequence_parallel_losses(logits, targets, None, ctx)[0] if ctx else lm_losses(logits, targets)[0]
-        loss.backward()
+        mine = shard_batch(sp_context(model), inputs, targets)
+        mine.losses(mine.logits(model))[0].backward()
 
     saved: dict[int, int] = {}
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -132,7 +129,7 @@ def worker(spec: dict) -> None:
                       "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "bytes": dict(counted), "time_s": min(times, default=0.0),
                       "cpu_s": min(cpu, default=0.0),
-                      "span": list(sp_context(model).span) if sp > 1 else [0, spec["n"]]}))
+                      "span": list(sp_context(model).at_length(spec["n"]).span) if sp > 1 else [0, spec["n"]]}))
     dist.destroy_process_group()
 
 
@@ -167,8 +164,7 @@ def keys_worker(spec: dict) -> None:
         for n in spec["n"]:
             for scheme in ("before", "after"):
                 layout = spec["layout"] if scheme == "after" and entry.keys == "prefix" else "contiguous"
-                sp = SPContext(groups=groups, block_size=att.block_size, layout=layout)
-                sp.begin(n)
+                sp = SPContext(groups=groups, block_size=att.block_size, layout=layout).at_length(n)
                 gen = torch.Generator().manual_seed(n)
                 k, v = (shard_runs(torch.randn(1, n, 4, 32, generator=gen), sp.runs).requires_grad_(True)
                         for _ in range(2))

@@ -57,9 +57,11 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf train yamls/quickstart.yaml train.max_steps=50 run_dir=runs/try
     """
     cfg = trainable_config(config, overrides)
+    from fsframework.parallel.process_group import multi_rank_job
     from fsframework.train.trainer import train as run_training
 
-    guarded(lambda: run_training(cfg))
+    with multi_rank_job():
+        guarded(lambda: run_training(cfg))
 
 
 def run(config: Path = typer.Argument(..., help="YAML job file"),
@@ -73,10 +75,13 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
     from fsframework.train.trainer import train as run_training
 
+    from fsframework.parallel.process_group import multi_rank_job
+
     if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
         guarded(lambda: check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
-    guarded(lambda: run_training(cfg))
-    scores = guarded(lambda: evaluate_checkpoint(
-        Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,
-        batch_size=None, seed=cfg.train.seed, out=None, overrides=[]))
+    with multi_rank_job():
+        guarded(lambda: run_training(cfg))
+        scores = guarded(lambda: evaluate_checkpoint(
+            Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,
+            batch_size=None, seed=cfg.train.seed, out=None, overrides=[]))
     summary_table(Path(cfg.run_dir), scores)

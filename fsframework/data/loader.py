@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from fsframework.config import Config
+from fsframework.data.sources import StreamSource
 
 
 def _split_location(source: str, split: str) -> str:
@@ -199,8 +200,9 @@ def find_bad_shard(locations: list[str]) -> str | None:
     return None
 
 
-class TokenLoader:
-    """Endless iterator of batches over a StreamingDataset with exact resume.
+class TokenLoader(StreamSource):
+    """Endless iterator of batches over a StreamingDataset with exact resume (a batch source,
+    `fsframework.data.sources`).
 
     State = the streaming loader's `state_dict` (epoch + samples seen in it)
     captured after the last batch handed out.

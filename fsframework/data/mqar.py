@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from fsframework.data.sources import StreamSource
+
 
 @dataclass
 class RecallRows:
@@ -72,8 +74,8 @@ def recall_rows(gen: torch.Generator, spec, batch: int, targets: int) -> RecallR
     return RecallRows(tokens, weights, source)
 
 
-class RecallTaskLoader:
-    """The training loop's data for `data.source=mqar`: endless batches `{"inputs", "targets",
+class RecallTaskLoader(StreamSource):
+    """The training loop's batch source for `data.source=mqar` (`fsframework.data.sources`): endless batches `{"inputs", "targets",
     "weights"}` `[B, T]`, batch `i` of rank `rank` drawn from a generator seeded by
     `(seed, i, rank)`. State: the number of batches handed out."""
 

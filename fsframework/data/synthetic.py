@@ -3,8 +3,8 @@
 A passage of uniformly random tokens followed by itself again is what makes induction
 (copying) heads form: the first copy is unpredictable, every token of the second copy
 but its first is predictable ONLY by finding the earlier occurrence of the current
-token and reading what followed it. The training loop's copy warmup
-(`train.copy_warmup_*`) trains on these batches before the data stream starts, and
+token and reading what followed it. The copy warmup (`research.copy_warmup_*`,
+`fsframework.data.copy_warmup`) trains on these batches before the data stream starts, and
 copy probes measure the loss on their two copies.
 
 Legend: B batch, T time.

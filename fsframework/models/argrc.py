@@ -21,7 +21,6 @@ from torch import nn
 from fsf_kernels.common.support import scan_unsupported
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import dropout
-from fsframework.models.losses import lm_losses
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.scan import down_sweep, exclusive_scan, row_tiled, up_sweep
@@ -242,9 +241,6 @@ class ARGRCLanguageModel(nn.Module):
         """tokens `[B, T]` -> logits `[B, T, V]`."""
         return self.lm_head(self.hidden_states(tokens))
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        return lm_losses(self(tokens), targets, weights)[0]
-
     def make_decode_cache(self, chunk: Optional[int] = None) -> "ScanDecodeCache":
         """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it);
         `chunk`: prefill positions per step."""
@@ -253,13 +249,16 @@ class ARGRCLanguageModel(nn.Module):
     def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
                               gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
         """Sequence parallelism (docs/argrc.md §6): this rank's hidden states `[B, e - s, E]` for
-        its slice `(s, e) = slices[rank]` of the tokens `[B, N]`, equal to the single-process ones.
+        its slice `(s, e) = slices[rank]` of a sequence, from its own tokens `[B, e - s]`, equal to
+        the single-process ones.
 
         gather_roots: `[K, B, D]` (this rank's block roots) -> the list over ranks of every
         rank's `[K_r, B, D]` (the communication, supplied by `fsframework.parallel`).
         """
         start, end = slices[rank]
-        h = self.leaves(tokens[:, start:end])
+        if tokens.shape[1] != end - start:
+            raise ValueError(f"rank {rank} holds positions [{start}, {end}), got {tokens.shape[1]} tokens")
+        h = self.leaves(tokens)
         return self.readout(self.scan(h, self.identity, ShardOfSequence(slices, rank, gather_roots)))
 
 

@@ -14,7 +14,6 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource, source_positions
-from fsframework.models.losses import lm_losses
 from fsframework.models.recompute import recomputed, wants_recompute
 
 
@@ -86,8 +85,3 @@ class TransformerLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens `[B, T]` -> logits `[B, T, V]`."""
         return self.lm_head(self.hidden_states(tokens))
-
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
-        """Next-token cross entropy (`-100` targets ignored); with `weights` `[B, T]` the
-        weighted mean `sum w CE / sum w` (docs/freesolo.md §1.10)."""
-        return lm_losses(self(tokens), targets, weights)[0]

@@ -1,13 +1,15 @@
-"""Per-model sequence-parallel state shared by the wrapped modules of one model.
+"""What a sequence-parallel rank knows of its group and of the sequence it processes.
 
-The top-level model sets the slices of the sequence it is about to process
-(`begin`); every attention layer reads its own span and its peers' spans from
-the same object, so no layer needs the sequence length passed in.
+`parallelize` makes one `SPContext` per model: the group, the block size and the layout.
+`SPContext.at_length(N)` is that context for one sequence of `N` tokens: it adds every
+rank's runs. `fsframework.parallel.batch.shard_batch` makes it while cutting a batch, and
+the forward pass takes it as an argument and hands it to every attention layer through
+the key source, so nothing is set during a forward pass and read after it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fsframework.parallel.groups import ParallelGroups
 from fsframework.parallel.sharding import layout_runs
@@ -15,7 +17,7 @@ from fsframework.parallel.sharding import layout_runs
 
 @dataclass
 class SPContext:
-    """SP group membership plus the block-aligned runs of the current sequence.
+    """SP group membership plus, once `at_length` gave a sequence length, its block-aligned runs.
 
     `all_runs[r]`: the token ranges of SP rank `r` (`fsframework.parallel.sharding`), one
     under the contiguous layout, two under zigzag; `runs` are this rank's. The contiguous
@@ -29,19 +31,23 @@ class SPContext:
     all_runs: list[list[tuple[int, int]]] = field(default_factory=list)
     seq_len: int = 0
 
-    def begin(self, seq_len: int) -> None:
-        """Cut a sequence of `seq_len` tokens into this group's runs (same on every rank)."""
-        if seq_len != self.seq_len or not self.all_runs:
-            self.all_runs = layout_runs(seq_len, self.size, self.block_size, self.layout)
-            self.seq_len = seq_len
+    def at_length(self, seq_len: int) -> "SPContext":
+        """This context for a sequence of `seq_len` tokens, cut into this group's runs (the same on
+        every rank); `self` is left as it is."""
+        return replace(self, all_runs=layout_runs(seq_len, self.size, self.block_size, self.layout), seq_len=seq_len)
+
+    def _every_rank_runs(self) -> list[list[tuple[int, int]]]:
+        if not self.all_runs:
+            raise ValueError("this SPContext has no sequence: take SPContext.at_length(seq_len)")
+        return self.all_runs
 
     @property
     def runs(self) -> list[tuple[int, int]]:
-        return self.all_runs[self.rank]
+        return self._every_rank_runs()[self.rank]
 
     @property
     def slices(self) -> list[tuple[int, int]]:
-        if any(len(runs) != 1 for runs in self.all_runs):
+        if any(len(runs) != 1 for runs in self._every_rank_runs()):
             raise ValueError(f"the {self.layout} layout gives ranks several runs, not one slice each")
         return [runs[0] for runs in self.all_runs]
 

@@ -7,7 +7,7 @@ ranks with index `j` inside their SP group: `{j, j + sp, j + 2 sp, ...}`.
 
 DeepSpeed still sees every rank as a data-parallel replica and averages
 gradients over the whole world; the sequence-parallel loss scaling in
-`fsframework.parallel.loss` makes that average equal the data-parallel average of
+`fsframework.parallel.batch` makes that average equal the data-parallel average of
 full-sequence gradients.
 """
 

@@ -5,60 +5,20 @@
 - `reraise_naming_rank` catches that error and asks the other ranks to check in
   through `monitored_barrier` on a separate gloo group: rank 0 learns which ranks
   never arrive and says so; every error is re-raised prefixed with the rank.
-- `FaultInjector` is the test hook: `FSF_FAULT=raise:RANK:STEP` raises on that rank
-  at the start of that optimizer step, `FSF_FAULT=hang:RANK:STEP` sleeps forever there,
-  `FSF_FAULT=nan:RANK:STEP` makes that rank's loss NaN at that step (the loop's `train.nonfinite`).
+
+The tests inject such faults through the trainer's batch source (`tests/faults.py`).
 """
 
 from __future__ import annotations
 
-import os
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
 
-FAULT_ENV = "FSF_FAULT"
 _HEALTH_GROUP = None
 
 
 class RankFailure(RuntimeError):
     """A rank failed or a peer stopped answering; the message names the rank(s)."""
-
-
-@dataclass
-class FaultInjector:
-    kind: Optional[str] = None  # "raise" | "hang" | "nan" | None
-    rank: int = -1
-    step: int = -1
-    my_rank: int = 0
-
-    @classmethod
-    def from_env(cls, my_rank: int) -> "FaultInjector":
-        spec = os.environ.get(FAULT_ENV)
-        if not spec:
-            return cls(my_rank=my_rank)
-        try:
-            kind, rank, step = spec.split(":")
-            if kind not in ("raise", "hang", "nan"):
-                raise ValueError
-            return cls(kind=kind, rank=int(rank), step=int(step), my_rank=my_rank)
-        except ValueError:
-            raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP, hang:RANK:STEP "
-                             "or nan:RANK:STEP") from None
-
-    def poisons(self, step: int) -> bool:
-        """Whether this rank's loss is to be made NaN at `step` (kind "nan")."""
-        return self.kind == "nan" and self.rank == self.my_rank and self.step == step
-
-    def maybe_fail(self, step: int) -> None:
-        if self.kind in (None, "nan") or self.rank != self.my_rank or self.step != step:
-            return
-        if self.kind == "raise":
-            raise RankFailure(f"rank {self.my_rank}: injected fault at step {step} ({FAULT_ENV})")
-        while True:  # hang: the peers must detect it through the process-group timeout
-            time.sleep(3600)
 
 
 def init_health_group(timeout_s: int) -> None:

@@ -8,10 +8,11 @@ torch's `fully_shard`): the parameters, their names and the state dict are
 untouched, so checkpoints of SP and non-SP runs are interchangeable, and no
 attention kind has an SP form of its own.
 
-After parallelize, `model(tokens [B, N])` takes the WHOLE sequence (every rank of
-an SP group holds the same sample) and returns the logits of this rank's tokens
-`[B, n, V]`; `sp_context(model)` tells which they are (`runs`: one slice, or two
-under `parallel.sp_layout=zigzag`, in order).
+After parallelize, `sp_context(model)` is the model's context (group, block size,
+layout). Every rank of an SP group reads the same sample; `fsframework.parallel.batch.shard_batch`
+cuts its inputs and targets to this rank's runs (one slice, or two under
+`parallel.sp_layout=zigzag`, in order) and gives the context of that sequence length, and
+`model(own_tokens [B, n], sequence_context)` returns the logits of those tokens `[B, n, V]`.
 """
 
 from __future__ import annotations
@@ -27,46 +28,45 @@ from fsframework.models.transformer import TransformerLM
 from fsframework.parallel.attention import RunsAttention, SequenceParallelKeys, ZigzagRunsSource
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import ParallelGroups, init_groups
-from fsframework.parallel.sharding import LAYOUTS, shard_runs
+from fsframework.parallel.sharding import LAYOUTS
+
+
+def _sequence_context(model: nn.Module, sp: Optional[SPContext]) -> SPContext:
+    if sp is None or not sp.all_runs:
+        raise TypeError(f"the sequence-parallel {type(model).__name__} takes this rank's tokens and the SPContext "
+                        "of their sequence: model(*fsframework.parallel.batch.shard_batch(...)) (RankBatch.logits)")
+    return sp
 
 
 class SPLanguageModel:
     """TransformerLM on the own tokens: embeddings, layers, head and positions of this rank's runs only."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, N]` (whole sequence) -> logits of this rank's runs `[B, n, V]`, in order."""
-        sp: SPContext = self._sp
-        sp.begin(tokens.shape[1])
+    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None) -> torch.Tensor:
+        """tokens of this rank's runs `[B, n]`, `sp` the context of their sequence -> their logits `[B, n, V]`."""
+        sp = _sequence_context(self, sp)
         source = SequenceParallelKeys(sp) if sp.layout == "contiguous" else ZigzagRunsSource(sp)
-        return self.lm_head(self.hidden_states(shard_runs(tokens, sp.runs), source))
-
-    def loss(self, tokens, targets, weights=None):
-        from fsframework.parallel.loss import sequence_parallel_losses
-
-        return sequence_parallel_losses(self(tokens), targets, weights, self._sp)[0]
+        return self.lm_head(self.hidden_states(tokens, source))
 
 
 class SPOwnLanguageModel(SPLanguageModel):
     """A language model with a sequence-parallel form of its own (`sharded_hidden_states`,
     e.g. AR-GRC's scan, docs/argrc.md §6): the model computes, this layer communicates."""
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None) -> torch.Tensor:
         from fsframework.parallel.scan import root_gatherer
 
-        sp: SPContext = self._sp
-        sp.begin(tokens.shape[1])
+        sp = _sequence_context(self, sp)
         return self.lm_head(self.sharded_hidden_states(tokens, sp.slices, sp.rank, root_gatherer(sp)))
 
 
 _SWAPPED: dict[tuple[type, type], type] = {}
 
 
-def _swap(module: nn.Module, mixin: type, sp: SPContext) -> None:
+def _swap(module: nn.Module, mixin: type) -> None:
     base = type(module)
     if (mixin, base) not in _SWAPPED:
         _SWAPPED[mixin, base] = type(f"SequenceParallel{base.__name__}", (mixin, base), {})
     module.__class__ = _SWAPPED[mixin, base]
-    module._sp = sp
 
 
 def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups] = None,
@@ -100,11 +100,13 @@ def parallelize(model: nn.Module, parallel_cfg, groups: Optional[ParallelGroups]
             raise TypeError(f"attention {type(layer.attn).__name__} is not in the offset form of "
                             "fsframework.models.attention, so it cannot take keys from other ranks")
         if layout == "zigzag":
-            _swap(layer.attn, RunsAttention, sp)
-    _swap(model, SPOwnLanguageModel if own_form else SPLanguageModel, sp)
+            _swap(layer.attn, RunsAttention)
+    _swap(model, SPOwnLanguageModel if own_form else SPLanguageModel)
+    model._sp = sp  # the group, block size and layout: constant for the model's life
     return model
 
 
 def sp_context(model: nn.Module) -> Optional[SPContext]:
-    """The SPContext of a parallelized model (None for a plain one)."""
+    """The SPContext of a parallelized model (None for a plain one): its group, block size and
+    layout, without a sequence (`shard_batch` takes it for each batch's length)."""
     return getattr(model, "_sp", None)

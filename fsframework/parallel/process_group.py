@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Iterator
 
 import torch
 
@@ -71,3 +73,18 @@ def shutdown() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextmanager
+def multi_rank_job() -> Iterator[None]:
+    """The length of a job (`fsf train`, `fsf run`): when it ends, by success or error, a
+    multi-rank job leaves its process group (`shutdown`), so no rank exits with the group
+    still up. A lone process keeps its one-rank group: a later run in the same process (the
+    tests run `fsf` in process) joins it, since DeepSpeed keeps groups derived from it."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    finally:
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            shutdown()

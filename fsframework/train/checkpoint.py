@@ -22,7 +22,7 @@ import torch
 
 from fsframework.checkpoints import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
                                      CheckpointError, client_state_name, file_digest, list_checkpoints, safe_load,
-                                     step_name, verify, weights_only_loads)
+                                     step_name, verify, weights_only_loads, without_wrapper_prefix)
 from fsframework.config import Config
 from fsframework.parallel.process_group import barrier
 
@@ -170,6 +170,11 @@ def load_client_state(ckpt: Path, rank: int, same_layout: bool = True) -> dict[s
     return state
 
 
+def _load_module_state(src: dict, dst) -> None:
+    """DeepSpeed's module loading (strict), for engine states of any age (`without_wrapper_prefix`)."""
+    dst.load_state_dict(without_wrapper_prefix(src), strict=True)
+
+
 def load_engine(engine, ckpt: Path, *, cfg: Optional[Config] = None, world_size: int = 1, rank: int = 0) -> bool:
     """Load checkpoint `ckpt`'s engine state (collective). `cfg` and `world_size` describe this run:
     a checkpoint written at another data-parallel size is loaded through DeepSpeed's universal form
@@ -195,7 +200,7 @@ def load_engine(engine, ckpt: Path, *, cfg: Optional[Config] = None, world_size:
     try:
         with weights_only_loads():
             path, _ = engine.load_checkpoint(str(source), tag=ENGINE_TAG, load_optimizer_states=True,
-                                             load_lr_scheduler_states=True)
+                                             load_lr_scheduler_states=True, custom_load_fn=_load_module_state)
         if universal and cfg.parallel.zero_stage == 3:
             resize.repair_zero3_universal_load(engine, source)
     except CheckpointError:

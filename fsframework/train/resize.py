@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsframework.checkpoints import (ENGINE_TAG, TMP_PREFIX, CheckpointError, client_state_name, read_config,
-                                     weights_only_loads)
+                                     weights_only_loads, without_wrapper_prefix)
 from fsframework.config import Config
 
 
@@ -116,7 +116,17 @@ def universal_copy(ckpt: Path, out: Path) -> Path:
         raise CheckpointError(f"could not convert the engine state of {ckpt} to DeepSpeed's universal form for "
                               f"another data-parallel size ({type(exc).__name__}: {exc})\n{report.getvalue()[-2000:]}"
                               ) from None
+    _name_as_the_model(out / ENGINE_TAG / "zero")
     return out
+
+
+def _name_as_the_model(zero: Path) -> None:
+    """Rename the universal form's folders (one per parameter, named as in the engine state) to the
+    model's names: an older checkpoint's carry the wrapper prefix (`without_wrapper_prefix`)."""
+    folders = {folder.name: folder for folder in zero.iterdir() if folder.is_dir()}
+    for name, folder in without_wrapper_prefix(folders).items():
+        if folder.name != name:
+            folder.rename(zero / name)
 
 
 def repair_zero3_universal_load(engine, universal: Path) -> None:

@@ -1,7 +1,10 @@
 """The training loop: config -> model -> DeepSpeed engine -> steps -> checkpoints.
 
-Loop state lives in `TrainState` (checkpointed with the engine); one optimizer
-step is `train_step`, which runs `grad_accum` calls of `forward_backward`.
+Loop state lives in `TrainState` (checkpointed with the engine, with the batch source's
+position); one optimizer step is `train_step`, which asks the batch source
+(`fsframework.data.sources`) for `grad_accum` micro-batches and runs `forward_backward` on each:
+this rank's part of the batch (`fsframework.parallel.batch.shard_batch`), the model's logits
+and the one loss (`fsframework.models.losses.lm_losses`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from torch import nn
 
 from fsframework.checkpoints import CheckpointError, RunDir, find_latest, initial_weights
 from fsframework.config import Config, check_world_size, to_yaml
+from fsframework.data.sources import BatchSource
 from fsframework.parallel.groups import init_groups
-from fsframework.parallel.health import FaultInjector, init_health_group, reraise_naming_rank
-from fsframework.parallel.loss import sequence_parallel_losses
+from fsframework.parallel.batch import shard_batch
+from fsframework.parallel.health import init_health_group, reraise_naming_rank
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.train import checkpoint as ckpt_io
 from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
@@ -28,7 +32,6 @@ from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
                                           StopRequests)
-from fsframework.models.losses import lm_losses
 from fsframework.train.schedule import lr_factor
 
 
@@ -41,44 +44,6 @@ class TrainState:
     skipped_steps: int = 0  # steps whose update a non-finite loss skipped (train.nonfinite=skip)
     nonfinite_in_row: int = 0  # of them, the latest ones in a row
 
-
-
-class LanguageModelingLoss(nn.Module):
-    """Wraps an LM so the engine's forward returns the loss to optimise (recall-weighted
-    when weights are given); the plain mean CE of the last call is kept for logging."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.last_plain_loss: torch.Tensor | None = None
-
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None):
-        sp = sp_context(self.model)
-        if sp is None:
-            loss, plain = lm_losses(self.model(inputs), targets, weights)
-        else:  # this rank's share of the full-sequence loss, scaled for DeepSpeed's world-wide average
-            loss, plain = sequence_parallel_losses(self.model(inputs), targets, weights, sp)
-        self.last_plain_loss = plain.detach()
-        return loss
-
-
-def cut_sequences(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
-    """Every `[B, T]` tensor of the batch as `[B * T / length, length]` (sequence-length warmup:
-    the same tokens per step, in shorter sequences; recall weights keep their full-sample values)."""
-    return {key: value.reshape(-1, length) if value.dim() == 2 else value for key, value in batch.items()}
-
-
-def copy_warmup_batch(cfg: Config, step: int, micro: int, rank: int) -> dict[str, torch.Tensor]:
-    """One micro-batch of the copy warmup (`research.copy_warmup_*`): repeated random passages with
-    as many tokens as a data micro-batch. Drawn from a generator seeded by (seed, step, micro
-    batch, rank), so a resumed run sees the same batches and ranks see different ones."""
-    from fsframework.data.synthetic import repeat_batch
-
-    r = cfg.research
-    gen = torch.Generator().manual_seed(((cfg.train.seed * 1_000_003 + step) * 1_009 + micro) * 65_537 + rank)
-    rows = cfg.data.micro_batch_size * cfg.data.seq_len // r.copy_warmup_seq_len
-    tokens, _, _ = repeat_batch(gen, rows, r.copy_warmup_seq_len, r.copy_warmup_draw, r.copy_warmup_max_passage)
-    return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
 
 # FreeSolo's long-range readout gains, g or log g (docs/freesolo.md §1.6): the group with its own lr
@@ -121,7 +86,6 @@ class Trainer:
         self.dp_size = check_world_size(self.dist.world_size, cfg.parallel.sp)
         self.groups = init_groups(cfg.parallel.sp, cfg.parallel.timeout_s)
         init_health_group(cfg.parallel.timeout_s)
-        self.faults = FaultInjector.from_env(self.dist.rank)
         self.state = TrainState()
         self.resume_from: Optional[Path] = None  # the checkpoint found to resume from (check_resume)
         self.resumed_config: Optional[Config] = None  # the config it was written with
@@ -135,7 +99,7 @@ class Trainer:
     def build(self) -> None:
         import deepspeed
 
-        from fsframework.data.loader import TokenLoader, check_shard_files, data_streams, make_streaming_dataset
+        from fsframework.data.loader import check_shard_files, data_streams
         from fsframework.models.registry import build_model, count_parameters
         from fsframework.parallel.deepspeed_config import deepspeed_config
 
@@ -175,23 +139,42 @@ class Trainer:
                                       betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_factor(step, cfg.train.max_steps, cfg.optim))
+        # the engine holds the model itself: its checkpoints name the tensors as the model does
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=LanguageModelingLoss(model), optimizer=optimizer, lr_scheduler=scheduler,
-            config=deepspeed_config(cfg))
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg))
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
         self.model = model
-        if generated:  # the ranks of one SP group read the same rows
+        self.sp = sp_context(model)  # None unless sequence parallel
+        self.source = self.make_source(streams)
+
+    def make_source(self, streams: list) -> BatchSource:
+        """The run's batch source (`fsframework.data.sources`): text shards (`streams`) or
+        associative recall (`data.source=mqar`), then the short-sequence and copy warmups when
+        configured. The hook for other batches: tests and experiments wrap or replace this method."""
+        from fsframework.data.sources import ShortSequences
+
+        cfg = self.cfg
+        if cfg.data.source == "mqar":  # the ranks of one SP group read the same rows
             from fsframework.data.mqar import RecallTaskLoader
 
-            self.loader = RecallTaskLoader(cfg.data.mqar, cfg.data.micro_batch_size, cfg.data.seq_len,
-                                           cfg.data.shuffle_seed, self.groups.dp_rank)
+            source = RecallTaskLoader(cfg.data.mqar, cfg.data.micro_batch_size, cfg.data.seq_len,
+                                      cfg.data.shuffle_seed, self.groups.dp_rank)
         else:
+            from fsframework.data.loader import TokenLoader, make_streaming_dataset
+
             dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                              seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
                                              local_cache=str(self.run.data_cache))
-            self.loader = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
-                                      recall=cfg.loss if cfg.loss.recall_weighting else None,
-                                      locations=[location for location, _ in streams])
+            source = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
+                                 recall=cfg.loss if cfg.loss.recall_weighting else None,
+                                 locations=[location for location, _ in streams])
+        if cfg.train.short_seq_steps:
+            source = ShortSequences(source, cfg.train.short_seq_len, cfg.train.short_seq_steps)
+        if cfg.research.copy_warmup_steps:
+            from fsframework.data.copy_warmup import CopyWarmup
+
+            source = CopyWarmup(source, cfg, self.dist.rank)
+        return source
 
     def check_resume(self) -> None:
         """Before build(): find the checkpoint to resume from and refuse, in one line, a config
@@ -225,7 +208,7 @@ class Trainer:
                                    rank=self.dist.rank)
         client = ckpt_io.load_client_state(found, self.dist.rank, same_layout=same)
         self.state = TrainState(**client["train_state"])
-        self.loader.load_state_dict(client["loader"])
+        self.source.load_state_dict(client["loader"])
         ckpt_io.set_rng_state(client["rng"])
         if self.resume_changes:
             from fsframework.train.resume_config import apply_optimizer_settings
@@ -236,21 +219,26 @@ class Trainer:
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
 
     def save(self) -> None:
-        client = {"train_state": asdict(self.state), "loader": self.loader.state_dict(), "rng": ckpt_io.rng_state()}
+        client = {"train_state": asdict(self.state), "loader": self.source.state_dict(), "rng": ckpt_io.rng_state()}
         self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
                                             rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
                                             tokenizer=self.tokenizer, protect=self.resumed_from)
         self.log(f"checkpoint at step {self.state.step}: {escape(str(self.last_checkpoint))}", soft_wrap=True)
 
+    def losses(self, inputs: torch.Tensor, targets: torch.Tensor,
+               weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss to optimise, plain CE) of a micro-batch of whole sequences `[B, T]`: this rank's
+        part of it (all of it on one process; its runs under sequence parallelism, scaled so that
+        the ranks' losses average to the batch's, `fsframework.parallel.batch`) through the engine."""
+        dev = self.engine.device
+        mine = shard_batch(self.sp, inputs.to(dev), targets.to(dev), None if weights is None else weights.to(dev))
+        return mine.losses(mine.logits(self.engine))
+
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
-        dev = self.engine.device
-        weights = batch["weights"].to(dev) if "weights" in batch else None
-        loss = self.engine(batch["inputs"].to(dev), batch["targets"].to(dev), weights)
-        if self.faults.poisons(self.state.step + 1):  # a test's injected NaN (FSF_FAULT=nan:RANK:STEP)
-            loss = loss * float("nan")
+        loss, plain = self.losses(batch["inputs"], batch["targets"], batch.get("weights"))
         self.engine.backward(loss)
-        return loss.detach(), self.engine.module.last_plain_loss
+        return loss.detach(), plain.detach()
 
     def _local_grad_norm(self) -> float | None:
         """Norm of the full gradients held by this rank (ZeRO 0 only; ZeRO 1-3 report their own)."""
@@ -263,16 +251,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, plain_losses = [], []
         pre_step_norm, finite = None, True
-        t = self.cfg.train
-        short = t.short_seq_len if self.state.step < t.short_seq_steps else 0
-        # the data stream is not read during the copy warmup
-        warmup = self.state.step < self.cfg.research.copy_warmup_steps
         for micro in range(self.cfg.parallel.grad_accum):
-            if warmup:
-                batch = copy_warmup_batch(self.cfg, self.state.step, micro, self.dist.rank)
-            else:
-                batch = next(self.loader)
-                batch = cut_sequences(batch, short) if short else batch
+            batch = self.source.next_batch(self.state.step, micro)
             loss, plain = self.forward_backward(batch)
             losses.append(loss)
             plain_losses.append(plain)
@@ -289,8 +269,7 @@ class Trainer:
         if not finite:
             grad_norm = None
         metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                   "seq_len": self.cfg.research.copy_warmup_seq_len if warmup else short or self.cfg.data.seq_len,
-                   "copy_warmup": int(warmup)}
+                   "seq_len": batch["inputs"].shape[1], **self.source.record(self.state.step)}
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
         return metrics
@@ -321,14 +300,13 @@ class Trainer:
                 raise ValueError(f"train.eval_every: the held-out split has no window of data.seq_len + 1 = "
                                  f"{length + 1} tokens")
             self._val_windows = stream[:count * (length + 1)].view(count, length + 1)
-        windows, dev = self._val_windows, self.engine.device
+        windows = self._val_windows
         self.engine.eval()
         losses = []
         with torch.no_grad():
             for start in range(0, len(windows), cfg.data.micro_batch_size):
-                batch = windows[start:start + cfg.data.micro_batch_size].to(dev)
-                self.engine(batch[:, :-1], batch[:, 1:])
-                losses.append(self.engine.module.last_plain_loss)
+                batch = windows[start:start + cfg.data.micro_batch_size]
+                losses.append(self.losses(batch[:, :-1], batch[:, 1:])[1])
         self.engine.train()
         loss = torch.stack(losses).mean().float()
         if self.dist.world_size > 1:
@@ -404,7 +382,6 @@ class Trainer:
                 last = self.state.step  # a resumed run that had already stopped early
             while self.state.step < last:
                 start = time.perf_counter()
-                self.faults.maybe_fail(self.state.step + 1)
                 with reraise_naming_rank(self.dist.rank, self.dist.world_size, cfg.parallel.timeout_s):
                     metrics = self.train_step()
                 elapsed = time.perf_counter() - start

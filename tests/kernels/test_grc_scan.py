@@ -12,6 +12,7 @@ from fsf_kernels.grc_scan import grc_cell_bwd, grc_cell_fwd, grc_exclusive_scan
 from fsf_kernels.grc_scan.cell import cell_params
 from fsframework.models.argrc import GRCCell
 from fsframework.ops.scan import exclusive_scan
+from fsframework.models.losses import lm_losses
 
 D = 12  # not a power of two: every row kernel masks its tail
 
@@ -81,8 +82,8 @@ def test_the_model_runs_the_kernel_under_impl_triton(device):
 
     tokens = torch.randint(0, 40, (2, 9), device=device)
     fused, reference = model("triton"), model("reference")
-    fused.loss(tokens, tokens).backward()
-    reference.loss(tokens, tokens).backward()
+    lm_losses(fused(tokens), tokens)[0].backward()
+    lm_losses(reference(tokens), tokens)[0].backward()
     assert_close(fused(tokens), reference(tokens), torch.float32, "logits")
     assert_close(fused.in_proj.weight.grad, reference.in_proj.weight.grad, torch.float32, "in_proj gradient")
     with pytest.raises(ValueError, match="GRC cell only"):

@@ -10,6 +10,7 @@ import torch
 from fsframework.config import ArgrcConfig, AttentionConfig, ModelConfig
 from fsframework.models.recompute import enable_activation_checkpointing
 from fsframework.models.registry import KINDS, build_model
+from fsframework.models.losses import lm_losses
 
 TRAINABLE = [name for name, kind in KINDS.items() if kind.trainable]
 
@@ -41,7 +42,7 @@ def saved_bytes_and_grads(model, tokens: torch.Tensor) -> tuple[int, torch.Tenso
              if model.activation_checkpointing]
     torch.manual_seed(1)  # the dropout masks
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model.loss(tokens[:, :-1], tokens[:, 1:])
+        loss = lm_losses(model(tokens[:, :-1]), tokens[:, 1:])[0]
     for hook in hooks:
         hook.remove()
     model.zero_grad()

@@ -41,8 +41,8 @@ def main() -> None:
     tokens = probe_batch(trainer.cfg.model.vocab_size)
     trainer.engine.eval()
     with torch.no_grad():
-        loss = trainer.engine(tokens[:, :-1], tokens[:, 1:])
-    # each SP rank returns its share of the full-sequence loss times sp: the mean over ranks is
+        loss = trainer.losses(tokens[:, :-1], tokens[:, 1:])[1]
+    # each SP rank's loss is its share of the full-sequence loss times sp: the mean over ranks is
     # the full loss (one data-parallel replica here)
     dist.all_reduce(loss)
     if dist.get_rank() == 0:

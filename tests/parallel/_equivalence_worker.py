@@ -20,11 +20,11 @@ import torch.distributed as dist
 from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
 from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import KINDS, build_model
+from fsframework.models.losses import lm_losses
+from fsframework.parallel.batch import shard_batch
 from fsframework.parallel.groups import init_groups
-from fsframework.parallel.loss import sequence_parallel_losses
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.sharding import shard_runs
-from fsframework.models.losses import lm_losses
 from tests.parallel.ranks import finish_rank
 
 TOL = 1e-5
@@ -68,11 +68,12 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
             ref_logits = logits.detach()
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
-    logits = model(tokens)
-    loss, _ = sequence_parallel_losses(logits, targets, weights if weighted else None, sp_context(model))
+    mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
+    logits = mine.logits(model)
+    loss, _ = mine.losses(logits)
     loss.backward()
     errors = []
-    ctx = sp_context(model)
+    ctx = mine.sp
     runs = ctx.runs
     err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err

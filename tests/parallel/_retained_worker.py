@@ -41,7 +41,7 @@ def expected_cells(k_prefix: torch.Tensor, low: int) -> torch.Tensor:
 
 
 def check(n: int, sp: SPContext) -> list[str]:
-    sp.begin(n)
+    sp = sp.at_length(n)
     gen = torch.Generator().manual_seed(n)
     k_all, v_all = (torch.randn(2, n, 3, 5, generator=gen) for _ in range(2))
     weight = torch.randn(2, n, 3, 10, generator=gen)

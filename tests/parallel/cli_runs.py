@@ -23,11 +23,13 @@ COMMON = [*TINY_DATA, *TINY_MODEL, "model.attention.block_size=16", f"train.max_
 ONE_RANK = ["parallel.grad_accum=2"]  # the global batch of 2 ranks
 
 
-def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True,
+             module: str = "fsframework") -> subprocess.CompletedProcess:
+    """`fsf ARGS` on `nproc` ranks; `module="tests.faults"` injects the fault of `env`'s FSF_FAULT."""
     from tests.parallel.ranks import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), "-m", "fsframework", *args]
+           "127.0.0.1", "--master_port", str(free_port()), "-m", module, *args]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
                                **(env or {})})

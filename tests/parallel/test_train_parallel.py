@@ -56,6 +56,7 @@ def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, 
     import torch
 
     from fsframework.checkpoints import consolidated_state_dict, read_config, resolve_checkpoint, write_fp32_model
+    from fsframework.models.losses import lm_losses
     from fsframework.models.registry import build_model
     from tests.parallel._engine_loss_worker import probe_batch
     from tests.parallel.ranks import free_port
@@ -77,11 +78,11 @@ def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, 
     model.load_state_dict(merged)
     tokens = probe_batch(model.cfg.vocab_size)
     with torch.no_grad():
-        loss = model.loss(tokens[:, :-1], tokens[:, 1:]).item()
+        loss = lm_losses(model(tokens[:, :-1]), tokens[:, 1:])[0].item()
     assert abs(loss - engine["loss"]) <= 1e-5 * abs(engine["loss"]), (loss, engine["loss"])
     untrained = build_model(model.cfg)
     with torch.no_grad():
-        assert abs(untrained.loss(tokens[:, :-1], tokens[:, 1:]).item() - engine["loss"]) > 1e-3  # it can fail
+        assert abs(lm_losses(untrained(tokens[:, :-1]), tokens[:, 1:])[0].item() - engine["loss"]) > 1e-3  # it can fail
 
     out = write_fp32_model(sp_zero3)
     written = torch.load(out, weights_only=True)
@@ -95,7 +96,7 @@ def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, 
 def test_a_failing_rank_ends_the_job_with_a_message_naming_it(tmp_path, data_cache):
     run_dir = tmp_path / "fail"
     proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.timeout_s=30"),
-                    env={"FSF_FAULT": "raise:1:2"}, check=False)
+                    env={"FSF_FAULT": "raise:1:2"}, check=False, module="tests.faults")
     assert proc.returncode != 0
     assert "rank 1: injected fault at step 2" in proc.stderr + proc.stdout
 
@@ -105,7 +106,7 @@ def test_a_hanging_rank_is_named_by_the_health_check(tmp_path, data_cache):
     # the monitored barrier finds rank 1 missing, and the job ends instead of hanging
     run_dir = tmp_path / "hang"
     proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.timeout_s=15"),
-                    env={"FSF_FAULT": "hang:1:2"}, check=False)
+                    env={"FSF_FAULT": "hang:1:2"}, check=False, module="tests.faults")
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert "rank 0 of 2: a collective failed or timed out after parallel.timeout_s=15s" in out

@@ -86,13 +86,13 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
     run_dir = tmp_path / "run"
     # a NaN on rank 1 at step 2 (train.nonfinite=skip): every rank skips that update
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "fsframework",
+           "--master_port", str(free_port()), "-m", "tests.faults",
            *_args(run_dir, data_cache, f"parallel.zero_stage={zero_stage}", "train.nonfinite=skip",
                   "train.ckpt_every=1", "train.keep_checkpoints=1000")]
 
     def signal_rank_1(proc):  # a signal that reached one rank only: the all-reduce tells the other
         workers = psutil.Process(proc.pid).children(recursive=True)
-        rank1 = [w for w in workers if w.environ().get("RANK") == "1" and "fsframework" in w.cmdline()]
+        rank1 = [w for w in workers if w.environ().get("RANK") == "1" and "tests.faults" in w.cmdline()]
         assert len(rank1) == 1, [w.cmdline() for w in workers]
         rank1[0].send_signal(signal.SIGUSR1)
 
@@ -134,13 +134,15 @@ def _zero_to_fp32(ckpt: Path, out: Path, monkeypatch) -> dict:
     monkeypatch.chdir(ckpt)
     monkeypatch.setattr(sys, "argv", ["zero_to_fp32.py", ".", str(out)])
     runpy.run_path("zero_to_fp32.py", run_name="__main__")
-    return {k.removeprefix("model."): v for k, v in torch.load(out / "pytorch_model.bin", weights_only=True).items()}
+    return torch.load(out / "pytorch_model.bin", weights_only=True)
 
 
-def test_a_nan_loss_stops_the_run_naming_the_step_and_the_checkpoint(tmp_path, data_cache):
+def test_a_nan_loss_stops_the_run_naming_the_step_and_the_checkpoint(tmp_path, data_cache, monkeypatch):
+    from tests.faults import inject
+
+    inject(monkeypatch, "nan:0:3")
     run_dir = tmp_path / "stop"
-    proc = run_fsf(*_args(run_dir, data_cache, "train.max_steps=4", "train.ckpt_every=2"),
-                   env={"FSF_FAULT": "nan:0:3"}, check=False)
+    proc = run_fsf(*_args(run_dir, data_cache, "train.max_steps=4", "train.ckpt_every=2"), check=False)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     message = " ".join(proc.stderr.split())
     assert "loss nan at step 3" in message and "the last good checkpoint is step_00000002" in message

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fsframework.config import ConfigError, load_config
-from fsframework.train.trainer import cut_sequences
+from fsframework.data.sources import cut_sequences
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
 
@@ -47,7 +47,7 @@ def test_training_records_the_warmup_length(tmp_path, data_cache):
 # copy warmup: generated repeated passages before the data stream starts
 
 def test_copy_warmup_batches_fill_a_micro_batch_and_are_reproducible():
-    from fsframework.train.trainer import copy_warmup_batch
+    from fsframework.data.copy_warmup import copy_warmup_batch
 
     cfg = load_config(REPO / "yamls/quickstart.yaml", ["model.name=tfpp", "data.seq_len=64", "data.micro_batch_size=2",
                                                          "research.copy_warmup_steps=4", "research.copy_warmup_seq_len=32"])

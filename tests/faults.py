@@ -1,0 +1,79 @@
+"""Faults injected into training runs, for the tests of what a failing rank does.
+
+A fault is `KIND:RANK:STEP`: `raise` makes rank RANK raise at the start of optimizer step
+STEP (1-based), `hang` makes it sleep forever there (its peers must notice through the
+process-group timeout), `nan` makes that rank's loss of that step NaN (`train.nonfinite`).
+It enters through the trainer's batch-source hook (`Trainer.make_source`, docs/training.md):
+the rank's source raises, hangs or serves a batch whose recall weights are NaN.
+
+- in the test process: `inject(monkeypatch, "raise:0:1")` before `run_fsf(...)`;
+- in a process of its own (torchrun): `python -m tests.faults ARGS` is `fsf ARGS` with the
+  fault of the environment's `FSF_FAULT` injected.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import torch
+
+from fsframework.data.sources import Batch, BatchSource, WrappedSource
+from fsframework.parallel.health import RankFailure
+from fsframework.train.trainer import Trainer
+
+FAULT_ENV = "FSF_FAULT"
+KINDS = ("raise", "hang", "nan")
+
+
+def parse(spec: str) -> tuple[str, int, int]:
+    try:
+        kind, rank, step = spec.split(":")
+        if kind not in KINDS:
+            raise ValueError
+        return kind, int(rank), int(step)
+    except ValueError:
+        raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP, hang:RANK:STEP or nan:RANK:STEP") from None
+
+
+class FaultySource(WrappedSource):
+    """`inner`, with the fault `kind` at optimizer step `step` (1-based) on this rank when it is `rank`."""
+
+    def __init__(self, inner: BatchSource, kind: str, rank: int, step: int, my_rank: int):
+        super().__init__(inner)
+        self.kind, self.rank, self.step, self.my_rank = kind, rank, step, my_rank
+
+    def next_batch(self, step: int, micro: int) -> Batch:
+        batch = self.inner.next_batch(step, micro)
+        if self.rank != self.my_rank or step + 1 != self.step or micro != 0:
+            return batch
+        if self.kind == "raise":
+            raise RankFailure(f"rank {self.my_rank}: injected fault at step {self.step} ({FAULT_ENV})")
+        if self.kind == "hang":
+            while True:
+                time.sleep(3600)
+        return {**batch, "weights": torch.full(batch["targets"].shape, float("nan"))}
+
+
+def faulty_make_source(spec: str) -> Callable[[Trainer, list], BatchSource]:
+    """`Trainer.make_source` with fault `spec` injected into the source it builds."""
+    kind, rank, step = parse(spec)
+    make_source = Trainer.make_source
+
+    def faulty(self: Trainer, streams: list) -> BatchSource:
+        return FaultySource(make_source(self, streams), kind, rank, step, self.dist.rank)
+
+    return faulty
+
+
+def inject(monkeypatch, spec: str) -> None:
+    """Every Trainer built in this test injects fault `spec`."""
+    monkeypatch.setattr(Trainer, "make_source", faulty_make_source(spec))
+
+
+if __name__ == "__main__":
+    from fsframework.cli import app
+
+    Trainer.make_source = faulty_make_source(os.environ[FAULT_ENV])
+    app(prog_name="fsf")
