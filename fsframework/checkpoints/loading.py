@@ -52,8 +52,9 @@ def load_weights(model, state: dict[str, "torch.Tensor"], source: str, *, model_
     state = plain_keys(state)
     for group in _shared_names(model):
         stored = next((name for name in group if name in state), None)
-        for name in group if stored is not None else ():
-            state.setdefault(name, state[stored])
+        if stored is not None:
+            for name in group:
+                state.setdefault(name, state[stored])
     model_name = model_name or f"model {getattr(getattr(model, 'cfg', None), 'name', type(model).__name__)}"
     expected = model.state_dict()
     misshaped = [f"{k} {tuple(state[k].shape)} (model: {tuple(v.shape)})" for k, v in expected.items()
@@ -61,7 +62,9 @@ def load_weights(model, state: dict[str, "torch.Tensor"], source: str, *, model_
     if misshaped:
         raise _misfit(source, model_name, [k for k in expected if k not in state],
                       [k for k in state if k not in expected], misshaped)
-    result = model.load_state_dict(state, strict=False)  # the model's hooks rename older names first
+    # strict in effect: torch reports what is left missing or unexpected after the model's hooks
+    # renamed older names, and the error below names it in one line instead of torch's many
+    result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise _misfit(source, model_name, list(result.missing_keys), list(result.unexpected_keys), [])
 
