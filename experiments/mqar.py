@@ -88,12 +88,12 @@ def score(args, run: Path) -> dict:
     import torch
 
     from experiments.routing import freesolo_layers, routing_recall
-    from fsframework.checkpoints import Checkpoint
+    from fsframework.checkpoints import load_model
     from fsframework.data.mqar import recall_rows
     from fsframework.eval.mqar import mqar_scores
 
     torch.set_num_threads(1)
-    model, cfg = Checkpoint.open(run).load_model(torch.device("cpu"), [])
+    model, cfg = load_model(run, torch.device("cpu"), [])
     model.eval()
     reach = cfg.model.n_layers * cfg.model.attention.window
     out = {}

@@ -27,10 +27,10 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     """A run directory holding one checkpoint of the recipe's model (random weights)."""
     import deepspeed
 
+    from fsframework.checkpoints.writing import save
     from fsframework.config import load_config, to_yaml
     from fsframework.models.registry import build_model, count_parameters
     from fsframework.parallel.deepspeed_config import deepspeed_config
-    from fsframework.train.checkpoint import save
     from fsframework.parallel.process_group import init_distributed
 
     overrides = [f"run_dir={run_dir}", "data.tokenizer=byte", "parallel.precision=fp32"]

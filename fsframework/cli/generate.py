@@ -28,7 +28,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
     """
     from rich.console import Console
 
-    from fsframework.checkpoints import Checkpoint, CheckpointError
+    from fsframework.checkpoints import Checkpoint, CheckpointError, load_model
 
     if (prompt is None) == (prompt_file is None):
         fail("give the prompt with exactly one of --prompt TEXT or --prompt-file FILE")
@@ -52,7 +52,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         ids = tokenizer.encode(prompt)
         check_request(cfg, len(ids), max_new_tokens, temperature, top_p)
-        model, cfg = ckpt.load_model(device, overrides or [])
+        model, cfg = load_model(ckpt, device, overrides or [])
     except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
     console, stats, new = Console(highlight=False, soft_wrap=True), GenerationStats(), []

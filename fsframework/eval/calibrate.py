@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint
+from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint, load_model
 from fsframework.parallel.process_group import init_distributed
 
 HEATMAP_FILE = "calibration.png"
@@ -164,7 +164,7 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
     if attention_kind(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
                          f"not with model.name={cfg.model.name}")
-    model, cfg = ckpt.load_model(device)
+    model, cfg = load_model(ckpt, device)
     layers = freesolo_layers(model)
     if not layers:
         raise ValueError(f"checkpoint {ckpt.path} is a {cfg.model.name} model: only FreeSolo models (fs, fsl) "

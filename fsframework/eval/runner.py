@@ -14,7 +14,7 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                         name: Optional[str] = None) -> dict:
     """Evaluate `checkpoint` (run, checkpoint or export); scores to `out`, and to the run's
     tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label)."""
-    from fsframework.checkpoints import Checkpoint
+    from fsframework.checkpoints import Checkpoint, load_model
     from fsframework.data.loader import data_streams
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
@@ -24,7 +24,7 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     # held-out text is needed (and, for the embedded corpus, built) only for perplexity; found
     # (or found missing) before the model is loaded
     data_dir = data_streams(ckpt.config(overrides), "eval")[0][0] if "perplexity" in tasks else None
-    model, cfg = ckpt.load_model(device, overrides)
+    model, cfg = load_model(ckpt, device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)
     results = run_eval(model, load_tokenizer(cfg.data.tokenizer), tasks=tasks,

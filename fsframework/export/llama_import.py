@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from fsframework.checkpoints import CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, Checkpoint, check_state_dict
+from fsframework.checkpoints import CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, load_model, load_weights
 from fsframework.config import Config, to_yaml, validate
 from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.writer import (ExportError, ExportResult, ProofFailed, export_tensors, hf_config,
@@ -70,11 +70,8 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
     except (NotTransformerPlusPlus, ValueError, KeyError) as exc:
         raise ExportError(f"{hf_dir / EXPORT_HF_CONFIG}: {exc}") from None
     state = {from_llama_name(k): v for k, v in read_llama_weights(hf_dir).items()}
-    if cfg.model.tie_embeddings and "embed.weight" in state:
-        state.setdefault("lm_head.weight", state["embed.weight"])
     model = build_model(cfg.model).eval()
-    check_state_dict(model, state, f"Llama checkpoint {hf_dir}", tied=model.cfg.tie_embeddings)
-    model.load_state_dict(state, strict=False)
+    load_weights(model, state, f"Llama checkpoint {hf_dir}")  # a tied lm_head is stored once
 
     with staged_out_dir(out) as tmp:
         save_weights(export_tensors(model.state_dict(), cfg.model, dtype), tmp / EXPORT_WEIGHTS)
@@ -100,7 +97,7 @@ def prove_against_transformers(hf_dir: Path, exported: Path) -> float:
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise ExportError("the import's logits proof runs transformers' Llama: pip install transformers") from None
-    ours, _ = Checkpoint.open(exported).load_model()
+    ours, _ = load_model(exported)
     theirs = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     tokens = proof_batch(ours.cfg.vocab_size)
     return max_difference(logits_of(theirs, tokens), logits_of(ours, tokens))

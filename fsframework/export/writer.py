@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CONFIG, EXPORT_WEIGHTS,
-                                     Checkpoint, CheckpointError, check_state_dict, checkpoint_tokenizer, read_config,
-                                     training_step)
+                                     Checkpoint, CheckpointError, checkpoint_tokenizer, load_model, load_weights,
+                                     read_config, training_step)
 from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
 from fsframework.export.hf_tokenizer import generation_config
 from fsframework.export.proof import logits_of, max_difference, proof_batch
@@ -191,8 +191,7 @@ def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32
     cfg = ckpt.config()
     state = ckpt.state_dict()  # ZeRO shards merged once
     model = build_model(cfg.model).eval()
-    check_state_dict(model, state, f"checkpoint {ckpt.path}", tied=model.cfg.tie_embeddings)
-    model.load_state_dict(state, strict=False)
+    load_weights(model, state, f"checkpoint {ckpt.weights_source}")
     log(f"read {ckpt.path} ({cfg.model.name}, {len(state)} tensors) in {time.perf_counter() - started:.1f}s")
 
     with staged_out_dir(out) as tmp:
@@ -222,12 +221,12 @@ def prove(source_model, exported: Path, dtype: str) -> tuple[float, Optional[flo
     reference = logits_of(source_model, tokens)
     if dtype != "fp32":  # the source as the export stores it: every tensor rounded once
         rounded = {k: v.to(DTYPES[dtype]).float() for k, v in source_model.state_dict().items()}
-        source_model.load_state_dict(rounded)
+        load_weights(source_model, rounded, f"the source rounded to {dtype}")
         expected = logits_of(source_model, tokens)
     else:
         expected = reference
     try:
-        model, _ = Checkpoint.open(exported).load_model()
+        model, _ = load_model(exported)
     except CheckpointError as exc:
         raise ProofFailed(f"the written export does not read back: {exc}") from None
     got = logits_of(model, tokens)

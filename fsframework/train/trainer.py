@@ -19,15 +19,15 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework.checkpoints import CheckpointError, RunDir, find_latest, initial_weights
+from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_from, writing
 from fsframework.config import Config, check_world_size, to_yaml
 from fsframework.data.sources import BatchSource
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.batch import shard_batch
 from fsframework.parallel.health import init_health_group, reraise_naming_rank
 from fsframework.parallel.parallelize import parallelize, sp_context
-from fsframework.train import checkpoint as ckpt_io
 from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
+from fsframework.train import resume
 from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
@@ -106,7 +106,7 @@ class Trainer:
         cfg = self.cfg
         generated = cfg.data.source == "mqar"  # drawn on the fly: no shards to build or check
         if self.dist.is_main:
-            self.tokenizer = ckpt_io.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
+            self.tokenizer = writing.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run.config.write_text(to_yaml(cfg))
             if not generated:
@@ -118,12 +118,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model)
         if cfg.train.init_from:
-            weights = initial_weights(cfg.train.init_from)
-            try:
-                model.load_state_dict(weights)
-            except RuntimeError as exc:  # names every missing, unexpected or mis-shaped tensor
-                raise CheckpointError(f"train.init_from={cfg.train.init_from} does not fit model "
-                                              f"{cfg.model.name}: {exc}") from None
+            init_from(model, cfg.train.init_from)  # a CheckpointError names every tensor that does not fit
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
         shape = (f", {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads"
@@ -204,12 +199,12 @@ class Trainer:
         if found is None:
             return
         # a checkpoint of another data-parallel size is reshaped (fsframework.train.resize)
-        same = ckpt_io.load_engine(self.engine, found, cfg=self.cfg, world_size=self.dist.world_size,
+        same = resume.load_engine(self.engine, found, cfg=self.cfg, world_size=self.dist.world_size,
                                    rank=self.dist.rank)
-        client = ckpt_io.load_client_state(found, self.dist.rank, same_layout=same)
+        client = resume.load_client_state(found, self.dist.rank, same_layout=same)
         self.state = TrainState(**client["train_state"])
         self.source.load_state_dict(client["loader"])
-        ckpt_io.set_rng_state(client["rng"])
+        resume.set_rng_state(client["rng"])
         if self.resume_changes:
             from fsframework.train.resume_config import apply_optimizer_settings
 
@@ -219,8 +214,8 @@ class Trainer:
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
 
     def save(self) -> None:
-        client = {"train_state": asdict(self.state), "loader": self.source.state_dict(), "rng": ckpt_io.rng_state()}
-        self.last_checkpoint = ckpt_io.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
+        client = {"train_state": asdict(self.state), "loader": self.source.state_dict(), "rng": resume.rng_state()}
+        self.last_checkpoint = writing.save(self.engine, self.ckpt_root, self.state.step, client, to_yaml(self.cfg),
                                             rank=self.dist.rank, keep=self.cfg.train.keep_checkpoints,
                                             tokenizer=self.tokenizer, protect=self.resumed_from)
         self.log(f"checkpoint at step {self.state.step}: {escape(str(self.last_checkpoint))}", soft_wrap=True)

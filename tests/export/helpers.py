@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from fsframework.checkpoints import CONFIG_FILE, FP32_FILE, RunDir, step_name
+from fsframework.checkpoints.writing import write_manifest
 from fsframework.config import load_config, to_yaml
 from fsframework.models.registry import build_model
-from fsframework.train.checkpoint import _write_manifest
 
 # small shapes of every trainable kind: FreeSolo blocks of 16 over 4 cells of 4
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=260",
@@ -34,6 +34,6 @@ def random_checkpoint(root: Path, kind: str, *overrides: str, seed: int = 0) -> 
     (ckpt / CONFIG_FILE).write_text(to_yaml(cfg))
     run.config.write_text(to_yaml(cfg))
     torch.save(model.state_dict(), ckpt / FP32_FILE)
-    _write_manifest(ckpt)
+    write_manifest(ckpt)
     (run.checkpoints / "latest").write_text(step_name(1))
     return root

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fsframework.checkpoints import Checkpoint, CheckpointError, initial_weights, read_config
+from fsframework.checkpoints import Checkpoint, CheckpointError, init_from, initial_weights, load_model, read_config
 from fsframework.config import SCHEMA_VERSION
 from fsframework.export import ExportError, ProofFailed, export_checkpoint
-from fsframework.models.registry import KINDS
+from fsframework.models.registry import KINDS, build_model
 from tests.export.helpers import random_checkpoint
 
 TRAINABLE = [name for name, kind in KINDS.items() if kind.trainable]
@@ -43,9 +43,11 @@ def test_tied_embeddings_are_stored_once_and_tied_back(tmp_path):
     export_checkpoint(run, tmp_path / "out")
     stored = load_file(tmp_path / "out" / "model.safetensors")
     assert "model.lm_head.weight" not in stored and "model.embed.weight" in stored
-    model, _ = Checkpoint.open(tmp_path / "out").load_model()
+    model, _ = load_model(tmp_path / "out")
     assert model.lm_head.weight is model.embed.weight
-    assert torch.equal(initial_weights(tmp_path / "out")["lm_head.weight"], stored["model.embed.weight"])
+    fresh = build_model(read_config(tmp_path / "out").model)
+    init_from(fresh, tmp_path / "out")  # `train.init_from`: the load path ties the stored embedding back too
+    assert torch.equal(fresh.lm_head.weight, stored["model.embed.weight"])
 
 
 def test_bf16_export_equals_the_rounded_source(tmp_path):
@@ -84,7 +86,7 @@ def test_file_tokenizer_and_calibration_travel(tmp_path):
     assert (out / "tokenizer.json").read_bytes() == (tmp_path / "tok.json").read_bytes()
     assert (out / "calibration.json").is_file() and (out / "tokenizer_config.json").is_file()
     assert Checkpoint.open(out).config().data.tokenizer == str(out / "tokenizer.json")
-    model, _ = Checkpoint.open(out).load_model(overrides=["model.name=fsb"])  # reads out/calibration.json
+    model, _ = load_model(out, overrides=["model.name=fsb"])  # reads out/calibration.json
     assert model.fsb_calibration_file == str(out / "calibration.json")
 
 
@@ -98,7 +100,7 @@ def test_an_export_is_a_checkpoint_for_every_loader(tmp_path):
 
 def _corrupt(out: Path) -> str:
     with pytest.raises(CheckpointError) as info:
-        Checkpoint.open(out).load_model()
+        load_model(out)
     return str(info.value)
 
 

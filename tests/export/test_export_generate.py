@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from fsframework.checkpoints import Checkpoint
+from fsframework.checkpoints import load_model
 from fsframework.eval.decoding import greedy_generate
 from fsframework.export import export_checkpoint
 from fsframework.models.registry import KINDS
@@ -41,7 +41,7 @@ def test_generate_with_the_exported_byte_tokenizer(kind, tmp_path):
     tok, prompt, generated = _generate_as_transformers_code_does(out, kind)
     assert prompt[0].tolist() == list("Grüße, hello".encode("utf-8"))  # byte b is token b, as in training
     assert tok.eos_token_id == 256 and tok.pad_token_id == 256 and tok.decode([72, 105]) == "Hi"
-    ours, _ = Checkpoint.open(out).load_model()
+    ours, _ = load_model(out)
     new = generated[0, prompt.shape[1]:].tolist()
     assert new
     assert new == greedy_generate(ours, [prompt[0].tolist()], 5)[0][:len(new)]

@@ -77,10 +77,10 @@ def test_export_evaluated_from_another_directory_scores_the_runs_perplexity(runs
 
 
 def test_calibrate_takes_an_export(runs):
-    from fsframework.checkpoints import Checkpoint
+    from fsframework.checkpoints import load_model
     from fsframework.eval.calibrate import calibrate
 
     record = calibrate(runs["zero3_export"], windows=2, seq_len=32, progress=False)
     assert Path(record["file"]) == runs["zero3_export"] / "calibration.json"
-    model, _ = Checkpoint.open(runs["zero3_export"]).load_model(overrides=["model.name=fsb"])
+    model, _ = load_model(runs["zero3_export"], overrides=["model.name=fsb"])
     assert model.fsb_calibration_file == record["file"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fsframework.checkpoints import Checkpoint
+from fsframework.checkpoints import Checkpoint, load_model
 from fsframework.eval.decoding import greedy_generate
 from fsframework.export import ExportError, export_checkpoint, import_llama
 from fsframework.export.proof import logits_of, max_difference, proof_batch
@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")  # a dev dependency (pyprojec
 
 
 def _ours_and_theirs(out, **kwargs):
-    ours, cfg = Checkpoint.open(out).load_model()
+    ours, cfg = load_model(out)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, **kwargs).eval()
     return ours, theirs, proof_batch(cfg.model.vocab_size)
 

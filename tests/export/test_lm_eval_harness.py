@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from fsframework.checkpoints import Checkpoint
+from fsframework.checkpoints import load_model
 from fsframework.export import export_checkpoint
 from tests.export.helpers import random_checkpoint
 
@@ -58,7 +58,7 @@ def test_lm_eval_harness_on_an_export(kind, tmp_path, monkeypatch):
                               task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False),
                               device="cpu",
                               batch_size=1, log_samples=True)
-    ours, _ = Checkpoint.open(out).load_model()
+    ours, _ = load_model(out)
     samples = results["samples"][task]
     assert len(samples) == len(DOCS)
     correct = 0
@@ -95,7 +95,7 @@ def test_fsf_eval_harness_exports_and_runs_it(tmp_path, monkeypatch):
 
     proc = run_fsf("eval", str(run), "--harness", task, "--harness-include", str(tmp_path / "tasks"))
     results = json.loads((run / "eval" / "harness.json").read_text())["results"][task]
-    ours, _ = Checkpoint.open(run).load_model()
+    ours, _ = load_model(run)
     correct = sum(max(range(2), key=lambda c: our_loglikelihood(ours, d["question"], " " + d["choices"][c]))
                   == d["label"] for d in DOCS)
     assert results["acc,none"] == pytest.approx(correct / len(DOCS))

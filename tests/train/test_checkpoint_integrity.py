@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsframework.checkpoints import CheckpointError, find_latest, verify
-from fsframework.train.checkpoint import prune
+from fsframework.checkpoints.writing import prune
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
 STEPS = 12

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsframework.checkpoints import (Checkpoint, CheckpointError, CheckpointWarning, resolve_checkpoint, safe_load,
-                                     weights_only_loads)
-from fsframework.train.checkpoint import load_client_state
+from fsframework.checkpoints import (Checkpoint, CheckpointError, CheckpointWarning, load_model, resolve_checkpoint,
+                                     safe_load, weights_only_loads)
+from fsframework.train.resume import load_client_state
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
-LOADERS = ["fsframework/checkpoints.py", "fsframework/train/checkpoint.py", "fsframework/train/resize.py"]
+LOADERS = [*(p.relative_to(REPO) for p in sorted((REPO / "fsframework/checkpoints").glob("*.py"))),
+           "fsframework/train/resume.py", "fsframework/train/resize.py"]
 
 
 class _Touch:
@@ -115,11 +116,11 @@ def test_deepspeed_loads_inside_the_block_are_weights_only(run):
 def test_a_model_of_another_size_or_kind_names_the_tensors(run):
     ckpt = Checkpoint.open(run)
     with pytest.raises(CheckpointError, match=r"mis-shaped \d+: embed\.weight \(260, 32\) \(model: \(260, 48\)\)"):
-        ckpt.load_model(overrides=["model.d_model=48"])
+        load_model(ckpt, overrides=["model.d_model=48"])
     with pytest.raises(CheckpointError, match=r"missing \d+: layers\.2\."):
-        ckpt.load_model(overrides=["model.n_layers=3"])
+        load_model(ckpt, overrides=["model.n_layers=3"])
     with pytest.raises(CheckpointError, match=r"unexpected 6: .*layers\.0\.attn\.lr_norm_weight"):
-        ckpt.load_model(overrides=["model.name=tfpp"])  # the FreeSolo checkpoint's cell branch is extra
+        load_model(ckpt, overrides=["model.name=tfpp"])  # the FreeSolo checkpoint's cell branch is extra
 
 
 def test_resolve_names_the_damaged_checkpoint_it_skipped_and_the_one_it_used(copy):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fsframework.data.tokenizers import load_tokenizer, train_bpe_tokenizer
 from fsframework.checkpoints import CheckpointError, checkpoint_tokenizer
-from fsframework.train.checkpoint import read_tokenizer, save_tokenizer
+from fsframework.checkpoints.writing import read_tokenizer, save_tokenizer
+from fsframework.data.tokenizers import load_tokenizer, train_bpe_tokenizer
 
 
 def test_a_file_tokenizer_is_copied_and_preferred_over_the_configured_path(tmp_path):

@@ -65,7 +65,8 @@ def test_init_from_a_plain_weights_file(tmp_path, data_cache):
                .state_dict(), tmp_path / "wider.pt")
     wrong = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'y'}",
                     f"train.init_from={tmp_path / 'wider.pt'}", *common, check=False)
-    assert wrong.returncode == 2 and "does not fit model fs" in wrong.stderr and "size mismatch" in wrong.stderr
+    assert wrong.returncode == 2 and "does not fit model fs: mis-shaped" in wrong.stderr
+    assert "embed.weight (260, 64) (model: (260, 32))" in wrong.stderr
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
     junk = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'z'}",
                    f"train.init_from={tmp_path / 'junk.pt'}", *common, check=False)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from fsframework.checkpoints import RunDir, read_config, resolve_checkpoint
+from fsframework.checkpoints.writing import write_manifest
 from fsframework.config import SCHEMA_VERSION
-from fsframework.train.checkpoint import _write_manifest
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
 COMMON = [*TINY_DATA, *TINY_MODEL, "model.name=tfpp", "train.progress=false", "train.tensorboard=false",
@@ -44,7 +44,7 @@ def old_run(tmp_path_factory, data_cache) -> Path:
     for path in (run.config, ckpt / "config.yaml"):
         path.write_text(as_version_1(path.read_text()))
     (ckpt / "MANIFEST.json").unlink()
-    _write_manifest(ckpt)  # the checkpoint's config.yaml changed size
+    write_manifest(ckpt)  # the checkpoint's config.yaml changed size
     fixture_keys = set(yaml.safe_load((REPO / "tests/fixtures/config_v1_default.yaml").read_text()))
     assert set(yaml.safe_load(run.config.read_text())) == fixture_keys, "shaped like the saved fixture"
     return run.root

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from fsframework.checkpoints import Checkpoint
+from fsframework.checkpoints import load_model
 from fsframework.config import load_config
 from fsframework.models.registry import build_model
 from fsframework.train.trainer import param_groups
@@ -53,7 +53,7 @@ def test_a_training_step_moves_the_gains_at_their_own_rate(tmp_path):
             f"model.attention.readout_gain_lr={scale}", f"optim.lr={lr}", "optim.warmup_steps=0",
             "optim.decay=constant", "optim.weight_decay=0", "train.max_steps=1", "train.ckpt_every=1",
             "train.eval_every=0", "train.progress=false", "train.tensorboard=false")
-    model, cfg = Checkpoint.open(run).load_model(torch.device("cpu"), [])
+    model, cfg = load_model(run, torch.device("cpu"), [])
     assert cfg.model.attention.readout_gain_param == "log"
     log_gains = torch.cat([(p.detach() - math.log(0.5)).abs().flatten() for name, p in model.named_parameters()
                            if name.endswith("lr_norm_log_gain")])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fsframework.checkpoints import CheckpointError, find_latest, resolve_checkpoint, verify
-from fsframework.train.checkpoint import CRASH_ENV
+from fsframework.checkpoints.writing import CRASH_ENV
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf, run_fsf_process
 
 STEPS = 20

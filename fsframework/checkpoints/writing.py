@@ -1,30 +1,23 @@
-"""Writing checkpoints: atomic save with exact resume, manifest, pruning.
-
-The layout of run directories and checkpoints, and the read side (resolve, verify, consolidate,
-load a model) are in `fsframework.checkpoints`.
+"""Writing checkpoints (the layout is in `fsframework.checkpoints.layout`): atomic save, manifest,
+pruning, the tokenizer file.
 
 A checkpoint is written under a temporary name and renamed into place only
 after every rank has finished and the manifest is on disk, so a kill at any
 moment leaves the previous checkpoint intact and `latest` pointing at it.
+Loading one back into a training run (engine state, loop state) is `fsframework.train.resume`'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-import torch
-
-from fsframework.checkpoints import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
-                                     CheckpointError, client_state_name, file_digest, list_checkpoints, safe_load,
-                                     step_name, verify, weights_only_loads, without_wrapper_prefix)
-from fsframework.config import Config
-from fsframework.parallel.process_group import barrier
+from fsframework.checkpoints.layout import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
+                                            CheckpointError, client_state_name, file_digest, list_checkpoints,
+                                            step_name, verify)
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
@@ -48,23 +41,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _write_manifest(ckpt: Path) -> None:
-    """Size and xxh64 digest of every file, written last: its presence marks a complete checkpoint."""
+def write_manifest(ckpt: Path) -> None:
+    """Size and xxh64 digest of every file (what `verify` checks), written last: its presence marks
+    a complete checkpoint."""
     files = {}
     for p in sorted(ckpt.rglob("*")):
         if p.is_file():
@@ -105,6 +84,10 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
     """Write checkpoint `step` atomically (collective: every rank calls it), then prune to the
     newest `keep` verified checkpoints, never deleting `protect` (see `prune`). `tokenizer`, from
     `read_tokenizer`, is written in too."""
+    import torch
+
+    from fsframework.parallel.process_group import barrier
+
     name = step_name(step)
     tmp = ckpt_root / f"{TMP_PREFIX}{name}"
     final = ckpt_root / name
@@ -125,7 +108,7 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
         # the engine's folder through a `latest` file beside it: `python zero_to_fp32.py . OUT` works
         (tmp / LATEST).write_text(ENGINE_TAG)
         save_tokenizer(tokenizer, tmp)
-        _write_manifest(tmp)
+        write_manifest(tmp)
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -155,64 +138,3 @@ def save_tokenizer(tokenizer: Optional[tuple[str, bytes]], ckpt: Path) -> None:
     if tokenizer is not None:
         name, contents = tokenizer
         (ckpt / name).write_bytes(contents)
-
-
-def load_client_state(ckpt: Path, rank: int, same_layout: bool = True) -> dict[str, Any]:
-    """Rank `rank`'s loop state. At another layout (`same_layout` False) every rank takes rank 0's
-    (the step, token count and loader position are global; see `fsframework.train.resize`)."""
-    path = ckpt / client_state_name(rank if same_layout else 0)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} has no loop state for rank {rank} ({path.name}); "
-                              "was it written with a different number of ranks?")
-    state = safe_load(path)
-    if not isinstance(state, dict) or not {"train_state", "loader", "rng"} <= set(state):
-        raise CheckpointError(f"checkpoint file {path} holds no loop state (train_state, loader, rng)")
-    return state
-
-
-def _load_module_state(src: dict, dst) -> None:
-    """DeepSpeed's module loading (strict), for engine states of any age (`without_wrapper_prefix`)."""
-    dst.load_state_dict(without_wrapper_prefix(src), strict=True)
-
-
-def load_engine(engine, ckpt: Path, *, cfg: Optional[Config] = None, world_size: int = 1, rank: int = 0) -> bool:
-    """Load checkpoint `ckpt`'s engine state (collective). `cfg` and `world_size` describe this run:
-    a checkpoint written at another data-parallel size is loaded through DeepSpeed's universal form
-    (`fsframework.train.resize`); another sequence-parallel size or ZeRO stage is refused naming what
-    differs. Every file is read with `weights_only=True`. Returns whether the layout was the same."""
-    from fsframework.train import resize
-
-    source, universal = ckpt, False
-    if cfg is not None:
-        saved, now = resize.saved_layout(ckpt), resize.run_layout(cfg, world_size)
-        resize.check_resume_layout(ckpt, saved, now)
-        same = saved.world_size == now.world_size
-        if resize.needs_universal(saved, now):
-            source, universal = resize.universal_dir(ckpt), True
-            if rank == 0:
-                resize.universal_copy(ckpt, source)
-            barrier()
-    else:
-        same = True
-    config = engine._config  # DeepSpeed reads the flag at load time only
-    flag = config.load_universal_checkpoint
-    config.load_universal_checkpoint = universal
-    try:
-        with weights_only_loads():
-            path, _ = engine.load_checkpoint(str(source), tag=ENGINE_TAG, load_optimizer_states=True,
-                                             load_lr_scheduler_states=True, custom_load_fn=_load_module_state)
-        if universal and cfg.parallel.zero_stage == 3:
-            resize.repair_zero3_universal_load(engine, source)
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f"could not load engine state from {ckpt / ENGINE_TAG}: {exc}") from None
-    finally:
-        config.load_universal_checkpoint = flag
-        if universal:
-            barrier()
-            if rank == 0:
-                shutil.rmtree(source, ignore_errors=True)
-    if path is None:
-        raise CheckpointError(f"no engine state found in {ckpt / ENGINE_TAG}")
-    return same
