@@ -483,8 +483,8 @@ class Checkpoint:
         built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
         check_state_dict(model, state, f"checkpoint {source} (for {built})", tied=cfg.model.tie_embeddings)
         model.load_state_dict(state, strict=False)
-        if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb_forests != "f0":
-            self.apply_calibration(model, cfg.model.attention.fsb_calibration)
+        if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb.forests != "f0":
+            self.apply_calibration(model, cfg.model.attention.fsb.calibration)
         return model.to(device).eval(), cfg
 
     def apply_calibration(self, model, path: str = "") -> Path:
@@ -497,7 +497,7 @@ class Checkpoint:
         if not file.is_file():
             raise CheckpointError(f"FS-B needs per-head thresholds and {file} does not exist: run "
                                   f"`fsf calibrate {self.path}` first (or name a file with "
-                                  "model.attention.fsb_calibration=FILE)")
+                                  "model.attention.fsb.calibration=FILE)")
         try:
             tau = json.loads(file.read_text())["tau"]
         except (ValueError, KeyError, TypeError) as exc:
