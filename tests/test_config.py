@@ -113,9 +113,9 @@ def test_the_research_keys_are_checked_under_their_new_names():
 def test_saved_configs_record_the_schema_version():
     from fsframework.config import SCHEMA_VERSION, Config, to_yaml
 
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     text = to_yaml(Config())
-    assert text.startswith("schema_version: 3\n")
+    assert text.startswith("schema_version: 4\n")
     assert "max_seq_len" not in text and "research:\n  copy_warmup_steps: 0" in text
 
 
@@ -123,7 +123,7 @@ def test_version_1_run_configs_are_migrated():
     from fsframework.config import load_run_config
 
     cfg = load_run_config(V1_FREESOLO)
-    assert cfg.schema_version == 3 and cfg.model.name == "fs"
+    assert cfg.schema_version == 4 and cfg.model.name == "fs"
     a = cfg.model.attention
     assert (a.readout_gain_param, a.readout_gain_lr, a.readout_backward) == ("linear", 1.0, "gain"), \
         "an old run keeps how it trained its gains"
@@ -145,7 +145,7 @@ def test_migrate_is_a_pure_function_of_the_saved_dict():
 
     old = {"model": {"name": "fs", "max_seq_len": 4096}, "train": {"copy_warmup_steps": 3, "max_steps": 7}}
     new = migrate(old)
-    assert new == {"schema_version": 3, "model": {"name": "fs", "attention": {"readout_gain_param": "linear", "readout_gain_lr": 1.0,
+    assert new == {"schema_version": 4, "model": {"name": "fs", "attention": {"readout_gain_param": "linear", "readout_gain_lr": 1.0,
                                                              "readout_backward": "gain"}},
                    "train": {"max_steps": 7}, "research": {"copy_warmup_steps": 3}}
     assert old["train"]["copy_warmup_steps"] == 3, "the input is left alone"
@@ -187,7 +187,7 @@ def test_the_checkpoint_reader_migrates_through_the_one_load_function(tmp_path):
     assert read_config(run.config).research.copy_warmup_steps == 3
     # `fsf config` (as `fsf train`) reads a run's own config.yaml migrated, e.g. to resume it
     proc = run_fsf("config", str(run.config))
-    assert "schema_version: 3" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
+    assert "schema_version: 4" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
     bad = run_fsf("config", str(V1_FREESOLO), check=False)
     assert bad.returncode == 2 and "moved to research.copy_warmup_steps" in bad.stderr
 
@@ -200,3 +200,119 @@ def test_world_size_check_is_shared():
         check_world_size(6, 4)
     with pytest.raises(ConfigError, match="parallel.sp=0 must be >= 1"):
         check_world_size(4, 0)
+
+
+# --- schema 4: a kind's own settings in their own group (model.attention.fsb.*, model.attention.rewired.*) ----
+
+# a config.yaml as the schema-3 code saved it, with the flat keys set off their defaults
+V3_FLAT = FIXTURES / "config_v3_flat_kind_settings.yaml"
+FLAT_KEYS = {  # schema 3 -> schema 4, with the fixture's value
+    "model.attention.fsb_top_k": ("model.attention.fsb.top_k", 3),
+    "model.attention.fsb_beam_width": ("model.attention.fsb.beam_width", 8),
+    "model.attention.fsb_bound_c": ("model.attention.fsb.bound_c", 4.0),
+    "model.attention.fsb_forests": ("model.attention.fsb.forests", "ftau"),
+    "model.attention.fsb_calibration": ("model.attention.fsb.calibration", "tau.json"),
+    "model.attention.rewired_runway": ("model.attention.rewired.runway", "mean"),
+    "model.attention.rewired_score": ("model.attention.rewired.score", "bilinear"),
+    "model.attention.rewired_head": ("model.attention.rewired.head", 1),
+}
+
+
+def _get(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def test_version_3_flat_kind_settings_are_migrated_into_their_groups():
+    import yaml
+
+    from fsframework.config import load_run_config, migrate
+
+    saved = yaml.safe_load(V3_FLAT.read_text())
+    assert saved["schema_version"] == 3 and all(k.rpartition(".")[2] in saved["model"]["attention"] for k in FLAT_KEYS)
+    cfg = load_run_config(V3_FLAT)
+    assert cfg.schema_version == 4
+    for new, value in FLAT_KEYS.values():
+        assert _get(cfg, new) == value, new
+    attention = migrate(saved)["model"]["attention"]
+    assert not any(key.startswith(("fsb_", "rewired_")) for key in attention), "no flat key is left behind"
+    assert attention["fsb"] == {"top_k": 3, "beam_width": 8, "bound_c": 4.0, "forests": "ftau", "calibration": "tau.json"}
+    assert attention["rewired"] == {"runway": "mean", "score": "bilinear", "head": 1}
+    # overrides on top of the migrated file use the new keys
+    assert load_run_config(V3_FLAT, ["model.attention.fsb.top_k=2"]).model.attention.fsb.top_k == 2
+    # a version-1 file had none of these keys: it reads with the defaults
+    default = load_run_config(V1_DEFAULT).model.attention
+    assert (default.fsb.top_k, default.rewired.runway) == (4, "last")
+
+
+@pytest.mark.parametrize("old", sorted(FLAT_KEYS))
+def test_an_old_flat_kind_setting_fails_in_one_line_naming_its_new_key(old, tmp_path):
+    from fsframework.config import load_run_config
+
+    new, value = FLAT_KEYS[old]
+    expected = f"config key {old} moved to {new} in schema_version 4; write {new} instead"
+    for read in (lambda: load_config(None, [f"{old}={value}"]),
+                 lambda: load_config(REPO / "yamls" / "quickstart.yaml", [f"{old}={value}"]),
+                 lambda: load_run_config(V3_FLAT, [f"{old}={value}"])):  # `fsf eval RUN KEY=VALUE`
+        with pytest.raises(ConfigError) as error:
+            read()
+        assert str(error.value) == expected
+    path = tmp_path / "job.yaml"  # a job file written with the old key
+    path.write_text(f"model:\n  attention:\n    {old.rpartition('.')[2]}: {value}\n")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        load_config(path)
+
+
+def test_the_cli_names_the_new_key_of_an_old_override():
+    proc = run_fsf("config", str(REPO / "yamls" / "rewired-cpu.yaml"), "model.attention.rewired_head=1",
+                   "model.attention.fsb_top_k=2", check=False)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if "moved to" in line]
+    assert len(lines) == 1 and "write model.attention.rewired.head instead" in lines[0] \
+        and "write model.attention.fsb.top_k instead" in lines[0], proc.stderr
+
+
+def test_an_exports_model_config_of_an_older_schema_builds():
+    """config.json of an export records the model config and its schema version; an export's
+    modeling file from before schema 4 passes the model config alone."""
+    import yaml
+
+    from fsframework.config import migrate
+    from fsframework.export.remote import model_config_from_dict
+
+    model = yaml.safe_load(V3_FLAT.read_text())["model"]
+    for version in (3, None):
+        cfg = model_config_from_dict(model, version)
+        assert (cfg.attention.fsb.beam_width, cfg.attention.rewired.head) == (8, 1)
+    current = migrate(yaml.safe_load(V3_FLAT.read_text()))["model"]
+    assert model_config_from_dict(current, 4) == model_config_from_dict(model, 3)
+
+
+def test_importing_and_validating_the_config_imports_no_torch():
+    """The config (its checks included) imports no torch, so a bad job fails before torch loads."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from pathlib import Path
+import fsframework.config as c
+from fsframework.models.registry import MODEL_NAMES
+for path in sorted(Path({str(REPO / "yamls")!r}).glob("*.yaml")):
+    c.load_config(path)
+for name in MODEL_NAMES:
+    c.validate(c.load_config(None, ["model.name=" + name]))
+c.load_run_config({str(V1_FREESOLO)!r}); c.load_run_config({str(V3_FLAT)!r})
+c.to_yaml(c.Config()); c.check_world_size(8, 2)
+try:
+    c.load_config(None, ["model.attention.fsb.beam_width=1"])
+except c.ConfigError:
+    pass
+else:
+    raise SystemExit("no ConfigError")
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+assert not loaded, loaded
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -64,7 +64,7 @@ def test_each_kind_entry_answers_what_used_to_be_switched_on():
     from fsframework.config import AttentionConfig
 
     a = AttentionConfig()
-    assert attention_kind("fsb").read_path(a) == {"model": "fsb", "top_k": a.fsb_top_k, "beam_width": a.fsb_beam_width,
-                                                  "bound_c": a.fsb_bound_c, "forests": a.fsb_forests}
+    assert attention_kind("fsb").read_path(a) == {"model": "fsb", "top_k": a.fsb.top_k, "beam_width": a.fsb.beam_width,
+                                                  "bound_c": a.fsb.bound_c, "forests": a.fsb.forests}
     assert attention_kind("fsl").read_path(a) == {"model": "fsl", "top_k": a.top_k}
     assert attention_kind("swa").read_path(a) == {"model": "swa"}

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             return 2
         torch.manual_seed(args.seed)
         model = build_model(cfg.model).eval()
-        if name == "fsb" and cfg.model.attention.fsb_forests != "f0":
+        if name == "fsb" and cfg.model.attention.fsb.forests != "f0":
             calibrate_on_random_tokens(model, args.calibration_tokens, args.seed)
         for context in args.contexts:
             row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}

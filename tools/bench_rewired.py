@@ -36,15 +36,16 @@ def _max_rss_bytes() -> int:
 def worker(kind: str, seq: int, args) -> dict:
     import torch
 
-    from fsframework.config import AttentionConfig, ModelConfig
+    from fsframework.config import AttentionConfig, ModelConfig, RewiredConfig
     from fsframework.models.losses import lm_losses
     from fsframework.models.registry import build_model
 
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
     torch.manual_seed(0)
+    attention = AttentionConfig(impl="auto", rewired=RewiredConfig(runway=args.runway))
     cfg = ModelConfig(name=kind, vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
-                      n_heads=args.heads, attention=AttentionConfig(impl="auto", rewired_runway=args.runway))
+                      n_heads=args.heads, attention=attention)
     model = build_model(cfg).to(args.device, torch.bfloat16 if cuda else torch.float32)
     tokens = torch.randint(0, args.vocab, (1, seq + 1), device=args.device)
 

@@ -86,8 +86,8 @@ def load_model(source: "str | Path | Checkpoint", device: Any = "cpu",
     model = build_model(cfg.model)
     built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
     load_weights(model, ckpt.state_dict(), f"checkpoint {ckpt.weights_source}", model_name=built)
-    if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb_forests != "f0":
-        apply_calibration(model, ckpt, cfg.model.attention.fsb_calibration)
+    if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb.forests != "f0":
+        apply_calibration(model, ckpt, cfg.model.attention.fsb.calibration)
     return model.to(device).eval(), cfg
 
 
@@ -101,7 +101,7 @@ def apply_calibration(model, ckpt: Checkpoint, path: str = "") -> Path:
     if not file.is_file():
         raise CheckpointError(f"FS-B needs per-head thresholds and {file} does not exist: run "
                               f"`fsf calibrate {ckpt.path}` first (or name a file with "
-                              "model.attention.fsb_calibration=FILE)")
+                              "model.attention.fsb.calibration=FILE)")
     try:
         tau = json.loads(file.read_text())["tau"]
     except (ValueError, KeyError, TypeError) as exc:

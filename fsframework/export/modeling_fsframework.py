@@ -35,7 +35,7 @@ class FSFrameworkForCausalLM(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         from fsframework.export.remote import build_language_model
 
-        self.model = build_language_model(config.fsframework["model"])
+        self.model = build_language_model(config.fsframework["model"], config.fsframework.get("schema_version"))
         self.post_init()
 
     def _init_weights(self, module):

@@ -10,27 +10,31 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from fsframework.config import ModelConfig
+from fsframework.config import ModelConfig, migrate
 
 MODELING_FILE = "modeling_fsframework.py"
 TENSOR_PREFIX = "model."  # FSFrameworkForCausalLM holds the fsframework model as `self.model`
+# the schema version of the first exports: an older export's modeling file passes none
+FIRST_EXPORT_SCHEMA = 2
 
 
-def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """A ModelConfig from its plain-dict form (config.json's `fsframework.model`), strict: an
-    unknown key fails naming it."""
+def model_config_from_dict(data: dict[str, Any], schema_version: Optional[int] = None) -> ModelConfig:
+    """A ModelConfig from its plain-dict form (config.json's `fsframework.model`), written in
+    `schema_version` (config.json's `fsframework.schema_version`; None: FIRST_EXPORT_SCHEMA) and
+    migrated from it, strict: an unknown key fails naming it."""
     from omegaconf import OmegaConf
 
+    data = migrate({"schema_version": schema_version or FIRST_EXPORT_SCHEMA, "model": data})["model"]
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(data)))
 
 
-def build_language_model(data: dict[str, Any]):
+def build_language_model(data: dict[str, Any], schema_version: Optional[int] = None):
     """The fsframework model of config.json's `fsframework.model` (random weights, eval mode)."""
     from fsframework.models.registry import build_model
 
-    return build_model(model_config_from_dict(data)).eval()
+    return build_model(model_config_from_dict(data, schema_version)).eval()
 
 
 def remote_code_config(model: ModelConfig, *, torch_dtype: str) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def absolute_paths(cfg: Config, base: Path) -> Config:
         d.tokenizer = absolute(d.tokenizer)
     cfg.run_dir = absolute(cfg.run_dir)
     cfg.train.init_from = absolute(cfg.train.init_from)
-    cfg.model.attention.fsb_calibration = absolute(cfg.model.attention.fsb_calibration)
+    cfg.model.attention.fsb.calibration = absolute(cfg.model.attention.fsb.calibration)
     return cfg
 
 

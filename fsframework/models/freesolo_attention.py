@@ -31,7 +31,7 @@ from fsframework.ops.offset_attention import window_attention_at
 
 class FreeSoloAttention(QKVAttention):
     """FS (routing variant "fs", full-prefix routing), FS-L (`"fsl"`, pruned by key norm) or FS-B
-    (`"fsb"`, inference only: forest search, reading `fsb_top_k` cells; same parameters as FS, so
+    (`"fsb"`, inference only: forest search, reading `fsb.top_k` cells; same parameters as FS, so
     FS and FS-L checkpoints load into it).
 
     Parameters: `wq, wk, wv, wo` (D x D, no bias), the readout RMSNorm gain `[H, Dh]`, one per
@@ -106,21 +106,21 @@ class FreeSoloAttention(QKVAttention):
                             retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
 
     def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
-        """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb_top_k]` cells, no gradient."""
+        """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb.top_k]` cells, no gradient."""
         a = self.cfg.attention
-        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb_top_k,
-                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb_beam_width,
-                            bound_c=a.fsb_bound_c, forests=a.fsb_forests, tau=self.fsb_tau())
+        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb.top_k,
+                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb.beam_width,
+                            bound_c=a.fsb.bound_c, forests=a.fsb.forests, tau=self.fsb_tau())
 
     def fsb_tau(self) -> Optional[torch.Tensor]:
         """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""
         a = self.cfg.attention
-        if a.fsb_forests == "f0":
+        if a.fsb.forests == "f0":
             return None
         if self.tau_source is None:
             raise ValueError("FS-B needs per-head key-norm thresholds: run `fsf calibrate RUN` on the FS or FS-L "
                              "checkpoint (it writes calibration.json beside the weights), or read with "
-                             "model.attention.fsb_forests=f0")
+                             "model.attention.fsb.forests=f0")
         return self.tau
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -24,10 +24,10 @@ class FSBCache(FSCache):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         a = module.cfg.attention
-        self.forest_choice = a.fsb_forests
+        self.forest_choice = a.fsb.forests
         tau = module.fsb_tau()  # raises by name when the thresholds were never set
         self.tau = None if tau is None else tau.detach().clone()
-        self.beam_width, self.bound_c, self.top_k = a.fsb_beam_width, a.fsb_bound_c, a.fsb_top_k
+        self.beam_width, self.bound_c, self.top_k = a.fsb.beam_width, a.fsb.bound_c, a.fsb.top_k
         self.state: FSBState | None = None
 
     def _admit(self, num_cells: int) -> None:

@@ -51,7 +51,7 @@ class AttentionKind:
     routing: str = ""
     # reads per-head thresholds calibrated once per checkpoint (`fsf calibrate`, calibration.json)
     calibrated: bool = False
-    # how the kind reads long range, for a scores file: (label, model.attention field) pairs
+    # how the kind reads long range, for a scores file: (label, dotted key under model.attention) pairs
     read_settings: tuple[tuple[str, str], ...] = ()
     # a module ("package.module") that writes the kind as another library's own architecture:
     # `to_native_name(name)`, `native_config(model, *, max_positions, torch_dtype)`; None: the
@@ -72,7 +72,7 @@ class AttentionKind:
 
     def read_path(self, attention: AttentionConfig) -> dict:
         """The settings that say how this kind reads long range (`read_settings`), by label."""
-        return {"model": self.name, **{label: getattr(attention, field) for label, field in self.read_settings}}
+        return {"model": self.name, **{label: _setting(attention, key) for label, key in self.read_settings}}
 
     def native_adapter(self):
         """The `native_export` module, or None for an export with its own modeling code."""
@@ -89,6 +89,14 @@ class AttentionKind:
         return _import(_KEY_CACHES[self.keys])
 
 
+def _setting(attention: AttentionConfig, key: str):
+    """The value of dotted `key` under `attention` (e.g. "fsb.top_k": FS-B's own group)."""
+    value = attention
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _import(target: str) -> type:
     path, _, cls = target.partition(":")
     return getattr(importlib.import_module(path), cls)
@@ -96,8 +104,7 @@ def _import(target: str) -> type:
 
 _ATTENTION = "fsframework.models.attention"
 _FREESOLO = "fsframework.models.freesolo_attention:FreeSoloAttention"
-_FSB_SETTINGS = (("top_k", "fsb_top_k"), ("beam_width", "fsb_beam_width"), ("bound_c", "fsb_bound_c"),
-                 ("forests", "fsb_forests"))
+_FSB_SETTINGS = tuple((name, f"fsb.{name}") for name in ("top_k", "beam_width", "bound_c", "forests"))
 _KEY_CACHES = {"prefix": "fsframework.models.kv_cache:PrefixKVCache",
                "window": "fsframework.models.kv_cache:WindowKVCache"}
 

@@ -2,7 +2,7 @@
 
 Transformer++ attention (RoPE, pre-norm block) whose logits get the runway bias of
 `fsframework.ops.rewired`. The runway signal `u` is the value vectors of one head
-(`model.attention.rewired_head`), which keeps working as a normal head. Because `u`
+(`model.attention.rewired.head`), which keeps working as a normal head. Because `u`
 is a slice of the values, the key source that supplies the earlier keys and values
 (sequence-parallel gather, decode cache) supplies the earlier `u` with them: the
 mean runway's prefix mean is recomputed from those values, so neither needs extra state.
@@ -23,13 +23,13 @@ from fsframework.ops.rewired import rewired_attention
 class RewiredAttention(RopeAttention):
     """Causal RoPE attention with the runway bias shared by all heads (docs/rewired.md §2-§3).
 
-    With `rewired_score="bilinear"` the layer owns `bmat` `[d, d]` (identity at init)."""
+    With `model.attention.rewired.score="bilinear"` the layer owns `bmat` `[d, d]` (identity at init)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         super().__init__(cfg, layer_idx, key_span)
         a = cfg.attention
-        self.runway, self.head, self.impl = a.rewired_runway, a.rewired_head, a.impl
-        self.bmat = nn.Parameter(torch.eye(cfg.head_dim)) if a.rewired_score == "bilinear" else None
+        self.runway, self.head, self.impl = a.rewired.runway, a.rewired.head, a.impl
+        self.bmat = nn.Parameter(torch.eye(cfg.head_dim)) if a.rewired.score == "bilinear" else None
 
     def reset_extra_parameters(self) -> None:
         if self.bmat is not None:

@@ -24,15 +24,9 @@ from typing import Callable
 
 import torch
 
-IMPLS = ("auto", "reference", "triton")
+from fsframework.ops.impls import IMPLS, check_impl  # noqa: F401 (IMPLS re-exported: ops import it from here)
 
 _warned: set[str] = set()  # what "auto" has already reported: failed imports and refused calls
-
-
-def check_impl(impl: str) -> None:
-    """Raise ValueError unless `impl` is one of `IMPLS`."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
 
 
 def _warn_once(key: str, message: str) -> None:

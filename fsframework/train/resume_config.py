@@ -17,7 +17,7 @@ from fsframework.config import Config
 
 # model keys that choose how the same weights run, not what they are
 RUNTIME_MODEL_KEYS = ("model.attention.impl", "model.dropout")
-RUNTIME_MODEL_PREFIXES = ("model.attention.fsb_",)
+RUNTIME_MODEL_PREFIXES = ("model.attention.fsb.",)  # FS-B reads the same weights its own way
 FIXED_DATA_KEYS = ("data.seq_len", "data.tokenizer")
 SCHEDULE_KEYS = ("train.max_steps",)
 

@@ -27,7 +27,7 @@ def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     cli = CliRunner()
     scores = tmp_path / "scores.json"
     evaluate = ["eval", str(run), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2", "--out", str(scores),
-                "model.name=fsb", "model.attention.fsb_beam_width=4"]
+                "model.name=fsb", "model.attention.fsb.beam_width=4"]
 
     res = cli.invoke(app, evaluate)  # no calibration yet
     assert res.exit_code == 2 and "fsf calibrate" in res.output
@@ -58,7 +58,7 @@ def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     (ckpt / "calibration.json").write_text(json.dumps({**record, "tau": record["tau"] * 2}))
     res = cli.invoke(app, evaluate)
     assert res.exit_code == 2 and "tau must be 2 layers x 2 heads" in res.output
-    res = cli.invoke(app, [*evaluate, "model.attention.fsb_beam_width=2", "model.attention.fsb_top_k=3"])
-    assert res.exit_code == 2 and "fsb_beam_width=2 must be >= model.attention.fsb_top_k=3" in res.output
+    res = cli.invoke(app, [*evaluate, "model.attention.fsb.beam_width=2", "model.attention.fsb.top_k=3"])
+    assert res.exit_code == 2 and "fsb.beam_width=2 must be >= model.attention.fsb.top_k=3" in res.output
     res = cli.invoke(app, ["calibrate", str(run), "--windows", "100000", "--seq-len", "48"])
     assert res.exit_code == 2 and "lower --windows" in res.output

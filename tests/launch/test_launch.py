@@ -216,7 +216,7 @@ def test_snapshot_holds_resolved_config_and_source_without_caches(tmp_path):
     config = (snap / "config.yaml").read_text()
     assert "max_steps: 7" in config and "d_model: 64" in config and f"run_dir: {tmp_path / 'run'}" in config
     src = snap / "src"
-    for path in ("fsframework/cli/__init__.py", "fsframework/launcher/plan.py", "fsframework/config.py",
+    for path in ("fsframework/cli/__init__.py", "fsframework/launcher/plan.py", "fsframework/config/job.py",
                  "kernels/fsf_kernels/__init__.py", "yamls/quickstart.yaml", "pyproject.toml"):
         assert (src / path).is_file(), path
     leftovers = [p for p in src.rglob("*") if p.name in ("__pycache__", ".venv", "runs", "data_cache")

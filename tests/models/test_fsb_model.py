@@ -7,20 +7,21 @@ import torch
 from typer.testing import CliRunner
 
 from fsframework.cli import app
-from fsframework.config import AttentionConfig, ConfigError, ModelConfig
+from fsframework.config import AttentionConfig, ConfigError, FsbConfig, ModelConfig
 from fsframework.models.freesolo_attention import freesolo_layers, set_fsb_thresholds
 from fsframework.models.registry import build_model, check_trainable
 from tests.utils import REPO
 
 
-def _model(name: str, **attention):
-    att = AttentionConfig(window=12, cell_size=4, block_size=8, top_k=2, sigma=2.0, impl="reference", **attention)
+def _model(name: str, **fsb):
+    att = AttentionConfig(window=12, cell_size=4, block_size=8, top_k=2, sigma=2.0, impl="reference",
+                          fsb=FsbConfig(**fsb))
     torch.manual_seed(0)
     return build_model(ModelConfig(name=name, vocab_size=64, d_model=32, n_layers=2, n_heads=2, attention=att))
 
 
 def test_fs_weights_load_into_fsb_and_read_fsb_top_k_cells():
-    fs, fsb = _model("fs"), _model("fsb", fsb_top_k=3, fsb_beam_width=4)
+    fs, fsb = _model("fs"), _model("fsb", top_k=3, beam_width=4)
     fsb.load_state_dict(fs.state_dict(), strict=True)  # same parameters and saved buffers
     set_fsb_thresholds(fsb, [[0.1, 0.2], [0.3, 0.4]], "thresholds.json")
     layer = freesolo_layers(fsb)[1]
@@ -36,7 +37,7 @@ def test_fsb_without_calibration_names_fsf_calibrate():
     with pytest.raises(ValueError, match="fsf calibrate"):
         _model("fsb")(torch.randint(0, 64, (1, 24)))
     with torch.no_grad():  # F0 alone needs no thresholds
-        assert torch.isfinite(_model("fsb", fsb_forests="f0")(torch.randint(0, 64, (1, 24)))).all()
+        assert torch.isfinite(_model("fsb", forests="f0")(torch.randint(0, 64, (1, 24)))).all()
 
 
 @pytest.mark.parametrize("tau, match", [
@@ -63,10 +64,10 @@ def test_training_fsb_is_refused_with_the_kind_to_train(tmp_path):
 def test_fsb_config_keys_are_checked():
     from fsframework.config import load_config
 
-    with pytest.raises(ConfigError, match="fsb_beam_width=2 must be >= model.attention.fsb_top_k=4"):
-        load_config(None, ["model.name=fsb", "model.attention.fsb_beam_width=2"])
-    with pytest.raises(ConfigError, match="fsb_forests"):
-        load_config(None, ["model.attention.fsb_forests=all"])
+    with pytest.raises(ConfigError, match=r"fsb\.beam_width=2 must be >= model\.attention\.fsb\.top_k=4"):
+        load_config(None, ["model.name=fsb", "model.attention.fsb.beam_width=2"])
+    with pytest.raises(ConfigError, match=r"model\.attention\.fsb\.forests"):
+        load_config(None, ["model.attention.fsb.forests=all"])
 
 
 def test_fsb_recipes():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsframework.config import AttentionConfig, ConfigError, ModelConfig, load_config
+from fsframework.config import AttentionConfig, ConfigError, ModelConfig, RewiredConfig, load_config
 from fsframework.models.decode_cache import decode_cache
 from fsframework.models.registry import build_model, count_parameters
 
@@ -35,20 +35,20 @@ def test_recipe_parameter_counts_against_table_1(d):
     assert count == ours
     assert abs(count - paper) / paper < 5e-4
     # the bilinear score adds exactly n_layers * 64^2 (the paper's Table 5 deltas)
-    cfg.attention.rewired_score = "bilinear"
+    cfg.attention.rewired.score = "bilinear"
     with torch.device("meta"):
         assert count_parameters(build_model(cfg)) - count == d * 64 * 64
 
 
-def _model(**attention) -> torch.nn.Module:
-    att = AttentionConfig(impl="reference", **attention)
+def _model(**rewired) -> torch.nn.Module:
+    att = AttentionConfig(impl="reference", rewired=RewiredConfig(**rewired))
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="rewired", vocab_size=61, d_model=32, n_layers=2, n_heads=2, attention=att))
     return model.double().eval()
 
 
 def test_bilinear_matrix_starts_as_identity_and_equals_dot_there():
-    dot, bilinear = _model(), _model(rewired_score="bilinear")
+    dot, bilinear = _model(), _model(score="bilinear")
     for layer in bilinear.layers:
         torch.testing.assert_close(layer.attn.bmat, torch.eye(16, dtype=torch.float64))
     tokens = torch.randint(0, 61, (1, 30))
@@ -58,7 +58,7 @@ def test_bilinear_matrix_starts_as_identity_and_equals_dot_there():
 
 @pytest.mark.parametrize("runway, score, head", [("mean", "dot", 0), ("last", "bilinear", 1), ("mean", "bilinear", 1)])
 def test_ablations_decode_like_the_full_forward(runway, score, head):
-    model = _model(rewired_runway=runway, rewired_score=score, rewired_head=head)
+    model = _model(runway=runway, score=score, head=head)
     if score == "bilinear":  # move Bmat off the identity so it matters
         for layer in model.layers:
             layer.attn.bmat.data += 0.2 * torch.randn(16, 16, dtype=torch.float64)
@@ -73,15 +73,15 @@ def test_ablations_decode_like_the_full_forward(runway, score, head):
 def test_runway_changes_the_model():
     tokens = torch.randint(0, 61, (1, 30))
     with torch.no_grad():
-        a, b = _model()(tokens), _model(rewired_runway="mean")(tokens)
+        a, b = _model()(tokens), _model(runway="mean")(tokens)
     assert not torch.allclose(a, b)
     assert torch.allclose(a[:, :2], b[:, :2])  # t < 2 has no biased source
 
 
 @pytest.mark.parametrize("override, match", [
-    ("model.attention.rewired_runway=first", "model.attention.rewired_runway"),
-    ("model.attention.rewired_score=cosine", "model.attention.rewired_score"),
-    ("model.attention.rewired_head=4", "model.attention.rewired_head"),
+    ("model.attention.rewired.runway=first", "model.attention.rewired.runway"),
+    ("model.attention.rewired.score=cosine", "model.attention.rewired.score"),
+    ("model.attention.rewired.head=4", "model.attention.rewired.head"),
 ])
 def test_config_errors_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsframework.config import AttentionConfig, ModelConfig
+from fsframework.config import AttentionConfig, FsbConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.freesolo_cache import FSCache, FSLCache
 from fsframework.models.fsb_cache import FSBCache
@@ -62,7 +62,7 @@ def test_rows_with_nothing_selected_read_zero():
 def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, cache_class):
     # pieces of 1 to 8 positions over 20 blocks: FS-L's retained set merges and drops cells at every
     # boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
-    att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb_beam_width=4, fsb_top_k=3, **ROUTING)
+    att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb=FsbConfig(beam_width=4, top_k=3), **ROUTING)
     cfg = ModelConfig(name=variant, vocab_size=16, d_model=24, n_layers=1, n_heads=3, attention=att)
     module = FreeSoloAttention(cfg, 0).double()
     q, k, v = _qkv(160, seed=1)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import torch
 
 import _equivalence_worker as worker
-from fsframework.config import AttentionConfig, ModelConfig
+from fsframework.config import AttentionConfig, ModelConfig, RewiredConfig
 from fsframework.models.registry import build_model
 
 
 def tiny(kind: str) -> ModelConfig:
     # block 16: the slices are whole blocks, as in the shared worker (7 and 3 blocks for N=100)
-    att = AttentionConfig(block_size=16, impl="reference", rewired_runway="mean", rewired_score="bilinear",
-                          rewired_head=1)
+    att = AttentionConfig(block_size=16, impl="reference",
+                          rewired=RewiredConfig(runway="mean", score="bilinear", head=1))
     return ModelConfig(name=kind, vocab_size=61, d_model=32, n_layers=2, n_heads=2, attention=att)
 
 

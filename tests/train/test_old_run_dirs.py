@@ -1,6 +1,7 @@
 """Run directories written before schema_version 2 keep working: their config.yaml (no
 schema_version, model.max_seq_len and train.copy_warmup_* present) is migrated when resumed,
-evaluated, converted or used as `train.init_from`."""
+evaluated, converted or used as `train.init_from`. So do those of schema 3, whose kind settings
+were flat keys (model.attention.rewired_score, ...)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def as_version_1(text: str) -> str:
     assert data.pop("schema_version") == SCHEMA_VERSION
     for added in ("readout_gain_lr", "readout_gain_param", "readout_backward"):  # added in schema 3
         del data["model"]["attention"][added]
+    for group in ("fsb", "rewired"):  # added (as flat keys) after schema 2
+        del data["model"]["attention"][group]
     data["model"]["max_seq_len"] = 4096
     data["train"].update({f"copy_warmup_{key}": data["research"][f"copy_warmup_{key}"]
                           for key in ("steps", "seq_len", "max_passage", "draw")})
@@ -35,16 +38,33 @@ def as_version_1(text: str) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def as_version_3(text: str) -> str:
+    """A current config.yaml rewritten as the code of schema 3 saved it: each kind's own settings
+    as flat keys of model.attention (fsb_top_k, rewired_score, ...)."""
+    data = yaml.safe_load(text)
+    assert data["schema_version"] == SCHEMA_VERSION
+    data["schema_version"] = 3
+    attention = data["model"]["attention"]
+    for group in ("fsb", "rewired"):
+        attention.update({f"{group}_{key}": value for key, value in attention.pop(group).items()})
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _rewrite(run: RunDir, rewrite) -> None:
+    """Rewrite the run's config.yaml and its checkpoint's (whose manifest records its size)."""
+    ckpt = resolve_checkpoint(run.root)
+    for path in (run.config, ckpt / "config.yaml"):
+        path.write_text(rewrite(path.read_text()))
+    (ckpt / "MANIFEST.json").unlink()
+    write_manifest(ckpt)
+
+
 @pytest.fixture(scope="module")
 def old_run(tmp_path_factory, data_cache) -> Path:
     run = RunDir(tmp_path_factory.mktemp("old") / "run")
     run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run.root}", f"data.cache_dir={data_cache}",
             *COMMON, *WARMUP, "train.max_steps=2", "train.ckpt_every=2")
-    ckpt = resolve_checkpoint(run.root)
-    for path in (run.config, ckpt / "config.yaml"):
-        path.write_text(as_version_1(path.read_text()))
-    (ckpt / "MANIFEST.json").unlink()
-    write_manifest(ckpt)  # the checkpoint's config.yaml changed size
+    _rewrite(run, as_version_1)
     fixture_keys = set(yaml.safe_load((REPO / "tests/fixtures/config_v1_default.yaml").read_text()))
     assert set(yaml.safe_load(run.config.read_text())) == fixture_keys, "shaped like the saved fixture"
     return run.root
@@ -85,3 +105,30 @@ def test_resume_an_old_run_from_its_own_config(old_run, tmp_path, data_cache):
     assert steps == [1, 2, 3]
     rewritten = yaml.safe_load(run.config.read_text())
     assert rewritten["schema_version"] == SCHEMA_VERSION and rewritten["research"]["copy_warmup_steps"] == 1
+
+
+def test_a_schema_3_run_with_flat_kind_settings(tmp_path, data_cache):
+    """A rewired run with its bilinear score, mean runway and head 1 as schema 3 saved them: the
+    migrated config builds the model the checkpoint holds (Bmat included), which evaluates and resumes."""
+    import shutil
+
+    run = RunDir(tmp_path / "v3")
+    settings = ["model.name=rewired", "model.attention.rewired.runway=mean", "model.attention.rewired.score=bilinear",
+                "model.attention.rewired.head=1", "model.attention.fsb.top_k=3"]
+    run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run.root}", f"data.cache_dir={data_cache}",
+            *COMMON, *settings, "train.max_steps=2", "train.ckpt_every=2")
+    _rewrite(run, as_version_3)
+    saved = yaml.safe_load(run.config.read_text())["model"]["attention"]
+    assert (saved["rewired_score"], saved["rewired_head"], saved["fsb_top_k"]) == ("bilinear", 1, 3)
+    a = read_config(run.root).model.attention
+    assert (a.rewired.runway, a.rewired.score, a.rewired.head, a.fsb.top_k) == ("mean", "bilinear", 1, 3)
+    out = tmp_path / "scores.json"
+    run_fsf("eval", str(run.root), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2", "--out", str(out))
+    assert set(json.loads(out.read_text())["scores"]["perplexity"]) == {"64"}
+    resumed = RunDir(tmp_path / "resumed")
+    shutil.copytree(run.root, resumed.root)
+    proc = run_fsf("train", str(resumed.config), f"run_dir={resumed.root}", "train.max_steps=3")
+    assert "resumed from step_00000002" in proc.stdout
+    rewritten = yaml.safe_load(resumed.config.read_text())
+    assert rewritten["schema_version"] == SCHEMA_VERSION
+    assert rewritten["model"]["attention"]["rewired"] == {"runway": "mean", "score": "bilinear", "head": 1}

@@ -47,3 +47,14 @@ def test_a_changed_learning_rate_is_applied_with_a_notice(half_run, data_cache):
     records = [json.loads(line) for line in (half_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in records if r["step"] > 2] == [0.0005, 0.0005]
     assert "lr: 0.0005" in (half_run / "config.yaml").read_text()
+
+
+def test_fsb_read_settings_may_change_on_resume_the_rewired_ones_may_not():
+    """FS-B's group reads the same weights another way; the rewired group changes the model."""
+    from fsframework.config import Config
+    from fsframework.train.resume_config import changed_keys
+
+    saved, now = Config(), Config()
+    now.model.attention.fsb.top_k, now.model.attention.fsb.calibration = 8, "tau.json"
+    now.model.attention.rewired.score = "bilinear"
+    assert changed_keys(saved, now) == (["model.attention.rewired.score"], [])

@@ -1,0 +1,100 @@
+"""The data settings (`data.*`): the source or mixture, tokenizer, windows and batches, the embedded
+corpus and the generated associative-recall source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional
+
+from fsframework.config.checks import ConfigError, positive, positive_fields
+
+if TYPE_CHECKING:
+    from fsframework.config.job import Config
+
+
+@dataclass
+class StreamConfig:
+    """One dataset of a mixture: an MDS directory (local path or s3://... prefix) with
+    `train/` and `eval/` splits, drawn with `proportion` (None: by size)."""
+
+    source: str = ""
+    proportion: Optional[float] = None
+
+
+@dataclass
+class MqarConfig:
+    """Multi-query associative recall, generated on the fly (`data.source=mqar`, docs/evaluation.md §4.6):
+    `pairs` key-value pairs of token ids spread over the context, filler between them, then
+    `queries` of the keys each followed by its value. Ids: keys `[0, keys)`, values
+    `[keys, keys + values)`, filler `[keys + values, keys + values + filler)`."""
+
+    pairs: int = 8
+    queries: int = 8  # at most `pairs`: each query asks a different pair
+    keys: int = 64
+    values: int = 64
+    filler: int = 16
+
+
+@dataclass
+class DataConfig:
+    # "embedded" (built-in corpus), a local/remote MDS directory, or "mqar" (associative recall)
+    source: str = "embedded"
+    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, `source` is ignored
+    cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
+    tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
+    seq_len: int = 512
+    micro_batch_size: int = 4
+    num_workers: int = 0
+    shuffle: bool = True
+    shuffle_seed: int = 1234
+    embedded_python_chars: int = 3_000_000  # natural text taken from the stdlib sources
+    embedded_retrieval_docs: int = 2000  # generated long-range retrieval documents
+    # longest retrieval document in characters, as a fraction of seq_len (shortest: half of it);
+    # below 1 most documents fit whole in one training window, needle and question together
+    embedded_retrieval_max_fraction: float = 1.5
+    eval_fraction: float = 0.02  # held out for perplexity
+    mqar: MqarConfig = field(default_factory=MqarConfig)
+
+
+def check_data(cfg: Config) -> None:
+    """`cfg.data`, and how the mqar source fits the model, the loss and validation."""
+    d = cfg.data
+    positive_fields("data", d, ("seq_len", "micro_batch_size", "embedded_retrieval_max_fraction"))
+    positive("data.num_workers", d.num_workers, zero_ok=True)
+    for i, stream in enumerate(d.streams):
+        if not stream.source:
+            raise ConfigError(f"data.streams[{i}].source is empty: give a local directory or an s3:// prefix")
+        if stream.proportion is not None and stream.proportion <= 0:
+            raise ConfigError(f"data.streams[{i}].proportion={stream.proportion} must be > 0")
+    if not 0.0 <= d.eval_fraction < 1.0:
+        raise ConfigError(f"data.eval_fraction={d.eval_fraction} must lie in [0, 1)")
+    _check_mqar(cfg)
+
+
+def _check_mqar(cfg: Config) -> None:
+    """The associative-recall source (docs/evaluation.md §4.6): ids within the vocabulary, room for the pairs."""
+    m = cfg.data.mqar
+    positive_fields("data.mqar", m, ("pairs", "queries", "keys", "values", "filler"))
+    if m.queries > m.pairs:
+        raise ConfigError(f"data.mqar.queries={m.queries} exceeds data.mqar.pairs={m.pairs}: each query asks a "
+                          "different pair")
+    if m.pairs > m.keys:
+        raise ConfigError(f"data.mqar.pairs={m.pairs} exceeds data.mqar.keys={m.keys}: the keys of one sequence "
+                          "are distinct")
+    if cfg.data.source != "mqar":
+        return
+    ids = m.keys + m.values + m.filler
+    if ids > cfg.model.vocab_size:
+        raise ConfigError(f"data.mqar uses {ids} token ids (keys + values + filler), more than "
+                          f"model.vocab_size={cfg.model.vocab_size}")
+    if 2 * (m.pairs + m.queries) > cfg.data.seq_len:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} cannot hold data.mqar's {m.pairs} pairs and "
+                          f"{m.queries} queries (2 tokens each)")
+    if cfg.data.streams:
+        raise ConfigError("data.source=mqar generates its data: remove data.streams")
+    if cfg.loss.recall_weighting:
+        raise ConfigError("loss.recall_weighting does not apply to data.source=mqar (its loss is on the "
+                          "queried values only): set loss.recall_weighting=false")
+    if cfg.train.eval_every:
+        raise ConfigError("train.eval_every reads the held-out text split, which data.source=mqar has not: "
+                          "set train.eval_every=0 and score recall with `fsf eval RUN --tasks mqar`")

@@ -1,0 +1,125 @@
+"""The training loop's settings (`train.*`; fsframework.train) and the research-only knobs
+(`research.*`), each checked against the data windows and the model they cut."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from fsframework.config.checks import ConfigError, choice, positive, positive_fields
+from fsframework.config.model import is_freesolo
+
+if TYPE_CHECKING:
+    from fsframework.config.job import Config
+
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGINT has its own meaning: stop
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    ckpt_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    seed: int = 0
+    # load weights only (fresh optimizer and schedule): a run dir, a checkpoint, or a .pt state dict
+    init_from: Optional[str] = None
+    stop_at_step: Optional[int] = None  # end this invocation early (after a checkpoint); the schedule still spans max_steps
+    progress: bool = True
+    tensorboard: bool = True
+    # sequence-length warmup: for the first `short_seq_steps` steps every sample is cut into
+    # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
+    short_seq_len: int = 0
+    short_seq_steps: int = 0
+    # validation perplexity on the held-out split every `eval_every` steps (0: never), over
+    # `eval_batches` micro-batches; early stopping after `early_stop_patience` evaluations
+    # in a row without a new best (0: never stop early)
+    eval_every: int = 0
+    eval_batches: int = 4
+    early_stop_patience: int = 0
+    # signals that ask for a checkpoint at the next step boundary, then an exit with
+    # EXIT_PREEMPTED (docs/training.md); SIGINT always stops at the next step boundary
+    preempt_signals: list = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # a non-finite loss: stop (the run fails, naming the step) | skip (no update; the run
+    # fails after `nonfinite_max_skips` skipped steps in a row)
+    nonfinite: str = "stop"
+    nonfinite_max_skips: int = 10
+    # recompute every block (AR-GRC: every cell call) in the backward pass instead of keeping
+    # its activations: less memory, one more forward per step
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class ResearchConfig:
+    """Research-only training knobs, off by default; not part of the recipes.
+
+    Copy warmup: the first `copy_warmup_steps` steps train on generated passages of random
+    token ids (0 .. copy_warmup_draw-1, copy_warmup_max_passage/4 .. copy_warmup_max_passage
+    long), each followed by itself, in copy_warmup_seq_len-token sequences with the same
+    tokens per step, before the data stream starts (fsframework.data.synthetic): short
+    sequences of short passages carry small models past the plateau before induction
+    (copying) heads form, which a long-context corpus alone does not in a CPU budget.
+    """
+
+    copy_warmup_steps: int = 0
+    copy_warmup_seq_len: int = 64
+    copy_warmup_max_passage: int = 16
+    copy_warmup_draw: int = 256
+
+
+def check_train(cfg: Config) -> None:
+    t = cfg.train
+    positive_fields("train", t, ("max_steps", "ckpt_every", "keep_checkpoints", "log_every"))
+    _check_short_sequences(cfg)
+    positive("train.eval_every", t.eval_every, zero_ok=True)
+    positive("train.eval_batches", t.eval_batches)
+    positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
+    if t.early_stop_patience and not t.eval_every:
+        raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
+                          "(early stopping counts validation evaluations)")
+    choice("train.nonfinite", t.nonfinite, ("stop", "skip"))
+    positive("train.nonfinite_max_skips", t.nonfinite_max_skips)
+    for name in t.preempt_signals:
+        choice("train.preempt_signals", name, PREEMPT_SIGNALS)
+
+
+def check_research(cfg: Config) -> None:
+    """The copy warmup: passages and their copies fit its sequences, which fit the micro-batch."""
+    r = cfg.research
+    positive("research.copy_warmup_steps", r.copy_warmup_steps, zero_ok=True)
+    if not r.copy_warmup_steps:
+        return
+    positive("research.copy_warmup_seq_len", r.copy_warmup_seq_len)
+    positive("research.copy_warmup_draw", r.copy_warmup_draw)
+    if (cfg.data.micro_batch_size * cfg.data.seq_len) % r.copy_warmup_seq_len:
+        raise ConfigError(f"research.copy_warmup_seq_len={r.copy_warmup_seq_len} must divide the tokens of a "
+                          f"micro-batch ({cfg.data.micro_batch_size} x {cfg.data.seq_len})")
+    if not 2 <= r.copy_warmup_max_passage <= r.copy_warmup_seq_len // 2:
+        raise ConfigError(f"research.copy_warmup_max_passage={r.copy_warmup_max_passage} must be 2 .. half of "
+                          f"research.copy_warmup_seq_len={r.copy_warmup_seq_len}, so a passage and its copy fit")
+    if r.copy_warmup_draw > cfg.model.vocab_size:
+        raise ConfigError(f"research.copy_warmup_draw={r.copy_warmup_draw} exceeds model.vocab_size="
+                          f"{cfg.model.vocab_size}")
+    _check_shorter_sequences(cfg, "research.copy_warmup_seq_len", r.copy_warmup_seq_len)
+
+
+def _check_short_sequences(cfg: Config) -> None:
+    t = cfg.train
+    positive("train.short_seq_len", t.short_seq_len, zero_ok=True)
+    positive("train.short_seq_steps", t.short_seq_steps, zero_ok=True)
+    if not (t.short_seq_len and t.short_seq_steps):
+        return
+    if cfg.data.seq_len % t.short_seq_len or t.short_seq_len >= cfg.data.seq_len:
+        raise ConfigError(f"train.short_seq_len={t.short_seq_len} must divide data.seq_len={cfg.data.seq_len} "
+                          "and be shorter than it")
+    _check_shorter_sequences(cfg, "train.short_seq_len", t.short_seq_len)
+
+
+def _check_shorter_sequences(cfg: Config, key: str, length: int) -> None:
+    """Steps that train on sequences of `length` instead of data samples: only without sequence
+    parallelism (its slices are cut from whole samples), and whole blocks for FreeSolo models."""
+    if cfg.parallel.sp > 1:
+        raise ConfigError(f"{key} needs parallel.sp=1 (the sequence-parallel slices are cut from whole samples)")
+    if is_freesolo(cfg.model.name) and length % cfg.model.attention.block_size:
+        raise ConfigError(f"{key}={length} must be a multiple of "
+                          f"model.attention.block_size={cfg.model.attention.block_size}")
