@@ -1,8 +1,8 @@
 """What every `fsf` command shares: the one way to fail, the checks of the paths it is given, and
 the config loader.
 
-Paths: each command checks every path argument before any work, with `input_file`, `input_dir`,
-`output_file` and `output_dir`: a missing path, one of the wrong kind (a file where a folder is
+Paths: each command checks every path argument before any work, with `input_file`, `input_dir`
+(`checkpoint_dir`), `output_file` and `output_dir`: a missing path, one of the wrong kind (a file where a folder is
 expected, or the reverse) or an occupied output ends in one line naming the option and the path,
 exit code 2, and nothing written.
 

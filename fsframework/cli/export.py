@@ -21,6 +21,7 @@ def export(checkpoint: Path = typer.Argument(..., help="run directory, checkpoin
 
     Example: fsf export runs/quickstart exports/quickstart --dtype bf16
     """
+    checkpoint_dir(checkpoint)
     _export(checkpoint, out_dir, dtype)
 
 
@@ -46,7 +47,6 @@ def _export(checkpoint: Path, out_dir: Path, dtype: str) -> None:
     from fsframework.checkpoints import CheckpointError
     from fsframework.export import ExportError, ProofFailed, export_checkpoint
 
-    checkpoint_dir(checkpoint)
     output_dir(out_dir, "OUT_DIR")
     try:
         result = export_checkpoint(checkpoint, out_dir, dtype=dtype, log=typer.echo)
