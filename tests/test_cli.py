@@ -40,7 +40,7 @@ def test_fail_prints_the_message_and_exits_with_the_code():
 def test_a_missing_or_empty_checkpoint_is_bad_input(command, tmp_path):
     out = [str(tmp_path / "out")] if command == "export" else []  # export names its output
     res = runner.invoke(app, [command, str(tmp_path / "nowhere"), *out])
-    assert res.exit_code == EXIT_BAD_INPUT and "checkpoint path not found" in res.output
+    assert res.exit_code == EXIT_BAD_INPUT and "nowhere: not found" in res.output
     res = runner.invoke(app, [command, str(tmp_path), *out])
     assert res.exit_code == EXIT_BAD_INPUT and "no complete checkpoint under" in res.output
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from fsframework.cli.common import fail
+from fsframework.cli.common import checkpoint_dir, fail, input_dir
 
 
 def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory (FS or FS-L)"),
@@ -29,6 +29,7 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.calibrate import calibrate as run_calibration
 
+    checkpoint_dir(checkpoint)
     if data is not None:
         data = mds_directory(data)
     try:
@@ -44,8 +45,7 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
 def mds_directory(data: Path) -> Path:
     """`--data`: an MDS dataset, or a dataset root whose held-out split (`eval/`) is read; exits 2
     naming the problem before the model is loaded."""
-    if not data.is_dir():
-        fail(f"--data {data}: {'not found' if not data.exists() else 'not a directory'} (give an MDS dataset directory)")
+    input_dir(data, "--data", "an MDS dataset directory")
     for candidate in (data, data / "eval"):
         if (candidate / "index.json").is_file():
             return candidate

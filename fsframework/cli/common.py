@@ -1,4 +1,10 @@
-"""What every `fsf` command shares: the one way to fail, and the config loader.
+"""What every `fsf` command shares: the one way to fail, the checks of the paths it is given, and
+the config loader.
+
+Paths: each command checks every path argument before any work, with `input_file`, `input_dir`
+(`checkpoint_dir`), `output_file` and `output_dir`: a missing path, one of the wrong kind (a file where a folder is
+expected, or the reverse) or an occupied output ends in one line naming the option and the path,
+exit code 2, and nothing written.
 
 Exit codes, the same for every command: `EXIT_BAD_INPUT` (2) when the input is wrong (a config
 error, a missing file, a bad checkpoint or data shard, bad launch options; typer's own usage
@@ -33,6 +39,60 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def input_file(path: Path, what: str) -> Path:
+    """`path`, a file the command reads; exits 2 when it is missing or a directory."""
+    if not path.exists():
+        fail(f"{what} {path}: not found")
+    if path.is_dir():
+        fail(f"{what} {path}: is a directory, not a file")
+    return path
+
+
+def input_dir(path: Path, what: str, kind: str = "a directory") -> Path:
+    """`path`, a directory the command reads (`kind` says which, for the message); exits 2 when
+    it is missing or a file."""
+    if not path.exists():
+        fail(f"{what} {path}: not found")
+    if not path.is_dir():
+        fail(f"{what} {path}: is a file, not {kind}")
+    return path
+
+
+def checkpoint_dir(path: Path) -> Path:
+    """`path`, a run, checkpoint or export directory (which one holds a checkpoint is
+    `fsframework.checkpoints.resolve_checkpoint`'s to say); exits 2 when it is missing or a file."""
+    return input_dir(path, "checkpoint", "a run, checkpoint or export directory")
+
+
+def output_dir(path: Path, what: str, remedy: str = "name a new directory") -> Path:
+    """`path`, a directory the command creates: it may exist only as an empty directory (what
+    is in it would be mixed with the output); exits 2 otherwise, or when a parent is a file."""
+    if path.exists() and not path.is_dir():
+        fail(f"{what} {path}: is a file; {remedy}")
+    if path.is_dir() and any(path.iterdir()):
+        fail(f"{what} {path}: exists and is not empty; {remedy}")
+    parents_are_directories(path, what)
+    return path
+
+
+def output_file(path: Path, what: str, *, replace: bool) -> Path:
+    """`path`, a file the command writes; exits 2 when it is a directory, when a parent is a
+    file, or, unless `replace` (a file rewritten by design, e.g. scores), when it exists."""
+    if path.is_dir():
+        fail(f"{what} {path}: is a directory; name a file to write")
+    if path.exists() and not replace:
+        fail(f"{what} {path}: exists; name a new file")
+    parents_are_directories(path, what)
+    return path
+
+
+def parents_are_directories(path: Path, what: str) -> None:
+    """Exits 2 when the nearest existing parent of `path` is a file (`path` cannot be made)."""
+    existing = next(parent for parent in path.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        fail(f"{what} {path}: {existing} is a file, not a directory")
+
+
 def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
     """The validated Config of a job file with dotted overrides; exits 2 naming the bad key.
 
@@ -41,6 +101,8 @@ def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
     from fsframework.checkpoints import RunDir, read_config
     from fsframework.config import ConfigError, load_config
 
+    if config is not None and config.is_dir():  # a missing file is the config loader's to name
+        fail(f"config file {config}: is a directory, not a YAML job file")
     try:
         if config is not None and RunDir.holding_config(config) is not None:
             return read_config(config, overrides or [])

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from fsframework.cli.common import fail, flag
+from fsframework.cli.common import fail, flag, input_dir, input_file, output_dir, output_file
 
 data_app = typer.Typer(help="Build MDS training shards from .txt/.jsonl/.jsonl.gz/.parquet files and inspect them.",
                        no_args_is_help=True)
@@ -37,6 +37,13 @@ def build(
     """
     from fsframework.data.build import DataBuildError, build_shards
 
+    for path in inputs:
+        input_file(path, "input")
+    if not overwrite:
+        output_dir(out, "--out", remedy="name a new directory, or replace an MDS dataset there with --overwrite")
+    elif out.exists() and not out.is_dir():
+        fail(f"--out {out}: is a file, not an MDS dataset to overwrite")  # a directory that is none is build_shards'
+    tokenizer_file(tokenizer)
     try:
         build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
                      text_field=text_field, compression=compression, overwrite=overwrite,
@@ -58,6 +65,8 @@ def inspect(
     """
     from fsframework.data.inspect_shards import ShardError, inspect as run_inspect
 
+    input_dir(directory, "DIRECTORY", "an MDS dataset directory")
+    tokenizer_file(tokenizer)
     try:
         run_inspect(directory, tokenizer, sample, max_chars=chars or 0)
     except (ShardError, FileNotFoundError, ValueError, IndexError) as exc:
@@ -82,8 +91,9 @@ def tokenizer(
     from fsframework.data.build import DataBuildError, read_texts
     from fsframework.data.tokenizers import train_bpe_tokenizer
 
-    if out.is_dir() or out.parent.is_file():
-        fail(f"{out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a tokenizer.json to write")
+    output_file(out, "OUT", replace=False)  # datasets built with a tokenizer record its hash
+    for path in inputs:
+        input_file(path, "--input")
     if inputs:
         try:
             texts = list(read_texts(inputs, text_field=text_field))  # every error found before training
@@ -98,3 +108,9 @@ def tokenizer(
     except ValueError as exc:
         fail(str(exc))
     typer.echo(f"wrote {out}: vocab {tok.vocab_size}, EOS id {tok.eos_id}")
+
+
+def tokenizer_file(spec: str) -> None:
+    """`--tokenizer`: `byte`, or a tokenizer file that exists."""
+    if spec != "byte":
+        input_file(Path(spec), "--tokenizer")

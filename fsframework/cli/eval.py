@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from fsframework.cli.common import fail
+from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file
 from fsframework.eval.ruler import RULER_TASKS
 
 # the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
@@ -37,6 +37,9 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
     from fsframework.checkpoints import CheckpointError
     from fsframework.eval.runner import evaluate_checkpoint
 
+    checkpoint_dir(checkpoint)
+    if out is not None:
+        output_file(out, "--out", replace=True)  # scores are rewritten by each evaluation, as the default file
     if harness:
         run_harness_command(checkpoint, harness, harness_include, out)
         return
@@ -46,8 +49,6 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
         parsed_lengths = parse_lengths(lengths) if lengths else None
     except ValueError as exc:
         fail(str(exc))
-    if out is not None and (out.is_dir() or out.parent.is_file()):
-        fail(f"--out {out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a JSON file to write")
     try:
         evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
@@ -67,10 +68,8 @@ def run_harness_command(checkpoint: Path, tasks: str, include: Optional[Path], o
     from fsframework.export import ExportError
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
-    if include is not None and not include.is_dir():
-        fail(f"--harness-include {include}: not a directory of task YAML files")
-    if out is not None and (out.is_dir() or out.parent.is_file()):
-        fail(f"--out {out}: {'is a directory' if out.is_dir() else 'its parent is a file'}; name a JSON file to write")
+    if include is not None:
+        input_dir(include, "--harness-include", "a directory of task YAML files")
     try:
         out = out or Checkpoint.open(checkpoint).run.eval_dir / "harness.json"
         results = run_harness(checkpoint, names, include_path=include)

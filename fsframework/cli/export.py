@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from fsframework.cli.common import EXIT_RUN_FAILED, fail
+from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_dir, output_dir
 
 EXPORT_SUBDIR = "export"  # `fsf convert RUN` without OUT_DIR: <checkpoint>/export
 
@@ -21,6 +21,7 @@ def export(checkpoint: Path = typer.Argument(..., help="run directory, checkpoin
 
     Example: fsf export runs/quickstart exports/quickstart --dtype bf16
     """
+    checkpoint_dir(checkpoint)
     _export(checkpoint, out_dir, dtype)
 
 
@@ -31,6 +32,7 @@ def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoi
 
     Example: fsf convert runs/quickstart
     """
+    checkpoint_dir(checkpoint)
     if out_dir is None:
         from fsframework.checkpoints import CheckpointError, resolve_checkpoint
 
@@ -45,6 +47,7 @@ def _export(checkpoint: Path, out_dir: Path, dtype: str) -> None:
     from fsframework.checkpoints import CheckpointError
     from fsframework.export import ExportError, ProofFailed, export_checkpoint
 
+    output_dir(out_dir, "OUT_DIR")
     try:
         result = export_checkpoint(checkpoint, out_dir, dtype=dtype, log=typer.echo)
     except (CheckpointError, ExportError) as exc:  # ConfigError is a ValueError, as ExportError
@@ -71,6 +74,8 @@ def import_(hf_dir: Path = typer.Argument(..., help="transformers Llama checkpoi
     from fsframework.checkpoints import CheckpointError
     from fsframework.export import ExportError, ProofFailed, import_llama
 
+    input_dir(hf_dir, "HF_DIR", "a transformers checkpoint directory")
+    output_dir(out_dir, "OUT_DIR")
     try:
         result = import_llama(hf_dir, out_dir, dtype=dtype, tolerance=tolerance, log=typer.echo)
     except (CheckpointError, ExportError) as exc:

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from fsframework.cli.common import EXIT_RUN_FAILED, fail
+from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_file
 
 
 def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint directory or export"),
@@ -30,11 +30,13 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
 
     from fsframework.checkpoints import Checkpoint, CheckpointError, load_model
 
+    checkpoint_dir(checkpoint)
     if (prompt is None) == (prompt_file is None):
         fail("give the prompt with exactly one of --prompt TEXT or --prompt-file FILE")
     if greedy and temperature not in (None, 0.0):
         fail(f"--greedy and --temperature {temperature} contradict each other: choose one")
     if prompt_file is not None:
+        input_file(prompt_file, "--prompt-file")
         try:
             prompt = prompt_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from fsframework.cli.common import fail, flag, load_job_config
+from fsframework.cli.common import fail, flag, input_file, load_job_config
 
 
 def launch_command(
@@ -42,6 +42,8 @@ def launch_command(
     from fsframework.launcher.scripts import SlurmOptions
 
     cfg = load_job_config(config, overrides)
+    if hostfile is not None:
+        input_file(hostfile, "--hostfile")
     options = LaunchOptions(nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher, hostfile=hostfile,
                             master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
                             slurm=slurm, dry_run=dry_run,

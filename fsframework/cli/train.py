@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Callable, Iterator, List, Optional, TypeVar
 
 import typer
 
-from fsframework.cli.common import EXIT_RUN_FAILED, fail, load_job_config
+from fsframework.cli.common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, fail, load_job_config, parents_are_directories
 
 T = TypeVar("T")
 
@@ -38,7 +41,8 @@ def guarded(step: Callable[[], T]) -> T:
 
 
 def trainable_config(config: Path, overrides: Optional[List[str]]):
-    """The job's config; exits 2 when its model is a read path only (FS-B: train fs, read it with fsb)."""
+    """The job's config; exits 2 when its model is a read path only (FS-B: train fs, read it with fsb),
+    or when a path it names is of the wrong kind: run_dir a file, train.init_from missing."""
     from fsframework.config import ConfigError
     from fsframework.models.registry import check_trainable
 
@@ -47,7 +51,41 @@ def trainable_config(config: Path, overrides: Optional[List[str]]):
         check_trainable(cfg.model.name)
     except ConfigError as exc:
         fail(str(exc))
+    if Path(cfg.run_dir).is_file():
+        fail(f"run_dir {cfg.run_dir}: is a file, not a run directory")
+    parents_are_directories(Path(cfg.run_dir), "run_dir")
+    if cfg.train.init_from:
+        initial_checkpoint(Path(cfg.train.init_from))
     return cfg
+
+
+def initial_checkpoint(path: Path) -> None:
+    """`train.init_from`: a weights file, or a directory holding a complete checkpoint (found
+    before the engine is built: a run dir or an export of any size is named in one line)."""
+    from fsframework.checkpoints import CheckpointError, resolve_checkpoint
+
+    if not path.exists():
+        fail(f"train.init_from {path}: not found")
+    if path.is_dir():
+        try:
+            resolve_checkpoint(path)
+        except CheckpointError as exc:
+            fail(f"train.init_from {path}: {exc}")
+
+
+@contextmanager
+def no_run_dir_left_on_bad_input(run_dir: Path) -> Iterator[None]:
+    """A run that this command started in a new directory and that fails on bad input before
+    its first checkpoint leaves no directory behind (the checks before any work catch most bad
+    input; this catches what only the engine finds, e.g. an init_from of another model)."""
+    existed = run_dir.exists()
+    try:
+        yield
+    except typer.Exit as exc:
+        made_here = not existed and os.environ.get("RANK", "0") == "0"  # rank 0 made it
+        if exc.exit_code == EXIT_BAD_INPUT and made_here and not any(run_dir.glob("checkpoints/*/")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 def train(config: Path = typer.Argument(..., help="YAML job file"),
@@ -60,7 +98,7 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
     from fsframework.parallel.process_group import multi_rank_job
     from fsframework.train.trainer import train as run_training
 
-    with multi_rank_job():
+    with multi_rank_job(), no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
         guarded(lambda: run_training(cfg))
 
 
@@ -80,7 +118,8 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
         guarded(lambda: check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
     with multi_rank_job():
-        guarded(lambda: run_training(cfg))
+        with no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
+            guarded(lambda: run_training(cfg))
         scores = guarded(lambda: evaluate_checkpoint(
             Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,
             batch_size=None, seed=cfg.train.seed, out=None, overrides=[]))

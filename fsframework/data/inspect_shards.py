@@ -78,18 +78,25 @@ def read_shard(root: Path, shard: dict) -> list[dict]:
         raise ShardError(f"shard {name}: undecodable sample: {exc}") from exc
 
 
+def read_index(root: Path) -> list[dict]:
+    """The shard entries of the MDS dataset at `root`; ShardError when its index.json is missing or malformed."""
+    index_path = root / "index.json"
+    if not index_path.is_file():
+        raise ShardError(f"{root}: no index.json (not an MDS dataset; build one with `fsf data build`)")
+    try:
+        shards = json.loads(index_path.read_text())["shards"]
+        if not isinstance(shards, list):
+            raise TypeError(f"'shards' is {type(shards).__name__}, expected a list")
+        return shards
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ShardError(f"{index_path}: malformed index: {exc}") from exc
+
+
 def inspect(directory: str | Path, tokenizer: str = "byte", sample: int = 0, *, max_chars: int = 600,
             verbose: bool = True) -> dict:
     """Verify every shard and return (and with `verbose` print) statistics and one decoded sample."""
     root = Path(directory)
-    index_path = root / "index.json"
-    if not index_path.is_file():
-        raise ShardError(f"{root}: no index.json (not an MDS dataset)")
-    try:
-        index = json.loads(index_path.read_text())
-        shards = index["shards"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ShardError(f"{index_path}: malformed index: {exc}") from exc
+    shards = read_index(root)
     tok = load_tokenizer(tokenizer)
 
     samples = tokens = eos = 0

@@ -26,6 +26,9 @@ def _split_location(source: str, split: str) -> str:
     if "://" in root:
         return f"{root}/{split}"
     local = Path(root) / split
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"dataset {source!r}: {'is a file, not' if Path(root).exists() else 'not found; give'} "
+                                "an MDS directory (build one with `fsf data build`)")
     if (local / "index.json").is_file():
         return str(local)
     if split == "train" and (Path(root) / "index.json").is_file():
@@ -43,8 +46,9 @@ def _sources(cfg: Config) -> list[str]:
 
 def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
     """Checks before any work (no run directory, no engine): the tokenizer's vocabulary fits
-    `model.vocab_size`, every local dataset was built with `data.tokenizer` (its `build.json`),
-    and, when `heldout_for` names the option that reads it, the held-out split exists.
+    `model.vocab_size`, every local dataset exists and was built with `data.tokenizer` (its
+    `build.json`), and, when `heldout_for` names the option that reads it, every dataset's
+    held-out split exists.
     Raises ConfigError or FileNotFoundError (both one line, naming the option to change)."""
     import json
 
@@ -53,7 +57,10 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
 
     if cfg.data.source == "mqar" and not cfg.data.streams:
         return  # generated ids, checked against the vocabulary by the config
-    tok = load_tokenizer(cfg.data.tokenizer)
+    try:
+        tok = load_tokenizer(cfg.data.tokenizer)
+    except ValueError as exc:  # a file that is no tokenizer
+        raise ConfigError(f"data.tokenizer: {exc}") from None
     if tok.vocab_size > cfg.model.vocab_size:
         raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} has {tok.vocab_size} tokens, more than "
                           f"model.vocab_size={cfg.model.vocab_size}: set model.vocab_size={tok.vocab_size} or more")
@@ -68,11 +75,15 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
             raise ConfigError(f"dataset {source} was built with tokenizer {built['name']} (vocabulary "
                               f"{built['vocab_size']}), not data.tokenizer={cfg.data.tokenizer} (vocabulary "
                               f"{mine['vocab_size']}): set data.tokenizer={built['name']} or rebuild the dataset")
-    if heldout_for and cfg.data.source != "embedded":
-        try:
-            _split_location(_sources(cfg)[0], "eval")  # validation and perplexity read the first stream's
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{heldout_for} reads the held-out split: {exc}") from None
+    for source in _sources(cfg):
+        if source == "embedded":
+            continue
+        _split_location(source, "train")
+        if heldout_for:  # validation and perplexity read every stream's held-out split
+            try:
+                _split_location(source, "eval")
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"{heldout_for} reads the held-out split: {exc}") from None
 
 
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
@@ -157,19 +168,13 @@ def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, bat
 
 def _local_shards(locations: list[str]) -> Iterator[tuple[Path, dict]]:
     """(dataset root, index entry) of every shard of the local streams (remote ones are skipped)."""
-    import json
-
-    from fsframework.data.inspect_shards import ShardError
+    from fsframework.data.inspect_shards import read_index
 
     for location in locations:
         if "://" in location:
             continue
-        root = Path(location)
-        index = root / "index.json"
-        if not index.is_file():
-            raise ShardError(f"{root}: no index.json (not an MDS dataset; build one with `fsf data build`)")
-        for shard in json.loads(index.read_text())["shards"]:
-            yield root, shard
+        for shard in read_index(Path(location)):
+            yield Path(location), shard
 
 
 def check_shard_files(locations: list[str]) -> None:

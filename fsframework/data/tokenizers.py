@@ -80,11 +80,15 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return ByteTokenizer()
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file not found: {spec} (use 'byte', a tokenizer.json or a .model file)")
-    if path.suffix == ".json":
-        return HFTokenizer(str(path))
-    if path.suffix == ".model":
-        return SentencePieceTokenizer(str(path))
+        problem = "is a directory" if path.is_dir() else "tokenizer file not found"
+        raise FileNotFoundError(f"{problem}: {spec} (use 'byte', a tokenizer.json or a .model file)")
+    kinds = {".json": HFTokenizer, ".model": SentencePieceTokenizer}
+    if path.suffix in kinds:
+        try:
+            return kinds[path.suffix](str(path))
+        except Exception as exc:  # the libraries' parse errors name neither the file nor the kind expected
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"tokenizer file {spec} is not a readable {path.suffix} tokenizer: {first}") from None
     raise ValueError(f"unknown tokenizer file type {path.suffix!r} for {spec}: expected .json or .model")
 
 

@@ -5,8 +5,8 @@ here), `tokenizer_config.json` with the special tokens and `model_input_names`, 
 
 The byte tokenizer (UTF-8 bytes 0..255, EOS 256) is written as a byte-level BPE without merges:
 byte b is token id b, so transformers encodes exactly as `fsframework.data.tokenizers` does.
-A sentencepiece `.model` is copied as it is (transformers reads it with a slow tokenizer class
-of its own choosing; no tokenizer_config.json is written for it).
+A sentencepiece `.model` is copied (fsframework reads it) and written as a `tokenizer.json` too
+(`fsframework.export.sentencepiece_json`), which transformers reads as a fast tokenizer.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from fsframework.checkpoints import TOKENIZER_STEM
 from fsframework.data.tokenizers import load_tokenizer
+from fsframework.export.sentencepiece_json import write_sentencepiece_json
 
 EOS_TOKEN = "</s>"
 
@@ -59,9 +60,11 @@ def write_tokenizer_files(spec: str, source: Optional[Path], out: Path, max_leng
         shutil.copyfile(source, out / f"{TOKENIZER_STEM}{source.suffix}")
         tok = load_tokenizer(str(source))
         eos_id = tok.eos_id
-        if source.suffix != ".json":
-            return eos_id
-        eos = tok._tok.id_to_token(eos_id)
+        if source.suffix == ".model":  # kept for fsframework; transformers reads the tokenizer.json beside it
+            write_sentencepiece_json(source, out / f"{TOKENIZER_STEM}.json")
+            eos = tok._sp.id_to_piece(eos_id)
+        else:
+            eos = tok._tok.id_to_token(eos_id)
     special = {"eos_token": eos, "pad_token": eos}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
               # no token_type_ids: the models take input_ids and attention_mask only

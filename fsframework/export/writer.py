@@ -5,7 +5,8 @@ self-contained directory that other tools read (docs/export.md):
                                  config; `fsframework` records the model config and the versions
     model.safetensors            the weights (fp32 or bf16; a tied lm_head stored once)
     config.yaml                  the run's full config, paths absolute: data and eval settings
-    tokenizer.json | .model      the run's tokenizer (the byte tokenizer written as a tokenizer.json),
+    tokenizer.json | .model      the run's tokenizer (the byte tokenizer written as a tokenizer.json, a
+                                 sentencepiece .model with a tokenizer.json of the same pieces),
                                  with tokenizer_config.json and special_tokens_map.json
     generation_config.json       EOS and pad ids for transformers' generate()
     calibration.json             FS-B thresholds, when the checkpoint has them

@@ -89,8 +89,11 @@ class Monitor:
             say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}{lr}  "
                 f"tokens/s {record['tokens_per_s']:,.0f}  ETA {self.eta(record['step'])}")
         if "val/loss" in record:
+            streams = ", ".join(f"{key[len('val/loss/'):]} {value:.4f}" for key, value in record.items()
+                                if key.startswith("val/loss/"))
             say(f"validation at step {record['step']}: loss {record['val/loss']:.4f}, perplexity "
-                f"{record['val/ppl']:.3f} (best {record['val/best_ppl']:.3f})")
+                f"{record['val/ppl']:.3f} (best {record['val/best_ppl']:.3f})"
+                + (f"; per stream: {streams}" if streams else ""))
 
     def eta(self, step: int) -> str:
         done = step - self.start_step

@@ -279,37 +279,39 @@ class Trainer:
             both /= self.dist.world_size
         return both
 
-    def validation_loss(self) -> float:
-        """Mean cross entropy on the first `train.eval_batches` micro-batches of the held-out split (the
-        same windows at every evaluation), through the training loss path: the same for every
-        model, sequence parallelism and ZeRO stage; averaged over all ranks."""
-        from fsframework.data.loader import data_streams
-        from fsframework.eval.perplexity import heldout_tokens
+    def validation_losses(self) -> dict[str, float]:
+        """`val/loss`: mean cross entropy on the first `train.eval_batches` micro-batches of every
+        stream's held-out split, weighted as the training mixture, and with several streams each
+        stream's as `val/loss/<stream>` (`fsframework.train.validation`). Through the training
+        loss path: the same for every model, sequence parallelism and ZeRO stage; averaged over
+        all ranks."""
+        from fsframework.train.validation import validation_sets
 
         cfg = self.cfg
-        if not hasattr(self, "_val_windows"):
-            length, rows = cfg.data.seq_len, cfg.train.eval_batches * cfg.data.micro_batch_size
-            stream = torch.from_numpy(heldout_tokens(data_streams(cfg, "eval", build=False)[0][0], rows * (length + 1)))
-            count = min(rows, len(stream) // (length + 1))
-            if count == 0:
-                raise ValueError(f"train.eval_every: the held-out split has no window of data.seq_len + 1 = "
-                                 f"{length + 1} tokens")
-            self._val_windows = stream[:count * (length + 1)].view(count, length + 1)
-        windows = self._val_windows
+        if not hasattr(self, "_val_sets"):
+            self._val_sets = validation_sets(cfg)
         self.engine.eval()
-        losses = []
+        per_stream = []
         with torch.no_grad():
-            for start in range(0, len(windows), cfg.data.micro_batch_size):
-                batch = windows[start:start + cfg.data.micro_batch_size]
-                losses.append(self.losses(batch[:, :-1], batch[:, 1:])[1])
+            for held_out in self._val_sets:
+                losses = []
+                for start in range(0, len(held_out.windows), cfg.data.micro_batch_size):
+                    batch = held_out.windows[start:start + cfg.data.micro_batch_size]
+                    losses.append(self.losses(batch[:, :-1], batch[:, 1:])[1])
+                per_stream.append(torch.stack(losses).mean().float())
         self.engine.train()
-        loss = torch.stack(losses).mean().float()
+        loss = torch.stack(per_stream)
         if self.dist.world_size > 1:
             import torch.distributed as dist
 
             dist.all_reduce(loss)
             loss /= self.dist.world_size
-        return float(loss)
+        weights = torch.tensor([held_out.weight for held_out in self._val_sets], dtype=loss.dtype, device=loss.device)
+        metrics = {"val/loss": float((loss * weights).sum())}
+        if len(self._val_sets) > 1:
+            metrics.update({f"val/loss/{held_out.label}": float(value)
+                            for held_out, value in zip(self._val_sets, loss)})
+        return metrics
 
     def check_finite(self, loss: float) -> None:
         """Apply `train.nonfinite` after a step (its update was already skipped when `loss` is not finite)."""
@@ -384,7 +386,7 @@ class Trainer:
                 self.state.tokens += tokens_per_step
                 stop = False
                 if cfg.train.eval_every and self.state.step % cfg.train.eval_every == 0:
-                    metrics["val/loss"] = self.validation_loss()
+                    metrics.update(self.validation_losses())
                     metrics["val/ppl"] = math.exp(min(metrics["val/loss"], 80.0))
                     stop = self.early_stop(metrics["val/ppl"])
                     metrics["val/best_ppl"] = self.state.best_val_ppl

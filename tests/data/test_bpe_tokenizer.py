@@ -32,5 +32,7 @@ def test_cli_trains_on_files_and_names_missing_ones(tmp_path):
     proc = run_fsf("data", "tokenizer", str(out), "--vocab-size", "320", "--input", str(src))
     # a small text runs out of merges before 320: the vocabulary is what the data supports
     assert f"vocab {load_tokenizer(str(out)).vocab_size}" in proc.stdout and proc.stdout.startswith(f"wrote {out}")
-    bad = run_fsf("data", "tokenizer", str(out), "--input", str(tmp_path / "missing.txt"), check=False)
+    bad = run_fsf("data", "tokenizer", str(tmp_path / "new.json"), "--input", str(tmp_path / "missing.txt"), check=False)
     assert bad.returncode == 2 and "missing.txt" in bad.stderr
+    again = run_fsf("data", "tokenizer", str(out), "--input", str(src), check=False)  # datasets record its hash
+    assert again.returncode == 2 and f"{out}: exists" in again.stderr

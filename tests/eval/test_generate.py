@@ -81,4 +81,4 @@ def test_bad_input_is_refused_by_name(tmp_path, args, message):
 def test_a_missing_prompt_file_is_bad_input(tmp_path):
     ckpt, _ = _checkpoint(tmp_path, "tfpp")
     res = runner.invoke(app, ["generate", str(ckpt), "--prompt-file", str(tmp_path / "none.txt")])
-    assert res.exit_code == EXIT_BAD_INPUT and "cannot read --prompt-file" in res.output
+    assert res.exit_code == EXIT_BAD_INPUT and "none.txt: not found" in res.output

@@ -59,3 +59,32 @@ def test_generate_with_an_exported_file_tokenizer(tmp_path):
     assert tok.eos_token == "</s>" and tok.pad_token_id == eos
     assert prompt[0].tolist() == load_tokenizer(str(tmp_path / "tok.json")).encode("Grüße, hello")
     assert generated.shape[1] > prompt.shape[1]
+
+
+@pytest.mark.parametrize("model_type, byte_fallback", [("bpe", True), ("unigram", False)])
+def test_generate_with_an_exported_sentencepiece_tokenizer(model_type, byte_fallback, tmp_path):
+    """A sentencepiece run's export carries a tokenizer.json of the same pieces: transformers
+    encodes as sentencepiece does (unknown characters as their bytes, under byte fallback)."""
+    import sentencepiece as spm
+
+    from fsframework.data.stdlib_text import stdlib_prose
+    from fsframework.data.tokenizers import load_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(stdlib_prose(60_000)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=600,
+                                   model_type=model_type, byte_fallback=byte_fallback, minloglevel=2)
+    run = random_checkpoint(tmp_path / "run", "fs", f"data.tokenizer={tmp_path / 'sp.model'}", "model.vocab_size=600")
+    export_checkpoint(run, tmp_path / "out")
+    ours = load_tokenizer(str(tmp_path / "sp.model"))
+    assert (tmp_path / "out" / "tokenizer.model").is_file()  # what fsframework reads back
+    tok, prompt, generated = _generate_as_transformers_code_does(tmp_path / "out", "fs")
+    assert tok.eos_token_id == ours.eos_id and tok.pad_token_id == ours.eos_id
+    assert json.loads((tmp_path / "out" / "generation_config.json").read_text())["eos_token_id"] == ours.eos_id
+    texts = ["The object's  value is   returned.\nSee the module docs.", " leading and trailing  "]
+    if byte_fallback:  # else an unknown character is <unk> in both, which sentencepiece decodes as " ⁇ "
+        texts.append("Grüße ☃, hello")
+    for text in texts:
+        assert tok(text)["input_ids"] == ours.encode(text), text
+        assert tok.decode(ours.encode(text)) == ours.decode(ours.encode(text)), text
+    assert prompt[0].tolist() == ours.encode("Grüße, hello") and generated.shape[1] > prompt.shape[1]

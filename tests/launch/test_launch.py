@@ -162,7 +162,7 @@ def test_slurm_submits_with_sbatch_or_says_it_is_missing(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("content, args, message", [
-    (None, ("--nodes", "2"), "hostfile not found"),
+    (None, ("--nodes", "2"), "hosts: not found"),
     ("node-a slots=4\nnode-b four\n", ("--nodes", "2"), ":2: 'node-b four' is not a hostfile line"),
     ("node-a slots=0\n", ("--nodes", "1"), ":1: 'node-a slots=0' is not a hostfile line"),
     ("node-a slots=4\nnode-a slots=4\n", ("--nodes", "2"), "host 'node-a' is listed twice"),

@@ -39,7 +39,8 @@ def test_fsl_cpt_from_fs_checkpoint(tmp_path, data_cache):
 
     missing = run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={tmp_path / 'x'}", "model.name=fsl",
                       f"train.init_from={tmp_path / 'nowhere'}", *common, check=False)
-    assert missing.returncode == 2 and "checkpoint path not found" in missing.stderr
+    assert missing.returncode == 2 and f"{tmp_path / 'nowhere'}: not found" in missing.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_init_from_a_plain_weights_file(tmp_path, data_cache):
