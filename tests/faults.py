@@ -14,6 +14,7 @@ the rank's source raises, hangs or serves a batch whose recall weights are NaN.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Callable
 
@@ -51,6 +52,9 @@ class FaultySource(WrappedSource):
         if self.kind == "raise":
             raise RankFailure(f"rank {self.my_rank}: injected fault at step {self.step} ({FAULT_ENV})")
         if self.kind == "hang":
+            # the trainer's SIGTERM handler would wait for a step end that never comes, so torchrun
+            # would kill this rank only after its 30 s grace; a stuck rank dies of SIGTERM at once
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             while True:
                 time.sleep(3600)
         return {**batch, "weights": torch.full(batch["targets"].shape, float("nan"))}
