@@ -26,10 +26,10 @@ import math
 
 import torch
 
-from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, per_head
+from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, prior_per_head
 
 __all__ = ["VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args", "fsl_valid",
-           "per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
+           "prior_per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +108,7 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         kbar, a = cell_summaries(k, cell_size)
@@ -136,8 +135,7 @@ def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch
     """
     bsz, num, heads, dim = q.shape
     like = torch.empty((), dtype=kbar.dtype, device=q.device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(kbar.dtype), kbar) * (1.0 / math.sqrt(dim))
         pos = torch.arange(q_start, q_start + num, device=q.device)
