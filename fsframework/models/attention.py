@@ -81,7 +81,7 @@ class SlidingWindowAttention(QKVAttention):
 
     def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
         theta = self.cfg.attention.rope_theta
-        if not getattr(source, "keeps_keys", False) or theta is None:
+        if not source.keeps_keys or theta is None:
             return super().forward(x, source)
         start = source.start
         q, k, v = self.project(x, start)

@@ -12,6 +12,10 @@ enough for the kind:
   window and recent cells before `start` and the top-`P` cells by key norm; a source may
   leave the other positions zero (`fsframework.parallel.retained`).
 
+Every source subclasses `KeySource`, which also declares what a layer may ask of any source:
+`keeps_keys` (the keys it is handed are kept for later steps) and `positions(n, device)`
+(the queries' absolute positions, `[start, start + n)` unless the source says otherwise).
+
 `WholeSequence` (here) is training and plain inference: `start = 0` and the keys are
 the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
 `fsframework.models.decode_cache` keeps them from earlier decoding steps. The span
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Union
 
 import torch
 
@@ -46,23 +50,28 @@ class RetainedCells:
 Span = Union[None, int, RetainedCells]
 
 
-class KeySource(Protocol):
-    start: int
+class KeySource(ABC):
+    """Where a layer's earlier keys come from (module docstring); every source subclasses it."""
 
+    start: int  # absolute position of the first query
+
+    # the keys handed to `keys` are kept for later steps (a decode cache), so a layer may hand them
+    # in a form worth keeping (SWA: rotated once, rather than the whole window re-rotated each step)
+    keeps_keys: bool = False
+
+    @abstractmethod
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
              span: Span) -> tuple[torch.Tensor, torch.Tensor]:
-        ...
+        """Layer `layer`'s own keys/values `[B, n, H, d]` of the queries -> the keys/values its
+        offset form reads for `span`, ending with them."""
+
+    def positions(self, n: int, device=None) -> torch.Tensor:
+        """Absolute positions of the `n` queries this source serves: `[start, start + n)` (a
+        sequence-parallel rank of the zigzag layout holds two runs)."""
+        return torch.arange(self.start, self.start + n, device=device)
 
 
-def source_positions(source: KeySource, n: int, device=None) -> torch.Tensor:
-    """Absolute positions of the `n` queries `source` serves: `[start, start + n)`, unless the source
-    says otherwise (a sequence-parallel rank of the zigzag layout holds two runs)."""
-    if hasattr(source, "positions"):
-        return source.positions(n, device)
-    return torch.arange(source.start, source.start + n, device=device)
-
-
-class WholeSequence:
+class WholeSequence(KeySource):
     """The forward pass sees the whole sequence: queries and keys both cover `[0, n)`."""
 
     start = 0
@@ -75,15 +84,8 @@ class WholeSequence:
 WHOLE_SEQUENCE = WholeSequence()
 
 
-class LayerStateSource(ABC):
+class LayerStateSource(KeySource):
     """A `KeySource` that keeps each layer's state between forward passes (`fsframework.models.decode_cache`)."""
-
-    start: int
-
-    @abstractmethod
-    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
-        ...
 
     @abstractmethod
     def layer_state(self, layer: int):

@@ -23,7 +23,7 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
 walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
 activations or scores, whatever the prompt's length. A language model with a cached form
-of its own (AR-GRC: `make_decode_cache`) brings its own cache.
+of its own (its registry entry's `own_decode_cache`, AR-GRC: `make_decode_cache`) brings its own cache.
 """
 
 from __future__ import annotations
@@ -44,9 +44,7 @@ class DecodeCache(LayerStateSource):
     """One cache per attention layer (built by the registry's `cache` class on first use), plus
     the number of positions already processed."""
 
-    # the keys handed to `keys` are kept for later steps: a layer may hand them in a form worth
-    # keeping (SWA: rotated once, rather than the whole window re-rotated at every step)
-    keeps_keys = True
+    keeps_keys = True  # the keys handed to `keys` are kept for later steps (`KeySource.keeps_keys`)
 
     def __init__(self, model: nn.Module, chunk: Optional[int] = None):
         from fsframework.models.registry import attention_kind
@@ -118,21 +116,23 @@ def prefill(cache, tokens: torch.Tensor) -> torch.Tensor:
 def supports_decode_cache(model: nn.Module) -> bool:
     """True for registry language models that are not sequence parallel."""
     from fsframework.models.attention import QKVAttention
+    from fsframework.models.registry import kind_of
 
     if getattr(model, "_sp", None) is not None:  # sequence parallel: each rank holds a slice only
         return False
-    if hasattr(model, "make_decode_cache"):  # a language model with a cached form of its own (AR-GRC)
-        return True
-    layers = getattr(model, "layers", None)
-    return (layers is not None and hasattr(model, "hidden_states") and hasattr(model, "cfg")
-            and all(isinstance(layer.attn, QKVAttention) for layer in layers))
+    kind = kind_of(model)
+    if kind is None:
+        return False
+    return kind.own_decode_cache or all(isinstance(layer.attn, QKVAttention) for layer in model.layers)
 
 
 @contextmanager
 def decode_cache(model: nn.Module, chunk: Optional[int] = None) -> Iterator[DecodeCache]:
     """A fresh cache for `model` for the duration of the block (the model itself is untouched);
     `chunk`: prefill positions per step (default `PREFILL_CHUNK`)."""
+    from fsframework.models.registry import kind_of
+
     if not supports_decode_cache(model):
         raise TypeError(f"{type(model).__name__} has no cached decoding form (needs a registry language model "
                         "that is not sequence parallel)")
-    yield model.make_decode_cache(chunk) if hasattr(model, "make_decode_cache") else DecodeCache(model, chunk)
+    yield model.make_decode_cache(chunk) if kind_of(model).own_decode_cache else DecodeCache(model, chunk)

@@ -34,7 +34,7 @@ from torch import nn
 
 from fsframework.models.kv_cache import GrowingBuffer, WindowKV, tensor_bytes
 from fsframework.ops.freesolo import cell_readout_kept
-from fsframework.ops.freesolo_routing import admit_fsl, cell_summaries, fsl_valid, route_candidates
+from fsframework.ops.freesolo_routing import FSLState, admit_fsl, cell_summaries, route_candidates
 from fsframework.ops.offset_attention import window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -148,8 +148,7 @@ class FSLCache(_FreeSoloLayerCache):
         self.pending = GrowingBuffer(min_capacity=self.block_size)
         # FS-L's routing state (`admit_fsl`): per head the candidates of the current block, the
         # retained cells first (`num_kept` of them), with their summaries and raw keys/values
-        self.state: dict[str, torch.Tensor] | None = None
-        self.num_kept = 0
+        self.state: FSLState | None = None
 
     def _local(self, q, k, v, start, a):
         # the ring serves only the local branch: it keeps its keys rotated, once, when they enter, so a
@@ -173,13 +172,12 @@ class FSLCache(_FreeSoloLayerCache):
         bsz, _, heads, dim = new_k.shape
         kbar, a = cell_summaries(new_k, s)  # B F H d, B F H
 
-        def per_head(x):  # B F s H d -> B H F s d
+        def head_major(x):  # B F s H d -> B H F s d
             return x.reshape(bsz, fresh, s, heads, dim).permute(0, 3, 1, 2, 4)
 
-        new = dict(cells=torch.arange(self.num_cells, num_cells, device=a.device).expand(bsz, heads, -1),
-                   kbar=kbar.transpose(1, 2), a=a.transpose(1, 2), cells_k=per_head(new_k), cells_v=per_head(new_v))
-        self.state, self.num_kept = admit_fsl(self.state, self.num_kept, new, retained=self.retained,
-                                              recent=self.recent)
+        new = FSLState(cells=torch.arange(self.num_cells, num_cells, device=a.device).expand(bsz, heads, -1),
+                       a=a.transpose(1, 2), kbar=kbar.transpose(1, 2), keys=head_major(new_k), values=head_major(new_v))
+        self.state = admit_fsl(self.state, new, retained=self.retained, recent=self.recent)
         self.pending.clear()  # the block's positions now live in the candidates (or are dropped)
         self.num_cells = num_cells
 
@@ -187,13 +185,13 @@ class FSLCache(_FreeSoloLayerCache):
         """Eq. 7 over the candidates: the choice `[B, n, H, K]` (positions into them), their raw keys and
         values `[B, H, M, s, d]`, and the chosen cell ids."""
         st = self.state
-        choice = route_candidates(q, start, st["kbar"], st["a"], self._centers(st["cells"], st["a"]),
-                                  fsl_valid(st["cells"], self.num_kept, self.num_cells, self.recent),
-                                  top_k=self.top_k, sigma=module.sigma, lam=module.lam)
-        ids = st["cells"][:, None].expand(-1, q.shape[1], -1, -1).gather(-1, choice.clamp_min(0))
-        return choice, st["cells_k"], st["cells_v"], torch.where(choice >= 0, ids, -1)
+        choice = route_candidates(q, start, st.kbar, st.a, self._centers(st.cells, st.a),
+                                  st.valid(self.num_cells, self.recent), top_k=self.top_k, sigma=module.sigma,
+                                  lam=module.lam)
+        ids = st.cells[:, None].expand(-1, q.shape[1], -1, -1).gather(-1, choice.clamp_min(0))
+        return choice, st.keys, st.values, torch.where(choice >= 0, ids, -1)
 
     @property
     def nbytes(self) -> int:
-        state = tensor_bytes(*self.state.values()) if self.state else 0
+        state = 0 if self.state is None else tensor_bytes(*self.state.tensors().values())
         return self.local.nbytes + self.pending.nbytes + state

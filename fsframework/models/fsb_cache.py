@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fsframework.models.freesolo_cache import FSCache
-from fsframework.ops.freesolo_routing import per_head
+from fsframework.ops.freesolo_routing import prior_per_head
 from fsframework.ops.fsb_search import FSBState, admit_fsb, route_fsb_block, start_fsb
 
 
@@ -29,6 +29,7 @@ class FSBCache(FSCache):
         self.tau = None if tau is None else tau.detach().clone()
         self.beam_width, self.bound_c, self.top_k = a.fsb.beam_width, a.fsb.bound_c, a.fsb.top_k
         self.state: FSBState | None = None
+        self.prior: tuple[torch.Tensor, torch.Tensor] | None = None  # sigma, lam `[G]`, built by the first route
 
     def _admit(self, num_cells: int) -> None:
         seen = self.num_cells
@@ -46,10 +47,9 @@ class FSBCache(FSCache):
         bsz, num, heads, dim = q.shape
         a = self.summaries.view()[1]  # B C H
         cells, acc = self.num_cells, a.dtype
-        like = torch.empty((), dtype=acc, device=q.device)
-        head_of = torch.arange(heads, device=q.device).repeat(bsz)  # rows g = (b, h)
-        lam = per_head(module.lam, heads, "lam", positive=False, like=like)[head_of]
-        sigma = per_head(module.sigma, heads, "sigma", positive=True, like=like)[head_of]
+        if self.prior is None:  # per row g = (b, h), once: the batch, heads and dtype are the cache's for life
+            self.prior = prior_per_head(module.sigma, module.lam, heads, like=a, batch=bsz)
+        sigma, lam = self.prior
         q_g = q.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, num, dim)
         pos = torch.arange(start, start + num, device=q.device, dtype=acc)
         keys, values = (self.cells(x) for x in self.archive.tensors)  # B H C' s d, read in place

@@ -78,6 +78,12 @@ class AttentionKind:
         """The `native_export` module, or None for an export with its own modeling code."""
         return importlib.import_module(self.native_export) if self.native_export else None
 
+    @property
+    def own_decode_cache(self) -> bool:
+        """The kind's language model brings its own cached decoding form (`make_decode_cache`, AR-GRC)
+        instead of a `DecodeCache` of layer caches (`fsframework.models.decode_cache`)."""
+        return self.language_model is not None
+
     def module_class(self) -> type:
         return _import(self.module)
 
@@ -140,6 +146,17 @@ def attention_kind(name: str) -> AttentionKind:
     if name not in KINDS:
         raise ConfigError(f"model.name={name!r} is not registered; choose one of {', '.join(MODEL_NAMES)}")
     return KINDS[name]
+
+
+def kind_of(model) -> Optional[AttentionKind]:
+    """The entry of a registry language model (a `TransformerLM` or a kind's own `language_model`),
+    None for any other module."""
+    from fsframework.models.transformer import TransformerLM
+
+    if isinstance(model, TransformerLM):
+        return attention_kind(model.cfg.name)
+    return next((kind for kind in KINDS.values()
+                 if kind.language_model is not None and isinstance(model, _import(kind.language_model))), None)
 
 
 def native_kind(adapter: str) -> str:

@@ -13,7 +13,7 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource, source_positions
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.models.recompute import recomputed, wants_recompute
 
 
@@ -74,7 +74,7 @@ class TransformerLM(nn.Module):
         """
         x = self.embed(tokens)
         if self.absolute_positions:
-            pos = source_positions(source, tokens.shape[1], tokens.device)
+            pos = source.positions(tokens.shape[1], tokens.device)
             x = x + sinusoidal_table(pos, self.cfg.d_model).to(x.dtype)
         x = self.embed_drop(x)
         recompute = wants_recompute(self)

@@ -13,8 +13,8 @@ No `N x N` or `N x N/s` tensor is ever built.
 
 The per-block steps are ops of their own, which a decode cache calls as well
 (`fsframework.models.freesolo_cache`): `route_candidates` scores one block's queries over
-its available cells, and `admit_fsl` takes FS-L's candidate set at a block boundary and
-returns the next one.
+its available cells, and `admit_fsl` takes FS-L's candidate set (an `FSLState`) at a block
+boundary and returns the next one.
 
 [choice]s implemented here (docs/freesolo.md §1.5, §1.6): ties in the FS-L priority `a_c`
 and ties in the routing score `r_ic` are both won by the earlier cell.
@@ -23,13 +23,14 @@ and ties in the routing score `r_ic` are both won by the earlier cell.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, per_head
+from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, prior_per_head
 
-__all__ = ["VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args", "fsl_valid",
-           "per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
+__all__ = ["FSLState", "VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args",
+           "prior_per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +109,7 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         kbar, a = cell_summaries(k, cell_size)
@@ -136,8 +136,7 @@ def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch
     """
     bsz, num, heads, dim = q.shape
     like = torch.empty((), dtype=kbar.dtype, device=q.device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(kbar.dtype), kbar) * (1.0 / math.sqrt(dim))
         pos = torch.arange(q_start, q_start + num, device=q.device)
@@ -145,37 +144,58 @@ def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch
         return top_k_earliest(scores, None if valid is None else valid[:, None], top_k)
 
 
-def admit_fsl(state: dict[str, torch.Tensor] | None, num_kept: int, new: dict[str, torch.Tensor], *,
-              retained: int, recent: int) -> tuple[dict[str, torch.Tensor], int]:
+@dataclass(frozen=True)
+class FSLState:
+    """FS-L's candidate cells of one query block (docs/freesolo.md §1.5), per batch row and head: the
+    retained cells (the first `num_kept`, ascending) then the recent ones (ascending). Every tensor is
+    `[Bt, H, M, ...]`, one entry per candidate; `keys`/`values` are carried by a decode cache only
+    (its readout reads the candidates' raw keys), None in whole-sequence routing."""
+
+    cells: torch.Tensor  # [Bt, H, M] cell ids
+    a: torch.Tensor  # [Bt, H, M] priority: the cell's largest key norm
+    kbar: torch.Tensor  # [Bt, H, M, d] mean key
+    keys: torch.Tensor | None = None  # [Bt, H, M, s, d] raw keys
+    values: torch.Tensor | None = None  # [Bt, H, M, s, d] raw values
+    num_kept: int = 0  # how many of the M are retained cells (the rest are recent ones)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields it carries, by name."""
+        return {name: x for name in _FSL_TENSORS if (x := getattr(self, name)) is not None}
+
+    def valid(self, num_cells: int, recent: int) -> torch.Tensor:
+        """Which candidates are scored once `num_cells` cells are eligible `[Bt, H, M]`: retained cells
+        inside the recent window are listed twice, only their recent copy counts, so the valid ones stay
+        in cell order."""
+        valid = torch.ones_like(self.cells, dtype=torch.bool)
+        valid[:, :, :self.num_kept] = self.cells[:, :, :self.num_kept] < max(0, num_cells - recent)
+        return valid
+
+
+_FSL_TENSORS = ("cells", "a", "kbar", "keys", "values")
+
+
+def admit_fsl(state: FSLState | None, new: FSLState, *, retained: int, recent: int) -> FSLState:
     """FS-L's candidate cells after a block boundary (docs/freesolo.md §1.5): the state in, the next one out.
 
-    A state is a dict of `[Bt, H, M, ...]` tensors, one entry per candidate cell and head: `cells`
-    (ids), `a` (priority) and whatever the caller carries along (mean keys, raw keys/values). It
-    lists the retained cells (the first `num_kept`, ascending) then the recent ones (ascending).
-    `new` holds the newly eligible cells, ascending and after every cell of the state. The next
-    retained set is the top-`retained` by `a` of the kept and new cells (a stable sort of a
-    cell-ordered list: ties go to the earlier cell); the next recent set the last `recent` of the
-    recent and new cells. Returns (state, num_kept); the state is None before the first boundary.
+    `state` is None before the first boundary. `new` holds the newly eligible cells (its `num_kept` is
+    not read), ascending and after every cell of the state, with the same fields. The next retained set
+    is the top-`retained` by `a` of the kept and new cells (a stable sort of a cell-ordered list: ties
+    go to the earlier cell); the next recent set the last `recent` of the recent and new cells.
     """
-    kept = {name: x[:, :, :num_kept] for name, x in state.items()} if state else None
-    pool = {name: torch.cat((kept[name], x), dim=2) for name, x in new.items()} if kept else new
+    fresh = new.tensors()
+    if state is None:
+        pool, both = fresh, fresh
+    else:
+        old, kept = state.tensors(), state.num_kept
+        pool = {name: torch.cat((old[name][:, :, :kept], x), dim=2) for name, x in fresh.items()}
+        both = {name: torch.cat((old[name][:, :, kept:], x), dim=2) for name, x in fresh.items()}
     if pool["cells"].shape[2] > retained:
         best = pool["a"].sort(dim=-1, descending=True, stable=True).indices[..., :retained]
         best = best.sort(dim=-1).values  # back to cell order (pool positions are in cell order)
         pool = {name: _take(x, best) for name, x in pool.items()}
-    prev = {name: x[:, :, num_kept:] for name, x in state.items()} if state else None
-    both = {name: torch.cat((prev[name], x), dim=2) for name, x in new.items()} if prev else new
-    recent_part = {name: x[:, :, max(0, x.shape[2] - recent):] for name, x in both.items()}
-    merged = {name: torch.cat((pool[name], recent_part[name]), dim=2).contiguous() for name in new}
-    return merged, pool["cells"].shape[2]
-
-
-def fsl_valid(cells: torch.Tensor, num_kept: int, num_cells: int, recent: int) -> torch.Tensor:
-    """Which candidates of an FS-L state `cells [Bt, H, M]` are scored: retained cells inside the recent
-    window are listed twice, only their recent copy counts, so the valid ones stay in cell order."""
-    valid = torch.ones_like(cells, dtype=torch.bool)
-    valid[:, :, :num_kept] = cells[:, :, :num_kept] < max(0, num_cells - recent)
-    return valid
+    merged = {name: torch.cat((pool[name], x[:, :, max(0, x.shape[2] - recent):]), dim=2).contiguous()
+              for name, x in both.items()}
+    return FSLState(**merged, num_kept=pool["cells"].shape[2])
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -204,19 +224,19 @@ def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, si
     """
     bsz, num_q, heads, dim = q.shape
     seq = q_start + num_q
-    state, num_kept, num_seen = None, 0, 0
+    state, num_seen = None, 0
     for start in range(block_size, seq, block_size):
         end = min(start + block_size, seq)
         num = start // cell_size
-        new = dict(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
-                   a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
-        state, num_kept = admit_fsl(state, num_kept, new, retained=retained, recent=recent)
+        new = FSLState(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
+                       a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
+        state = admit_fsl(state, new, retained=retained, recent=recent)
         num_seen = num
         if start < q_start:
             continue
         rows = slice(start - q_start, end - q_start)
-        cells = state["cells"]
-        choice = route_candidates(q[:, rows], start, state["kbar"], state["a"], centers[cells],
-                                  fsl_valid(cells, num_kept, num, recent), top_k=top_k, sigma=sigma, lam=lam)
+        cells = state.cells
+        choice = route_candidates(q[:, rows], start, state.kbar, state.a, centers[cells], state.valid(num, recent),
+                                  top_k=top_k, sigma=sigma, lam=lam)
         chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
         out[:, rows] = torch.where(choice >= 0, chosen, -1)

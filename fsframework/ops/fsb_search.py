@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from fsf_kernels.common.args import check_routing_args, per_head
+from fsf_kernels.common.args import check_routing_args, prior_per_head
 from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
 from fsframework.ops.fsb_forest import Forests, NodeStore
 
@@ -319,8 +319,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
     acc = torch.promote_types(q.dtype, torch.float32)
     device = q.device
     like = torch.empty((), dtype=acc, device=device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like)
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like)
+    sigma_g, lam_g = prior_per_head(sigma, lam, heads, like=like, batch=bsz)  # [G], rows g = (b, h)
     seq = q_start + num_q
     with torch.no_grad():
         kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
@@ -333,8 +332,6 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         k_cells = (k.detach()[:, :cells * cell_size].to(acc).permute(0, 2, 1, 3)
                    .reshape(bsz * heads, cells, cell_size, dim))
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
-        head_of = torch.arange(heads, device=device).repeat(bsz)  # [G]
-        lam_g, sigma_g = lam_h[head_of], sigma_h[head_of]
         state = start_fsb(tau, forests, bsz, heads, dim, like=like)
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
         seen = 0

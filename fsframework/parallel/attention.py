@@ -52,7 +52,7 @@ def halo_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext, width: int) -> tupl
     return torch.cat((halo[..., :dim], k), dim=1), torch.cat((halo[..., dim:], v), dim=1)
 
 
-class SequenceParallelKeys:
+class SequenceParallelKeys(KeySource):
     """`KeySource` of one SP rank: queries of `[a, b)`, earlier keys from the earlier ranks."""
 
     def __init__(self, sp: SPContext):
@@ -97,7 +97,7 @@ class ZigzagKeys:
         return gathered[:, :end].split(k.shape[-1], dim=-1)
 
 
-class RunKeys:
+class RunKeys(KeySource):
     """`KeySource` of one own run of the zigzag layout: queries of `[start, end)` of that run."""
 
     def __init__(self, parent: ZigzagKeys, run: int):
@@ -122,7 +122,7 @@ class RunsAttention:
         return torch.cat(outs, dim=1)
 
 
-class ZigzagRunsSource:
+class ZigzagRunsSource(KeySource):
     """What the model hands every layer under the zigzag layout: the rank's runs; each attention
     module (`RunsAttention`) splits its call by run. `positions` are the runs' absolute positions
     (for the sinusoidal table)."""

@@ -112,7 +112,7 @@ def test_kernels_and_references_share_one_copy_of_the_checks_and_tables():
     assert kernel_routing.routing_unsupported is freesolo.routing_unsupported is support.routing_unsupported
     assert kernel_readout.readout_unsupported is freesolo.readout_unsupported is support.readout_unsupported
     assert kernel_window.window_unsupported is local_attention.window_unsupported is support.window_unsupported
-    assert kernel_routing.per_head is freesolo_routing.per_head is args.per_head
+    assert kernel_routing.prior_per_head is freesolo_routing.prior_per_head is args.prior_per_head
     assert kernel_readout.check_readout_args is freesolo.check_readout_args is args.check_readout_args
     assert kernel_window.check_window_args is local_attention.check_window_args is args.check_window_args
     assert rope.rope_cos_sin is rope_tables.rope_cos_sin

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fsf_kernels.common.args import check_head_dim, check_routing_args, per_head
+from fsf_kernels.common.args import check_head_dim, check_routing_args, prior_per_head
 from fsf_kernels.common.support import device_target, routing_cell_tile, routing_unsupported
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
@@ -266,8 +266,7 @@ def select_cells(
         raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
     heads = q.shape[2]
     like = torch.empty((), dtype=torch.float32, device=q.device)
-    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like).contiguous()
-    lam_h = per_head(lam, heads, "lam", positive=False, like=like).contiguous()
+    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     with torch.no_grad():
         q, k = q.detach(), k.detach()
         kbar, a = cell_summary_fwd(k, cell_size)

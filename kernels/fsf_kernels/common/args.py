@@ -79,6 +79,18 @@ def per_head(value: float | torch.Tensor, heads: int, name: str, *, positive: bo
     return torch.full((heads,), value, device=like.device, dtype=like.dtype)
 
 
+def prior_per_head(sigma: float | torch.Tensor, lam: float | torch.Tensor, heads: int, *, like: torch.Tensor,
+                   batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constants of Eq. 7's prior `lam_h * a_c * erf((i - p_c) / (2 sigma_h))`: sigma (> 0) and lam
+    (>= 0), floats or `[H]` tensors -> (sigma_h, lam_h), contiguous `[H]` tensors in `like`'s dtype and
+    device; with `batch`, `[batch * H]`, one per row g = (b, h) (b-major, as FS-B's search lays them)."""
+    sigma_h = per_head(sigma, heads, "sigma", positive=True, like=like).contiguous()
+    lam_h = per_head(lam, heads, "lam", positive=False, like=like).contiguous()
+    if batch is not None:
+        sigma_h, lam_h = sigma_h.repeat(batch), lam_h.repeat(batch)
+    return sigma_h, lam_h
+
+
 def check_readout_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int,
                        rms_weight: torch.Tensor | None, q_start: int = 0, values: bool = False) -> None:
     """Selected-cell readout: shapes of q, k, v, cells `[B, n, H, K]` and rms_weight, and cell_size.
