@@ -7,6 +7,10 @@ process, on every rank of every job, for classes fsframework never uses. `instal
 package in `sys.modules` without running that `__init__`: its names (`StreamingDataset`,
 `MDSWriter`, ...) are those of `streaming.base`, its subpackages (`streaming.text`, ...) still
 import when asked for. After `install()`, `from streaming import X` works as before.
+
+`streaming.base` itself (which imports torch and transformers' `BatchFeature`) is imported on
+the first use of one of its names, not by `install()`: a process that only builds or inspects
+shards' text (`fsf data build`'s tokenizing workers) starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import types
 
 ZOO = ("text", "vision", "multimodal")
 
@@ -28,19 +31,21 @@ def install() -> None:
         return
     package = importlib.util.module_from_spec(spec)  # the package object, its __init__ not run
     sys.modules["streaming"] = package
-    try:
-        base = importlib.import_module("streaming.base")
-        version = importlib.import_module("streaming._version")
-    except Exception:
-        del sys.modules["streaming"]  # a streaming this module does not know: import it the plain way
-        raise
-    package.__dict__.update({name: getattr(base, name) for name in base.__all__})
-    package.__version__ = version.__version__
-    package.__getattr__ = _zoo_on_demand
+    package.__getattr__ = _on_demand
 
 
-def _zoo_on_demand(name: str) -> types.ModuleType:
-    """`streaming.text` and the other dataset subpackages, imported on first use."""
+def _on_demand(name: str):
+    """A name of `streaming.base` (imported on first use), the version, or a dataset subpackage."""
+    package = sys.modules["streaming"]
     if name in ZOO:
         return importlib.import_module(f"streaming.{name}")
+    if name == "__version__":
+        package.__version__ = importlib.import_module("streaming._version").__version__
+        return package.__version__
+    if name.startswith("__"):  # module protocol probes (__path__, __file__, ...) are not streaming's names
+        raise AttributeError(name)
+    base = importlib.import_module("streaming.base")
+    package.__dict__.update({key: getattr(base, key) for key in base.__all__})
+    if name in base.__all__:
+        return getattr(base, name)
     raise AttributeError(f"module 'streaming' has no attribute {name!r}")
