@@ -74,9 +74,6 @@ def test_a_nan_loss_skips_its_update_under_zero2(tmp_path, data_cache, monkeypat
     """One rank under ZeRO-2 (whose optimizer differs from ZeRO-3's, which the two-rank test below
     runs): train.nonfinite=skip leaves the weights of the NaN step as they were, the next step
     trains, and DeepSpeed's zero_to_fp32.py reads the checkpoint with its default arguments."""
-    import torch
-
-    from fsframework.checkpoints import consolidated_state_dict
     from tests.faults import inject
 
     inject(monkeypatch, "nan:0:2")
@@ -85,24 +82,16 @@ def test_a_nan_loss_skips_its_update_under_zero2(tmp_path, data_cache, monkeypat
                    "train.ckpt_every=1", "train.keep_checkpoints=1000"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("update_skipped", 0) for r in records[:3]] == [0, 1, 0]
-    weights = [consolidated_state_dict(run_dir / "checkpoints" / f"step_{s:08d}") for s in (1, 2, 3)]
-    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # step 2's update skipped
-    assert not all(torch.equal(weights[1][k], weights[2][k]) for k in weights[1])  # step 3 trained
-    by_deepspeed = _zero_to_fp32(run_dir / "checkpoints" / "step_00000003", tmp_path / "fp32", monkeypatch)
-    assert by_deepspeed.keys() == weights[2].keys()
-    assert all(torch.equal(by_deepspeed[k], weights[2][k]) for k in by_deepspeed)
+    _assert_step_2_skipped_and_read_by_deepspeed(run_dir, tmp_path / "fp32", monkeypatch)
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("zero_stage", [3])
-def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache, monkeypatch, zero_stage):
+def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_cache, monkeypatch):
     """2 ranks under ZeRO-3, one torchrun launch: a NaN on one rank skips the update on both; a
     preemption signal to one rank checkpoints both; DeepSpeed's zero_to_fp32.py reads the
     checkpoints with its default arguments. (ZeRO-2's skip: the one-rank test above.)"""
     import psutil
     import torch
-
-    from fsframework.checkpoints import consolidated_state_dict
 
     from tests.parallel.ranks import free_port
 
@@ -110,7 +99,7 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
     # a NaN on rank 1 at step 2 (train.nonfinite=skip): every rank skips that update
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), "-m", "tests.faults",
-           *_args(run_dir, data_cache, f"parallel.zero_stage={zero_stage}", "train.nonfinite=skip",
+           *_args(run_dir, data_cache, "parallel.zero_stage=3", "train.nonfinite=skip",
                   "train.ckpt_every=1", "train.keep_checkpoints=1000")]
 
     def signal_rank_1(proc):  # a signal that reached one rank only: the all-reduce tells the other
@@ -138,10 +127,20 @@ def test_a_preemption_signal_to_one_rank_checkpoints_every_rank(tmp_path, data_c
     assert "step 2: loss nan, update skipped (1 in a row, 1 in all" in out  # rank 0 saw rank 1's NaN
     state = torch.load(run_dir / "checkpoints" / "step_00000003" / "client_rank0.pt", weights_only=False)
     assert state["train_state"]["skipped_steps"] == 1 and state["train_state"]["nonfinite_in_row"] == 0
+    _assert_step_2_skipped_and_read_by_deepspeed(run_dir, tmp_path / "fp32", monkeypatch)
+
+
+def _assert_step_2_skipped_and_read_by_deepspeed(run_dir: Path, out: Path, monkeypatch) -> None:
+    """Checkpoints of steps 1-3: step 2's update left the weights as they were, step 3 trained, and
+    DeepSpeed's zero_to_fp32.py reads step 3's weights as fsframework consolidates them."""
+    import torch
+
+    from fsframework.checkpoints import consolidated_state_dict
+
     weights = [consolidated_state_dict(run_dir / "checkpoints" / f"step_{s:08d}") for s in (1, 2, 3)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # step 2's update skipped
     assert not all(torch.equal(weights[1][k], weights[2][k]) for k in weights[1])  # step 3 trained
-    by_deepspeed = _zero_to_fp32(run_dir / "checkpoints" / "step_00000003", tmp_path / "fp32", monkeypatch)
+    by_deepspeed = _zero_to_fp32(run_dir / "checkpoints" / "step_00000003", out, monkeypatch)
     assert by_deepspeed.keys() == weights[2].keys()
     assert all(torch.equal(by_deepspeed[k], weights[2][k]) for k in by_deepspeed)
 
