@@ -4,16 +4,14 @@ ZeRO-3 + SP resumes exactly and its checkpoint evaluates, a failing rank is name
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.parallel.cli_runs import STEPS, assert_close, losses, rewind, torchrun, train_args
-from tests.utils import REPO, run_fsf
+from tests.parallel.probed_fsf import PROBE_ENV, probe_batch
+from tests.utils import run_fsf
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 # SP + ZeRO-3 runs recompute their blocks in backward: their losses still equal the single process's
@@ -40,40 +38,38 @@ def test_sp2_zero3_losses_equal_single_process(single, sp_zero3):
     assert json.loads((sp_zero3 / "metrics.jsonl").read_text().splitlines()[-1])["tokens"] == STEPS * 2 * 64
 
 
-def test_sp2_zero3_resume_is_exact(sp_zero3, tmp_path, data_cache):
-    # the straight run's step-3 checkpoint is what a run stopped at step 3 writes (a stop and a
-    # resume on one rank: tests/train/test_resume.py); resumed on 2 ranks it must give the same steps 4-6
-    run_dir = rewind(sp_zero3, tmp_path / "split", 3)
+@pytest.fixture(scope="module")
+def resumed_at_3(sp_zero3, tmp_path_factory, data_cache) -> tuple[Path, subprocess.CompletedProcess, dict]:
+    """The straight run's step-3 checkpoint (what a run stopped at step 3 writes: a stop and a resume on
+    one rank are tests/train/test_resume.py's) resumed on 2 ranks to step 6, by `fsf train`; the
+    engine's own loss on a probe batch right after it resumed (tests/parallel/probed_fsf.py)."""
+    run_dir = rewind(sp_zero3, tmp_path_factory.mktemp("resumed") / "split", 3)
+    probe = run_dir.parent / "engine_loss.json"
+    proc = torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3), env={PROBE_ENV: str(probe)},
+                    module="tests.parallel.probed_fsf")
+    return run_dir, proc, json.loads(probe.read_text())
+
+
+def test_sp2_zero3_resume_is_exact(sp_zero3, resumed_at_3):
+    run_dir, proc, _ = resumed_at_3
     assert (run_dir / "checkpoints" / "step_00000003" / "client_rank1.pt").is_file()
-    proc = torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3))
     assert "resumed from step_00000003" in proc.stdout
-    assert losses(run_dir) == losses(sp_zero3)
+    assert losses(run_dir) == losses(sp_zero3)  # steps 4-6 as the straight run's
 
 
-def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, tmp_path):
+def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, resumed_at_3, tmp_path):
     """The weights merged from the ZeRO-3 shards give the loss the DeepSpeed engine itself
     computes after resuming the same checkpoint on 2 ranks; the written fp32 file holds them."""
     import torch
 
-    from fsframework.checkpoints import consolidated_state_dict, read_config, resolve_checkpoint, write_fp32_model
+    from fsframework.checkpoints import consolidated_state_dict, read_config, write_fp32_model
     from fsframework.models.losses import lm_losses
     from fsframework.models.registry import build_model
-    from tests.parallel._engine_loss_worker import probe_batch
-    from tests.parallel.ranks import free_port
 
-    worker = Path(__file__).with_name("_engine_loss_worker.py")
-    engine_run = tmp_path / "engine"
-    shutil.copytree(sp_zero3, engine_run)  # the worker re-saves nothing, but keeps the fixture's run pristine
-    result = tmp_path / "engine_loss.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                           "127.0.0.1", "--master_port", str(free_port()), str(worker), str(engine_run), str(result)],
-                          cwd=REPO, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    engine = json.loads(result.read_text())
-    assert engine["checkpoint"] == f"step_{STEPS:08d}"
-
-    merged = consolidated_state_dict(resolve_checkpoint(sp_zero3))  # from the ZeRO-3 shards
+    engine = resumed_at_3[2]
+    assert engine["checkpoint"] == "step_00000003"
+    checkpoint = sp_zero3 / "checkpoints" / "step_00000003"
+    merged = consolidated_state_dict(checkpoint)  # from the ZeRO-3 shards
     model = build_model(read_config(sp_zero3 / "config.yaml").model)
     model.load_state_dict(merged)
     tokens = probe_batch(model.cfg.vocab_size)
@@ -84,11 +80,11 @@ def test_sp2_zero3_checkpoint_consolidates_to_the_engines_own_weights(sp_zero3, 
     with torch.no_grad():
         assert abs(lm_losses(untrained(tokens[:, :-1]), tokens[:, 1:])[0].item() - engine["loss"]) > 1e-3  # it can fail
 
-    out = write_fp32_model(sp_zero3)
+    out = write_fp32_model(checkpoint)  # which `fsf eval` then reads
     written = torch.load(out, weights_only=True)
     assert written.keys() == merged.keys() and all(torch.equal(written[k], merged[k]) for k in merged)
     scores_path = tmp_path / "scores.json"
-    run_fsf("eval", str(sp_zero3), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2",
+    run_fsf("eval", str(checkpoint), "--tasks", "perplexity", "--lengths", "64", "--num-samples", "2",
             "--out", str(scores_path))
     assert "64" in json.loads(scores_path.read_text())["scores"]["perplexity"]
 
