@@ -22,7 +22,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from fsframework.ops.local_attention import sliding_window_attention
 from fsframework.ops.rope import rotate
@@ -90,7 +89,10 @@ def causal_attention_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start
         return out[0] if len(out) == 1 else torch.cat(out, dim=1)
     if bias is None:
         # j <= i + start: a bottom-right aligned causal mask, which SDPA runs on its fused GPU kernels
-        # (an explicit boolean mask falls back to the slower unfused path)
+        # (an explicit boolean mask falls back to the slower unfused path). Imported here: the module
+        # imports torch._dynamo, 2 s of every process's start, and only this GPU path needs it.
+        from torch.nn.attention.bias import causal_lower_right
+
         mask = causal_lower_right(n, total)
     else:
         i = torch.arange(start, start + n, device=q.device)[:, None]
