@@ -209,17 +209,17 @@ class TokenLoader(StreamSource):
     """Endless iterator of batches over a StreamingDataset with exact resume (a batch source,
     `fsframework.data.sources`).
 
-    State = the streaming loader's `state_dict` (epoch + samples seen in it)
-    captured after the last batch handed out.
+    State = the loader's `state_dict` (epoch + samples seen in it, as streaming's own loader
+    writes it) captured after the last batch handed out.
     """
 
     def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None,
                  locations: list[str] | None = None):
-        from streaming import StreamingDataLoader
+        from fsframework.data.sample_loader import SampleCountingLoader
 
         self.dataset = dataset
         self.locations = locations or []
-        self.loader = StreamingDataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+        self.loader = SampleCountingLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                           collate_fn=Collate(recall), drop_last=True)
         self._iter: Iterator | None = None
 
