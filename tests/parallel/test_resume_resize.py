@@ -5,13 +5,14 @@ micro-batch, or 1 rank accumulating 2."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from fsframework.checkpoints import CheckpointError, resolve_checkpoint
 from fsframework.train.resize import Layout, check_resume_layout, saved_layout
-from tests.parallel.cli_runs import ONE_RANK, STEPS, assert_close, losses, rewind, torchrun, train_args
+from tests.parallel.cli_runs import ONE_RANK, STEPS, assert_close, launch, losses, rewind, torchrun, train_args
 from tests.utils import run_fsf
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
@@ -30,11 +31,15 @@ def reference(one_rank_two_micro_batches) -> Path:
     return one_rank_two_micro_batches
 
 
-def test_one_rank_zero2_resumes_on_two(reference, tmp_path, data_cache):
+def test_one_rank_zero2_resumes_on_two_by_fsf_launch(reference, tmp_path, data_cache):
+    """Also the real `fsf launch` of a CPU job (tests/launch covers its scripts and errors)."""
     run_dir = rewind(reference, tmp_path / "grow", 3)
-    proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.zero_stage=2"))
+    proc = launch(2, *train_args(run_dir, data_cache, "parallel.zero_stage=2"))
     assert "resumed from step_00000003 at step 3 (written by another number of ranks; now 2)" in proc.stdout
     assert_continues(run_dir, reference)
+    assert len(list((run_dir / "launch").glob("*/config.yaml"))) == 1  # started from its snapshot
+    # both ranks ran: the data-parallel token count is 2 ranks x batch x seq_len per step
+    assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["tokens"] == STEPS * 2 * 2 * 64
     assert not list((run_dir / "checkpoints").glob(".tmp-*")), "the universal copy is removed after loading"
     assert saved_layout(resolve_checkpoint(run_dir)) == Layout(world_size=2, sp=1, zero_stage=2)
 
