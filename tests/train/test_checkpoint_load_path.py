@@ -100,7 +100,8 @@ def test_a_checkpoint_of_another_model_names_the_checkpoint_and_the_overrides(tm
 # a `load_state_dict` call outside the load path that restores no model (a batch source's position),
 # or restores the engine's own module on resume (DeepSpeed's load, strict): (file, receiver)
 NOT_A_MODEL = {("fsframework/train/trainer.py", "self.source"), ("fsframework/data/sources.py", "self.inner"),
-               ("fsframework/data/loader.py", "self.loader"), ("fsframework/train/resume.py", "dst")}
+               ("fsframework/data/loader.py", "self.loader"), ("fsframework/train/resume.py", "dst"),
+               ("fsframework/data/sample_loader.py", "self.dataset")}
 
 
 def test_nothing_else_in_the_package_loads_weights_into_a_model():
