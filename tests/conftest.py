@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import fsframework.data  # noqa: F401  (streaming without its dataset zoo, as every fsf process imports it)
+# the runs the parallel, resize and export tests share, defined once for every folder (session scope)
+from tests.parallel.cli_runs import one_rank_two_micro_batches, two_rank_zero3_stopped_at_3  # noqa: F401
 
 # Triton reads TRITON_INTERPRET when a kernel module is imported: on a CPU-only machine the
 # kernels must run under the interpreter wherever a test first imports them.

@@ -1,13 +1,10 @@
-"""Exports of trained runs: a ZeRO-3 run and a ZeRO-0 run of the same weights export to the same
-tensors, `train.init_from`, `fsf calibrate` and `fsf eval` take an export, and the export
+"""Exports of trained runs: a ZeRO-3 run (the two-rank run the resize tests share) and a ZeRO-0
+run of the same weights export to the same tensors, `train.init_from`, `fsf calibrate` and `fsf eval` take an export, and the export
 evaluated from another directory scores the run's perplexity."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,39 +17,26 @@ from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 # one step at a learning rate far below the fp32 resolution of any weight (Adam moves each one by
-# about the learning rate): the weights stay the seed's whatever the ZeRO stage, so both runs
-# hold the same weights and their exports must be equal bit for bit
+# about the learning rate): the ZeRO-0 run started from the ZeRO-3 run's export keeps its weights,
+# so both runs hold the same weights and their exports must be equal bit for bit
 ONE_STEP = [*TINY_DATA, *TINY_MODEL, "model.name=fs", "model.attention.block_size=16", "train.max_steps=1",
             "train.ckpt_every=1", "optim.lr=1e-30", "optim.warmup_steps=0", "train.progress=false",
             "train.tensorboard=false"]
 
 
-def _train(run_dir: Path, data_cache: str, *extra: str, ranks: int = 1):
-    args = ["train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}", f"data.cache_dir={data_cache}",
-            *ONE_STEP, *extra]
-    if ranks == 1:
-        return run_fsf(*args)
-    from tests.parallel.ranks import free_port
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), "-m", "fsframework", *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, f"{' '.join(args)} on {ranks} ranks failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, data_cache) -> dict[str, Path]:
+def runs(two_rank_zero3_stopped_at_3, tmp_path_factory, data_cache) -> dict[str, Path]:
     """A ZeRO-3 run on 2 data-parallel ranks (each holds half of every tensor), its export, and a
     1-rank ZeRO-0 run started from that export, with its export."""
     root = tmp_path_factory.mktemp("export_runs")
-    _train(root / "zero3", data_cache, "parallel.zero_stage=3", ranks=2)
-    export_checkpoint(root / "zero3", root / "zero3_export")
-    proc = _train(root / "zero0", data_cache, "parallel.zero_stage=0", f"train.init_from={root / 'zero3_export'}")
+    zero3 = two_rank_zero3_stopped_at_3  # read only: the exports and the new run are written elsewhere
+    export_checkpoint(zero3, root / "zero3_export")
+    proc = run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={root / 'zero0'}",
+                   f"data.cache_dir={data_cache}", *ONE_STEP, "parallel.zero_stage=0",
+                   f"train.init_from={root / 'zero3_export'}")
     assert "initialised weights from" in proc.stdout
     export_checkpoint(root / "zero0", root / "zero0_export")
-    return {name: root / name for name in ("zero3", "zero3_export", "zero0", "zero0_export")}
+    return {"zero3": zero3, **{name: root / name for name in ("zero3_export", "zero0", "zero0_export")}}
 
 
 def test_zero3_and_zero0_runs_of_the_same_weights_export_equal(runs):

@@ -1,6 +1,8 @@
-"""The tiny training job the parallel tests run under torchrun and on one rank, and the one-rank
-baseline they share: 6 steps of 2 micro-batches (one rank accumulating both, ZeRO-2, checkpoints
-at steps 3 and 6), the global batch of 2 data-parallel ranks."""
+"""The tiny training job the parallel tests run under torchrun and on one rank, and the runs they
+share: the one-rank baseline, 6 steps of 2 micro-batches (one rank accumulating both, ZeRO-2,
+checkpoints at steps 3 and 6), the global batch of 2 data-parallel ranks; and the same job on 2
+ranks under ZeRO-3 stopped at step 3 (the resize tests resume it on one rank, the export tests
+merge its partitions)."""
 
 from __future__ import annotations
 
@@ -86,4 +88,14 @@ def one_rank_two_micro_batches(tmp_path_factory, data_cache) -> Path:
     run_dir = tmp_path_factory.mktemp("one_rank_zero2_accum2")
     run_fsf(*train_args(run_dir, data_cache, "parallel.zero_stage=2", *ONE_RANK))
     assert len(losses(run_dir)) == STEPS
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def two_rank_zero3_stopped_at_3(tmp_path_factory, data_cache) -> Path:
+    """The job on 2 data-parallel ranks under ZeRO-3 (each holds half of every tensor), stopped at
+    step 3 with its checkpoint there. Read only: a test that resumes it copies it first."""
+    run_dir = tmp_path_factory.mktemp("two_rank_zero3") / "run"
+    torchrun(2, *train_args(run_dir, data_cache, "parallel.zero_stage=3", "train.stop_at_step=3"))
+    assert len(losses(run_dir)) == 3
     return run_dir
