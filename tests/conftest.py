@@ -116,8 +116,12 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    global _session_lock
     if not hasattr(config, "workerinput"):
         _clean_streaming_shared_memory()
+        if _session_lock is not None:  # the session ends: its shared hold ends with it
+            _session_lock.close()
+            _session_lock = None
 
 
 @pytest.fixture(scope="session")
