@@ -3,8 +3,8 @@
 Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...] [LAYOUT[,LAYOUT]]
 Under the zigzag layout only the kinds it cuts into two runs per rank are checked (the others
 run contiguous under it, as in the contiguous check).
-Each rank also computes the single-process reference itself (same seed, whole
-sequence), so no reference needs to cross processes. Gradients of the SP run are
+Rank 0 computes the single-process reference (same seed, whole sequence) and sends its logits
+and gradients to every rank: one reference per world, not one per rank. Gradients of the SP run are
 averaged over the world as DeepSpeed does; with dp > 1 every DP group gets its
 own sample and the reference is the mean of the per-sample full gradients.
 """
@@ -50,22 +50,31 @@ def sample(seed: int, n: int, vocab: int):
     return tokens[:, :-1], targets, weights
 
 
+def reference_of(reference, cfg: ModelConfig, n: int, groups, weighted: bool):
+    """The single process's logits for this rank's DP group's sample and its parameter gradients
+    (averaged over the DP groups' samples), computed on rank 0 and sent to every rank."""
+    result = [None]
+    if groups.rank == 0:
+        logits_per_group = []
+        for g in range(groups.dp):  # every DP group's sample on one process
+            tokens, targets, weights = sample(100 + g, n, cfg.vocab_size)
+            logits = reference(tokens)
+            (lm_losses(logits, targets, weights if weighted else None)[0] / groups.dp).backward()
+            logits_per_group.append(logits.detach())
+        result[0] = (logits_per_group, [p.grad for p in reference.parameters()])
+    dist.broadcast_object_list(result, src=0)
+    logits_per_group, grads = result[0]
+    return logits_per_group[groups.dp_rank], grads
+
+
 def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     cfg = tiny(kind)
     torch.manual_seed(0)
     model = build_model(cfg)
     if kind == "fsb":  # FS-B reads with per-head thresholds that a checkpoint's calibration supplies
         set_fsb_thresholds(model, [[0.3, 0.5], [0.4, 0.2]], "test thresholds")
-    reference = copy.deepcopy(model)
     weighted = kind in ("swa", "fsl")
-    # reference: every DP group's sample on one process, gradients averaged over samples
-    ref_logits = None
-    for g in range(groups.dp):
-        tokens, targets, weights = sample(100 + g, n, cfg.vocab_size)
-        logits = reference(tokens)
-        (lm_losses(logits, targets, weights if weighted else None)[0] / groups.dp).backward()
-        if g == groups.dp_rank:
-            ref_logits = logits.detach()
+    ref_logits, ref_grads = reference_of(copy.deepcopy(model), cfg, n, groups, weighted)
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
@@ -79,11 +88,11 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     worst = err
     if err > TOL:
         errors.append(f"{kind} N={n}: logits of runs {runs} differ, rel rms {err:.2e}")
-    for (name, p), p_ref in zip(model.named_parameters(), reference.parameters()):
+    for (name, p), ref_grad in zip(model.named_parameters(), ref_grads):
         grad = p.grad.clone()
         dist.all_reduce(grad)
         grad /= groups.world_size  # what DeepSpeed does with the gradients of all ranks
-        err = rel_rms(grad, p_ref.grad)
+        err = rel_rms(grad, ref_grad)
         worst = max(worst, err)
         if err > TOL:
             errors.append(f"{kind} N={n}: gradient of {name} differs, rel rms {err:.2e}")
