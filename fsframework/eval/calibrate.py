@@ -34,6 +34,47 @@ HEATMAP_FILE = "calibration.png"
 DEFAULT_WINDOWS, DEFAULT_SEQ_LEN = 64, 4096
 
 
+def mixture_windows(streams: list[np.ndarray], weights: list[float], windows: Optional[int], seq_len: Optional[int],
+                    run_seq_len: int, seed: int, labels: list[str]) -> torch.Tensor:
+    """`[count, length]` calibration windows from the held-out text of every stream of the mixture.
+
+    One stream: `default_windows` then `calibration_windows` with `seed`. Several: the window length
+    and count as for their text together, the count shared out by the mixture weights (at least one
+    window each, largest remainders for the rest; with the defaults, no stream gives more than it
+    holds), each stream's windows drawn as one stream's with `seed + i`, in stream order.
+    """
+    if len(streams) == 1:
+        return calibration_windows(streams[0], *default_windows(streams[0], windows, seq_len, run_seq_len), seed)
+    count, length = default_windows(np.concatenate(streams), windows, seq_len, run_seq_len)
+    shares = apportion(count, weights)
+    if windows is None:  # the defaults take what each stream holds
+        shares = [min(share, len(stream) // length) for share, stream in zip(shares, streams)]
+    cut = []
+    for i, (stream, share, label) in enumerate(zip(streams, shares, labels)):
+        if share == 0:
+            continue
+        try:
+            cut.append(calibration_windows(stream, share, length, seed + i))
+        except ValueError as exc:
+            raise ValueError(f"stream {label}: {exc}") from None
+    if not cut:
+        raise ValueError(f"the held-out text of the streams holds no window of {length} tokens: lower --seq-len")
+    return torch.cat(cut)
+
+
+def apportion(count: int, weights: list[float]) -> list[int]:
+    """`count` split by `weights` (summing to 1): one each first while there are enough, then the
+    rest by largest remainders (ties to the earlier stream)."""
+    base = [1] * len(weights) if count >= len(weights) else [0] * len(weights)
+    rest = count - sum(base)
+    raw = [rest * w for w in weights]
+    shares = [b + int(r) for b, r in zip(base, raw)]
+    left = count - sum(shares)
+    for i in sorted(range(len(weights)), key=lambda i: (int(raw[i]) - raw[i], i))[:left]:
+        shares[i] += 1
+    return shares
+
+
 def calibration_windows(stream: np.ndarray, windows: int, seq_len: int, seed: int) -> torch.Tensor:
     """`[windows, seq_len]` token windows: the stream cut into consecutive windows, shuffled with `seed`."""
     available = len(stream) // seq_len
@@ -144,12 +185,13 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
               progress: bool = True) -> dict:
     """Compute and write the checkpoint's FS-B thresholds; returns the calibration record.
 
-    data: an MDS directory (default: the run's eval split); windows, seq_len: None for the defaults
-    that fit the held-out text (`default_windows`). Raises ValueError on bad input.
+    data: an MDS directory (default: the held-out split of every stream of the run's data, windows
+    drawn from each by its share of the mixture: `mixture_windows`); windows, seq_len: None for the
+    defaults that fit the held-out text (`default_windows`). Raises ValueError on bad input.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fsframework.data.loader import data_streams
+    from fsframework.data.mixture import HeldOutStream, heldout_streams
     from fsframework.eval.perplexity import heldout_tokens
     from fsframework.models.freesolo_attention import freesolo_layers
     from fsframework.models.registry import attention_kind
@@ -161,6 +203,8 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
         device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
     ckpt = Checkpoint.open(checkpoint)
     cfg = ckpt.config()
+    # what is read, found (or a stream without held-out split named) before the model is loaded
+    streams = [HeldOutStream("data", 1.0, data)] if data else heldout_streams(cfg, build=False)
     if attention_kind(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
                          f"not with model.name={cfg.model.name}")
@@ -173,11 +217,15 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
     if seq_len is not None and seq_len < cell_size:
         raise ValueError(f"--seq-len {seq_len} is shorter than one cell ({cell_size} tokens)")
 
-    def read() -> tuple[torch.Tensor, str]:
-        where = data or data_streams(cfg, "eval")[0][0]
-        stream = heldout_tokens(str(where), (windows or DEFAULT_WINDOWS) * (seq_len or DEFAULT_SEQ_LEN) * 4)
-        count, length = default_windows(stream, windows, seq_len, cfg.data.seq_len)
-        return calibration_windows(stream, count, length, seed), str(where)
+    def read() -> tuple[torch.Tensor, str | list[str]]:
+        budget = (windows or DEFAULT_WINDOWS) * (seq_len or DEFAULT_SEQ_LEN) * 4
+        if not data:
+            heldout_streams(cfg)  # builds the embedded corpus on first use (here: one rank)
+        texts = [heldout_tokens(s.location, budget) for s in streams]
+        tokens = mixture_windows(texts, [s.weight for s in streams], windows, seq_len, cfg.data.seq_len, seed,
+                                 [s.label for s in streams])
+        locations = [s.location for s in streams]
+        return tokens, locations[0] if len(locations) == 1 else locations
 
     tokens, data_dir = _shared_windows(read, rank, world)
     windows, seq_len = tokens.shape
@@ -194,7 +242,7 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
         values = recorder.close()
     values = _gather(values, world, seq_len // cell_size)
     tau = [lower_median(v).tolist() for v in values]
-    record = {"tau": tau, "windows": windows, "seq_len": seq_len, "data": str(data_dir), "seed": seed,
+    record = {"tau": tau, "windows": windows, "seq_len": seq_len, "data": data_dir, "seed": seed,
               "cells": int(values[0].shape[0]), "model": cfg.model.name, "n_layers": len(layers),
               "n_heads": layers[0].n_heads, "cell_size": cell_size, "checkpoint": str(ckpt.path)}
     if rank == 0:

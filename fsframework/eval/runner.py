@@ -15,15 +15,15 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     """Evaluate `checkpoint` (run, checkpoint or export); scores to `out`, and to the run's
     tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label)."""
     from fsframework.checkpoints import Checkpoint, load_model
-    from fsframework.data.loader import data_streams
+    from fsframework.data.mixture import heldout_streams
     from fsframework.data.tokenizers import load_tokenizer
     from fsframework.eval.suite import run_eval
 
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
-    # held-out text is needed (and, for the embedded corpus, built) only for perplexity; found
-    # (or found missing) before the model is loaded
-    data_dir = data_streams(ckpt.config(overrides), "eval")[0][0] if "perplexity" in tasks else None
+    # held-out text is needed (and, for the embedded corpus, built) only for perplexity: every
+    # stream's, found (or found missing) before the model is loaded
+    data_dir = heldout_streams(ckpt.config(overrides)) if "perplexity" in tasks else None
     model, cfg = load_model(ckpt, device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -104,20 +104,49 @@ def _run_task(task, model, tokenizer, lengths, num_samples, seed, batch_size, ge
 
 
 def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results):
+    """Perplexity per length of every held-out stream (`data_dir`: one MDS split, or the run's
+    `HeldOutStream`s), and of their mixture (`mixture_perplexity`) as the task's score; with
+    several streams each one's values go to `breakdown["perplexity"][label]`."""
+    from fsframework.data.mixture import HeldOutStream
     from fsframework.eval.perplexity import perplexity_vs_length
 
+    streams = [HeldOutStream("data", 1.0, data_dir)] if isinstance(data_dir, str) else list(data_dir)
     # num_samples sequences per length, in batches of batch_size
     num_batches = max(1, math.ceil(num_samples / batch_size))
-    ppl = perplexity_vs_length(model, tokenizer, list(lengths), data_dir=data_dir, num_batches=num_batches,
-                               batch_size=batch_size, device=device)
+    per_stream = {s.label: perplexity_vs_length(model, tokenizer, list(lengths), data_dir=s.location,
+                                                num_batches=num_batches, batch_size=batch_size, device=device)
+                  for s in streams}
     scores = {}
     for n in lengths:
-        value = float(ppl.get(n, float("nan")))
+        values = {s.label: float(per_stream[s.label].get(n, float("nan"))) for s in streams}
+        value = mixture_perplexity(values, {s.label: s.weight for s in streams})
         # NaN (no full window of held-out text at this length) is not valid JSON: record None
         scores[str(n)] = value if math.isfinite(value) else None
-        if scores[str(n)] is None:
+        missing = [label for label, v in values.items() if not math.isfinite(v)]
+        if len(streams) == 1 and missing:
             results["skipped"].setdefault("perplexity", {})[str(n)] = "no full window of held-out text"
+        elif missing:
+            results["skipped"].setdefault("perplexity", {})[str(n)] = (
+                f"no full window of held-out text in {', '.join(missing)}"
+                + ("" if len(missing) == len(streams) else ": the mixture weighs the other streams"))
     results["scores"]["perplexity"] = scores
+    if len(streams) > 1:
+        results["breakdown"]["perplexity"] = {
+            label: {str(n): (v if math.isfinite(v := float(ppl.get(n, float("nan")))) else None) for n in lengths}
+            for label, ppl in per_stream.items()}
+
+
+def mixture_perplexity(values: dict[str, float], weights: dict[str, float]) -> float:
+    """exp of the streams' mean token log-losses weighted as the mixture (validation's `val/loss`,
+    as a perplexity): `exp(sum_s w_s log ppl_s)`, over the streams with a value (NaN: no window
+    at this length), their weights renormalised; NaN when none has one. One stream: its value."""
+    finite = {label: v for label, v in values.items() if math.isfinite(v)}
+    if not finite:
+        return float("nan")
+    if len(values) == 1:
+        return next(iter(finite.values()))
+    total = sum(weights[label] for label in finite)
+    return math.exp(sum(weights[label] * math.log(v) for label, v in finite.items()) / total)
 
 
 def _run_mqar(model, spec, reach, lengths, num_samples, seed, batch_size, device, advance, results):
@@ -149,6 +178,9 @@ def print_table(results: dict, console: Console | None = None) -> Table:
     for task, series in results["scores"].items():
         digits = 2 if task == "perplexity" else 1
         table.add_row(task, *(cell(series.get(n), digits) for n in lengths))
+        if task == "perplexity":  # a mixture's streams, each on its own held-out text
+            for stream, values in results["breakdown"].get("perplexity", {}).items():
+                table.add_row(f"  {stream}", *(cell(values.get(n), digits) for n in lengths))
         if task == "mqar":
             for split in ("within", "beyond"):
                 table.add_row(f"  {split} reach", *(cell(results["breakdown"]["mqar"].get(n, {}).get(split))
@@ -164,7 +196,7 @@ def print_table(results: dict, console: Console | None = None) -> Table:
 
 
 def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samples: int, seed: int,
-             batch_size: int, out_path: str | None, plots_dir: str | None, data_dir: str | None, device,
+             batch_size: int, out_path: str | None, plots_dir: str | None, data_dir, device,
              gen_tokens: dict[str, int] | None = None, console: Console | None = None,
              progress_callback: Callable[[str, int], None] | None = None, meta: dict | None = None,
              mqar=None, mqar_reach: int = 0) -> dict:
@@ -174,6 +206,8 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
     perplexity: sequences per length). `gen_tokens` overrides the generation budget per
     task (defaults: RULER's 128 for NIAH, 16 for passkey and F-fact). A length too
     short for a task's fixed prompt is skipped with its reason under `skipped`.
+    `data_dir` is what perplexity reads: one held-out MDS split, or the run's streams
+    (`fsframework.data.mixture.heldout_streams`), scored each and as their mixture.
     `mqar` (a `MqarConfig`, the run's `data.mqar`) and `mqar_reach` (the stacked windows' reach
     in tokens) are what the "mqar" task needs. Writes `out_path` (JSON with scores and
     per-sample records) and PNGs under `plots_dir` when given. `meta` (e.g. the checkpoint and its read path) joins the file's "meta".

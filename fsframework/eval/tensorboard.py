@@ -24,6 +24,11 @@ def log_eval_results(log_dir: Path, results: dict, step: int, label: str) -> Non
             for length, value in by_length.items():
                 if isinstance(value, (int, float)):  # None: the length did not fit the model or the data
                     writer.add_scalar(f"eval/{label}/{task}/{length}", value, step)
+        # a mixture's streams apart (perplexity of each stream's held-out text)
+        for stream, by_length in results.get("breakdown", {}).get("perplexity", {}).items():
+            for length, value in by_length.items():
+                if isinstance(value, (int, float)):
+                    writer.add_scalar(f"eval/{label}/perplexity/{stream}/{length}", value, step)
         for plot in results.get("plots", []):
             image = matplotlib.image.imread(plot)  # H x W x (3 or 4), floats in [0, 1]
             writer.add_image(f"eval_plots/{label}/{Path(plot).stem}", image[..., :3], step, dataformats="HWC")
