@@ -13,7 +13,7 @@ module imports transformers (2.3 s of CPU in a process that has torch already) f
 `isinstance` checks. Its modules (`streaming.base.dataset`, `.format`, ...) import on their own,
 and each name of `streaming` imports on first use from the module that defines it: a training
 rank reads shards without ever importing transformers (fsframework's loader,
-`fsframework.data.loader.SampleCountingLoader`, is not streaming's), and a process that only
+`fsframework.data.sample_loader.SampleCountingLoader`, is not streaming's), and a process that only
 builds or inspects shards' text (`fsf data build`'s tokenizing workers) starts in a fraction of
 a second.
 """
