@@ -101,11 +101,11 @@ def test_a_hanging_rank_is_named_by_the_health_check(tmp_path, data_cache):
     # rank 1 stops answering inside step 2: rank 0's collective times out after parallel.timeout_s,
     # the monitored barrier finds rank 1 missing, and the job ends instead of hanging
     run_dir = tmp_path / "hang"
-    proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.timeout_s=15"),
+    proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.timeout_s=10"),
                     env={"FSF_FAULT": "hang:1:2"}, check=False, module="tests.faults")
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
-    assert "rank 0 of 2: a collective failed or timed out after parallel.timeout_s=15s" in out
+    assert "rank 0 of 2: a collective failed or timed out after parallel.timeout_s=10s" in out
     assert "Ranks 1 failed to pass monitoredBarrier" in out
     assert "MarkupError" not in out  # the error text (with gloo's bracketed source paths) prints as is
 
