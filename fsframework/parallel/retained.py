@@ -18,14 +18,17 @@ ties, the order `_route_fsl` keeps). So a rank fetches:
    merges them for every later rank, so each owner knows which of its cells each later
    rank needs and sends them without a request round.
 
-Both travel as cells (`s` positions of one batch row and head) in ONE point-to-point
-exchange per layer and direction: `P s + h` positions per head, whatever N is.
+Both travel as cells (`s` positions of one batch row and head), point to point: `P s + h`
+positions per head, whatever N is. A cell comes from its owner or, where that evens out
+what the ranks receive, from a later rank that already fetched it
+(`fsframework.parallel.cell_relays`): one exchange per layer and direction, two when some
+cell is relayed.
 
 The fetched positions fill a zero prefix `[B, a, H, 2d]`; the rest stays zero and is
 never read: a zero cell has `a_c = 0`, which no fetched cell is below, and the earlier
 cell wins ties, so FS-L's routing keeps exactly the single-process cells, and its
 readout and window read only fetched keys. Backward returns each fetched cell's
-gradient to its owner.
+gradient to its owner (through the relay that sent it, which adds its own).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.models.context import RetainedCells
+from fsframework.parallel.cell_relays import CellPlan, balance
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.context import SPContext
 from fsframework.ops.freesolo_routing import cell_summaries
@@ -104,32 +108,45 @@ def _cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int, s: int) -> to
 
 
 class _FetchCells(torch.autograd.Function):
-    """Own `kv [B, n, H, 2d]` -> the cells this rank fetches, `[m, s, 2d]` (rows of `plan[(owner, rank)]`,
-    owners in order). Backward sends each received cell's gradient back to its owner."""
+    """Own `kv [B, n, H, 2d]` -> the cells this rank fetches, `[m, s, 2d]` in `plan.rows_of(rank)`
+    order: round 1 from their owners, round 2 from relays (`fsframework.parallel.cell_relays`).
+    Backward runs the rounds in reverse: round-2 gradients go to the relays, which add them to
+    the gradients of the cells they received in round 1 and return those to the owners."""
 
     @staticmethod
-    def forward(ctx, kv: torch.Tensor, sp: SPContext, plan: dict, s: int):
+    def forward(ctx, kv: torch.Tensor, sp: SPContext, plan: CellPlan, s: int):
         ctx.sp, ctx.plan, ctx.s, ctx.shape = sp, plan, s, kv.shape
-        me = sp.rank
-        outgoing = [(t, _cells_of(kv, rows, sp.start, s)) for (o, t), rows in sorted(plan.items()) if o == me]
-        incoming = [(o, kv.new_empty((len(rows), s, kv.shape[-1]))) for (o, t), rows in sorted(plan.items())
-                    if t == me]
-        exchange(sp, outgoing, incoming, "cells")
-        if not incoming:
-            return kv.new_empty((0, s, kv.shape[-1]))
-        return torch.cat([buf for _, buf in incoming])
+        me, width = sp.rank, kv.shape[-1]
+        first = [(o, kv.new_empty((len(rows), s, width))) for o, rows in plan.received_by(me)]
+        exchange(sp, [(t, _cells_of(kv, rows, sp.start, s)) for t, rows in plan.sent_by(me)], first, "cells")
+        first = torch.cat([buf for _, buf in first]) if first else kv.new_empty((0, s, width))
+        second = [(m, kv.new_empty((len(rows), s, width))) for m, rows in plan.received_by(me, relayed=True)]
+        relayed = [(t, first[plan.sources[(me, t)]]) for t, _ in plan.sent_by(me, relayed=True)]
+        if plan.relayed:  # the same on every rank: all take part in the round or none
+            exchange(sp, relayed, second, "cells")
+        return torch.cat([first] + [buf for _, buf in second])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         sp, plan, s, me = ctx.sp, ctx.plan, ctx.s, ctx.sp.rank
-        mine = [(o, rows) for (o, t), rows in sorted(plan.items()) if t == me]
-        pieces = grad.split([len(rows) for _, rows in mine]) if mine else []
-        outgoing = [(o, piece) for (o, _), piece in zip(mine, pieces)]
-        theirs = [(t, rows) for (o, t), rows in sorted(plan.items()) if o == me]
-        incoming = [(t, grad.new_empty((len(rows), s, grad.shape[-1]))) for t, rows in theirs]
-        exchange(sp, outgoing, incoming, "cells")
+        width = grad.shape[-1]
+        received = plan.received_by(me)
+        grad_first, grad_second = grad.split([sum(len(r) for _, r in received), len(grad) - sum(len(r) for _, r in received)])
+        grad_first = grad_first.clone()  # the relayed cells' gradients are added to it
+        if plan.relayed:
+            senders = plan.received_by(me, relayed=True)
+            pieces = grad_second.split([len(rows) for _, rows in senders]) if senders else []
+            relayed = plan.sent_by(me, relayed=True)
+            back = [(t, grad.new_empty((len(rows), s, width))) for t, rows in relayed]
+            exchange(sp, [(m, piece) for (m, _), piece in zip(senders, pieces)], back, "cells")
+            for t, buf in back:
+                grad_first.index_add_(0, plan.sources[(me, t)], buf)
+        pieces = grad_first.split([len(rows) for _, rows in received]) if received else []
+        mine = plan.sent_by(me)
+        incoming = [(t, grad.new_empty((len(rows), s, width))) for t, rows in mine]
+        exchange(sp, [(o, piece) for (o, _), piece in zip(received, pieces)], incoming, "cells")
         grad_kv = grad.new_zeros(ctx.shape)
-        for (_, rows), (_, buf) in zip(theirs, incoming):
+        for (_, rows), (_, buf) in zip(mine, incoming):
             pos = (rows[:, 2:] * s - sp.start) + torch.arange(s, device=grad.device)
             grad_kv.index_put_((rows[:, :1], pos, rows[:, 1:2]), buf, accumulate=True)
         return grad_kv, None, None, None
@@ -141,10 +158,10 @@ def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
     cells at their positions, zeros elsewhere before `a` (see the module docstring), then the own keys."""
     s = span.cell_size
     values, cells = _candidates(k, sp, span)
-    plan = _plan(values, cells, sp, span)
+    plan = balance(_plan(values, cells, sp, span), sp.size)
     kv = torch.cat((k, v), dim=-1)  # B n H 2d
     fetched = _FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
-    mine = [rows for (_, t), rows in sorted(plan.items()) if t == sp.rank]
+    mine = plan.rows_of(sp.rank)
     rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
     pos = rows[:, 2:] * s + torch.arange(s, device=k.device)  # m s
     prefix = kv.new_zeros((kv.shape[0], sp.start, *kv.shape[2:])).index_put((rows[:, :1], pos, rows[:, 1:2]), fetched)

@@ -8,7 +8,8 @@ For each N, against a plain reference built from the all-gathered prefix on this
    all-gather path's with the same weights;
 3. the bytes received per rank in the forward are `P s + h` positions per head plus the
    candidates' all-gather, the same for every N whose prefix holds more than `P` cells;
-   the backward returns gradients of the cells later ranks fetched, at most as many.
+   the backward returns gradients of the cells later ranks fetched, at most as many; some cells
+   come from relays (the worker prints how many), whose gradients go back through them.
 Prints one `bytes N=... rank=...` line per N; exits non-zero on a mismatch.
 """
 
@@ -25,7 +26,8 @@ from fsframework.parallel.attention import gather_kv
 from fsframework.parallel.collectives import CommCounter
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import init_groups
-from fsframework.parallel.retained import halo_width, retained_kv
+from fsframework.parallel.cell_relays import balance
+from fsframework.parallel.retained import _candidates, _plan, halo_width, retained_kv
 from tests.parallel.ranks import finish_rank
 
 SPAN = RetainedCells(cell_size=4, recent_cells=2, retained_cells=3, window=10)  # halo: 3 cells
@@ -68,8 +70,9 @@ def check(n: int, sp: SPContext) -> list[str]:
     for name, g, r in zip("kv", grads, ref):
         if not torch.allclose(g, r.grad, rtol=1e-6, atol=1e-6):
             errors.append(f"N={n}: the gradient of the own {name} differs from the all-gather path's")
+    plan = balance(_plan(*_candidates(own[0].detach(), sp, SPAN), sp, SPAN), sp.size)
     print(f"bytes N={n} rank={sp.rank} forward={forward.get('cells', 0)} total={counted['cells']} "
-          f"all_gather={counted['all_gather']}")
+          f"all_gather={counted['all_gather']} relayed={sum(len(r) for r in plan.relayed.values())}")
     return errors
 
 
