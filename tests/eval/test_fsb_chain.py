@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,6 @@ FS_TINY = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.att
            "train.progress=false", "train.tensorboard=false", "optim.warmup_steps=2"]
 
 
-@pytest.mark.ranks
 def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     run = tmp_path / "fs"
     run_fsf("train", str(REPO / "yamls/quickstart.yaml"), f"run_dir={run}", "model.name=fs", "train.max_steps=3",
@@ -43,9 +43,6 @@ def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     assert json.loads((ckpt / "calibration.json").read_text())["tau"] == record["tau"]
     assert cli.invoke(app, [*calibrate[:-1], "4"]).exit_code == 0  # another shuffle, other windows
     assert json.loads((ckpt / "calibration.json").read_text())["tau"] != record["tau"]
-    # two ranks (torchrun) split the windows 3 + 3 and gather every value: the same exact medians
-    run_ranks(Path(__file__).with_name("_calibrate_worker.py"), 2, str(run), "6", "48", "3")
-    assert json.loads((ckpt / "calibration.json").read_text())["tau"] == record["tau"]
 
     res = cli.invoke(app, evaluate)
     assert res.exit_code == 0, res.output
@@ -62,3 +59,19 @@ def test_train_fs_calibrate_then_read_with_fsb(tmp_path, data_cache):
     assert res.exit_code == 2 and "fsb.beam_width=2 must be >= model.attention.fsb.top_k=3" in res.output
     res = cli.invoke(app, ["calibrate", str(run), "--windows", "100000", "--seq-len", "48"])
     assert res.exit_code == 2 and "lower --windows" in res.output
+
+
+@pytest.mark.ranks
+def test_two_ranks_calibrate_to_the_same_medians(tmp_path, one_rank_two_micro_batches):
+    # two ranks (torchrun) split the windows 3 + 3 and gather every value: the same exact medians as
+    # one process, on a copy of the shared FS run (the multi-rank tests' own, so no extra training)
+    run = tmp_path / "fs"
+    shutil.copytree(one_rank_two_micro_batches, run)
+    calibrate = ["calibrate", str(run), "--windows", "6", "--seq-len", "48", "--seed", "3"]
+    res = CliRunner().invoke(app, calibrate)
+    assert res.exit_code == 0, res.output
+    record_file = resolve_checkpoint(run) / "calibration.json"
+    one_process = json.loads(record_file.read_text())["tau"]
+    record_file.unlink()
+    run_ranks(Path(__file__).with_name("_calibrate_worker.py"), 2, str(run), "6", "48", "3")
+    assert json.loads(record_file.read_text())["tau"] == one_process

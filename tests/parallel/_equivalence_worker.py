@@ -2,7 +2,9 @@
 
 Usage: python _equivalence_worker.py SP KIND[,KIND...] N[,N...] [LAYOUT[,LAYOUT]]
 Under the zigzag layout only the kinds it cuts into two runs per rank are checked (the others
-run contiguous under it, as in the contiguous check).
+run contiguous under it, as in the contiguous check). KIND `rewired-ablation` is the rewired
+model's ablations together: mean runway (a prefix sum across slices), bilinear score with Bmat
+moved off the identity, runway head 1.
 Rank 0 computes the single-process reference (same seed, whole sequence) and sends its logits
 and gradients to every rank: one reference per world, not one per rank. Gradients of the SP run are
 averaged over the world as DeepSpeed does; with dp > 1 every DP group gets its
@@ -17,7 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
+from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig, RewiredConfig
 from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import KINDS, build_model
 from fsframework.models.losses import lm_losses
@@ -30,11 +32,31 @@ from tests.parallel.ranks import finish_rank
 TOL = 1e-5
 
 
+REWIRED_ABLATION = "rewired-ablation"
+
+
+def registry_kind(kind: str) -> str:
+    return "rewired" if kind == REWIRED_ABLATION else kind
+
+
 def tiny(kind: str) -> ModelConfig:
     # block 16 and window 40: a window wider than some slices, so halos span several ranks
+    rewired = RewiredConfig(runway="mean", score="bilinear", head=1) if kind == REWIRED_ABLATION else RewiredConfig()
     att = AttentionConfig(window=40, block_size=16, cell_size=4, top_k=2, recent_cells=2, retained_cells=3,
-                          combine="gate" if kind == "fsl" else "sum", impl="reference")
-    return ModelConfig(name=kind, vocab_size=61, d_model=32, n_layers=2, n_heads=2, attention=att)
+                          combine="gate" if kind == "fsl" else "sum", impl="reference", rewired=rewired)
+    return ModelConfig(name=registry_kind(kind), vocab_size=61, d_model=32, n_layers=2, n_heads=2, attention=att)
+
+
+def build(kind: str, cfg: ModelConfig):
+    """The kind's model, seeded by the caller (every rank builds the same weights)."""
+    model = build_model(cfg)
+    if kind == "fsb":  # FS-B reads with per-head thresholds that a checkpoint's calibration supplies
+        set_fsb_thresholds(model, [[0.3, 0.5], [0.4, 0.2]], "test thresholds")
+    if kind == REWIRED_ABLATION:  # Bmat off the identity, so the bilinear score is really tested
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.attn.bmat.add_(0.3 * torch.randn_like(layer.attn.bmat))
+    return model
 
 
 def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -70,9 +92,7 @@ def reference_of(reference, cfg: ModelConfig, n: int, groups, weighted: bool):
 def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     cfg = tiny(kind)
     torch.manual_seed(0)
-    model = build_model(cfg)
-    if kind == "fsb":  # FS-B reads with per-head thresholds that a checkpoint's calibration supplies
-        set_fsb_thresholds(model, [[0.3, 0.5], [0.4, 0.2]], "test thresholds")
+    model = build(kind, cfg)
     weighted = kind in ("swa", "fsl")
     ref_logits, ref_grads = reference_of(copy.deepcopy(model), cfg, n, groups, weighted)
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
@@ -115,7 +135,7 @@ def kinds_under(layout: str, kinds: list[str]) -> list[str]:
     model such as AR-GRC) into two runs per rank (fsframework.parallel.parallelize)."""
     if layout == "contiguous":
         return kinds
-    return [k for k in kinds if KINDS[k].keys == "prefix" and not KINDS[k].language_model]
+    return [k for k in kinds if KINDS[registry_kind(k)].keys == "prefix" and not KINDS[registry_kind(k)].language_model]
 
 
 if __name__ == "__main__":

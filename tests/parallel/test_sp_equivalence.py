@@ -21,17 +21,20 @@ BOTH_LAYOUTS = "contiguous,zigzag"
 # each world checks both layouts (zigzag: the prefix kinds cut into two runs per rank, the worker's
 # kinds_under) at sp 2 and 4; data parallelism averages whole SP groups' gradients whatever their
 # layout, so sp2xdp2 runs contiguous only
-@pytest.mark.parametrize("world, sp, lengths, layouts", [
-    pytest.param(2, 2, "100,37", BOTH_LAYOUTS, id="sp2-ragged"),  # 7 and 3 blocks of 16: unequal slices
+# sp2-ragged also checks the rewired model's ablations (the worker's `rewired-ablation`: mean runway, a
+# prefix sum across slices; bilinear score with Bmat off the identity; runway head 1)
+@pytest.mark.parametrize("world, sp, lengths, layouts, extra", [
+    pytest.param(2, 2, "100,37", BOTH_LAYOUTS, ["rewired-ablation"], id="sp2-ragged"),  # 7 and 3 blocks of 16
     # a last slice of 4 tokens; the 40-token window spans two ranks; 200: 13 blocks, enough for 8 zigzag runs
-    pytest.param(4, 4, "100,200", BOTH_LAYOUTS, id="sp4"),
-    pytest.param(4, 2, "100", "contiguous", id="sp2xdp2-contiguous"),  # two SP groups, different samples
+    pytest.param(4, 4, "100,200", BOTH_LAYOUTS, [], id="sp4"),
+    pytest.param(4, 2, "100", "contiguous", [], id="sp2xdp2-contiguous"),  # two SP groups, different samples
 ])
-def test_sp_matches_single_process(world, sp, lengths, layouts):
-    outputs = run_ranks(WORKER, world, str(sp), ",".join(ALL_KINDS), lengths, layouts, timeout=240)
+def test_sp_matches_single_process(world, sp, lengths, layouts, extra):
+    outputs = run_ranks(WORKER, world, str(sp), ",".join([*ALL_KINDS, *extra]), lengths, layouts, timeout=240)
     # the worker exits non-zero on any mismatch above 1e-5 (relative RMS); make sure it checked everything
-    kinds = {"contiguous": len(ALL_KINDS),
-             "zigzag": sum(1 for k in ALL_KINDS if KINDS[k].keys == "prefix" and not KINDS[k].language_model)}
+    kinds = {"contiguous": len(ALL_KINDS) + len(extra),  # the ablation is a prefix kind: zigzag cuts it too
+             "zigzag": sum(1 for k in ALL_KINDS if KINDS[k].keys == "prefix" and not KINDS[k].language_model)
+             + len(extra)}
     checked = sum(line.count("worst rel rms") for line in outputs)
     assert checked == world * sum(kinds[layout] for layout in layouts.split(",")) * len(lengths.split(","))
     if "zigzag" in layouts:  # the causal kinds really ran on two runs per rank (too few blocks: one)
