@@ -56,3 +56,21 @@ def run_fsf_process(*args: str, env: dict | None = None, check: bool = True,
     if check and proc.returncode != 0:
         raise AssertionError(f"fsf {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def read_ahead_threads(wait_s: float = 0.0, besides: frozenset = frozenset()) -> list[str]:
+    """Threads of this process inside mosaicml-streaming's per-epoch read-ahead loops, other than
+    `besides` (those an earlier test of the process left), after waiting up to `wait_s` seconds
+    for them to end (a stopped epoch's threads leave at their next poll)."""
+    import threading
+    import time
+    import traceback
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        frames = sys._current_frames()
+        names = [t.name for t in threading.enumerate() if t.ident in frames and t.name not in besides and any(
+            f.name in ("_prepare_thread", "_ready_thread") for f in traceback.extract_stack(frames[t.ident]))]
+        if not names or time.monotonic() >= deadline:
+            return names
+        time.sleep(0.01)

@@ -250,3 +250,13 @@ class TokenLoader(StreamSource):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
         self._iter = None
+
+    def close(self) -> None:
+        """Stop the epoch under way. streaming's two read-ahead threads of an iteration end only
+        when its epoch does or the next one starts; a loop that stops mid-epoch would leave them
+        polling every few milliseconds for as long as the process lives (in a process that trains
+        again, or evaluates, each run would add two)."""
+        self._iter = None
+        iteration = getattr(self.dataset, "_iterator", None)  # streaming's state of the epoch under way
+        if iteration is not None:
+            iteration.non_blocking_exit()

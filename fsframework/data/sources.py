@@ -10,6 +10,8 @@ The loop asks its source for each micro-batch and, at a checkpoint, for its posi
   state (under "loader") so that a resumed run reads on exactly where the run stopped.
 - `record(step)`: what the step's metrics line says about the batches besides their
   length (which the loop reads off the batch), e.g. whether they were the copy warmup's.
+- `close()`: the loop is done with the source (the end of `fit`, also on an error): a
+  source that reads ahead in background threads stops them.
 
 The sources: text shards (`fsframework.data.loader.TokenLoader`), associative recall
 (`data.source=mqar`, `fsframework.data.mqar.RecallTaskLoader`), and two that change what
@@ -42,6 +44,9 @@ class BatchSource(Protocol):
     def record(self, step: int) -> dict[str, Any]:
         ...
 
+    def close(self) -> None:
+        ...
+
 
 class StreamSource:
     """A source that is an endless iterator of batches (`__next__`), whatever the step."""
@@ -51,6 +56,9 @@ class StreamSource:
 
     def record(self, step: int) -> dict[str, Any]:
         return {}
+
+    def close(self) -> None:
+        pass
 
 
 class WrappedSource:
@@ -68,6 +76,9 @@ class WrappedSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        self.inner.close()
 
     def record(self, step: int) -> dict[str, Any]:
         return self.inner.record(step)

@@ -368,6 +368,8 @@ class Trainer:
             return self._loop(stops)
         finally:
             stops.restore()
+            if getattr(self, "source", None) is not None:  # None when build() failed before making it
+                self.source.close()
 
     def _loop(self, stops: StopRequests) -> TrainState:
         cfg = self.cfg

@@ -35,6 +35,7 @@ def test_embedded_corpus_builds_and_loads(tmp_path):
     dataset = make_streaming_dataset(train_dir, batch_size=3, shuffle=False, seed=0)
     loader = TokenLoader(dataset, batch_size=3)
     batch = next(loader)
+    loader.close()
     assert batch["inputs"].shape == (3, 128) and batch["targets"].shape == (3, 128)
     assert np.array_equal(batch["inputs"][:, 1:].numpy(), batch["targets"][:, :-1].numpy())
     text = ByteTokenizer().decode(batch["inputs"][0].tolist())

@@ -16,7 +16,7 @@ import pytest
 
 from fsframework.data.loader import TokenLoader, make_streaming_dataset
 from fsframework.data.shards import pack_documents, write_mds
-from tests.utils import REPO
+from tests.utils import REPO, read_ahead_threads
 
 
 def _write(path: Path, marker: int, docs: int = 40, seq_len: int = 16) -> Path:
@@ -48,7 +48,9 @@ def test_remote_s3_dataset_streams_and_caches(s3_server, tmp_path):
         client.upload_file(str(f), "fsf-shards", f"corpus/train/{f.name}")
     dataset = make_streaming_dataset([("s3://fsf-shards/corpus/train", None)], batch_size=2, shuffle=False, seed=0,
                                      local_cache=str(tmp_path / "cache"))
-    batch = next(TokenLoader(dataset, batch_size=2))
+    loader = TokenLoader(dataset, batch_size=2)
+    batch = next(loader)
+    loader.close()
     assert batch["inputs"].shape == (2, 16) and int(batch["inputs"][0, 0]) == 5
     assert list((tmp_path / "cache").rglob("shard.*")), "remote shards are cached locally"
 
@@ -69,7 +71,7 @@ def test_shuffle_is_deterministic_by_seed(tmp_path):
         ds = make_streaming_dataset(str(src), batch_size=4, shuffle=True, seed=seed)
         loader = TokenLoader(ds, batch_size=4)
         out = [next(loader)["inputs"][:, 0].tolist() for _ in range(3)]
-        del loader, ds
+        loader.close()
         return out
 
     first, again, other = order(3, "a"), order(3, "b"), order(4, "c")
@@ -131,3 +133,19 @@ def test_damaged_or_missing_shard_is_named(tmp_path):
     assert proc.returncode != 0
     assert f"shard {shards[2].name}: file missing" in proc.stderr
     assert not (tmp_path / "run_missing" / "metrics.jsonl").exists()
+
+
+def test_a_loader_closed_mid_epoch_stops_its_read_ahead_threads(tmp_path):
+    # streaming's two read-ahead threads poll until their epoch ends: a loop that stops after a few
+    # batches (every training run) must end them, or each run would leave two polling for good
+    dataset = make_streaming_dataset([(str(_write(tmp_path / "a", marker=3, docs=400)), None)], batch_size=2,
+                                     shuffle=False, seed=0)
+    others = frozenset(read_ahead_threads())  # another test's, in this process
+    loader = TokenLoader(dataset, batch_size=2)
+    next(loader)
+    mine = read_ahead_threads(besides=others)
+    assert len(mine) == 2, mine  # the epoch under way reads ahead (predownload) and then waits
+    loader.close()
+    assert not read_ahead_threads(wait_s=5, besides=others)
+    next(loader)  # a closed loader starts the next epoch when asked again
+    loader.close()

@@ -9,7 +9,7 @@ import pytest
 
 from fsframework.checkpoints import CheckpointError, find_latest, resolve_checkpoint, verify
 from fsframework.checkpoints.writing import CRASH_ENV
-from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf, run_fsf_process
+from tests.utils import REPO, TINY_DATA, TINY_MODEL, read_ahead_threads, run_fsf, run_fsf_process
 
 STEPS = 20
 
@@ -46,12 +46,15 @@ def test_straight_run_learns_and_writes_run_files(straight_run):
 
 
 def test_resume_is_exact(straight_run, tmp_path, data_cache):
+    others = frozenset(read_ahead_threads())  # another test's, in this process
     run_dir = tmp_path / "split"
     _train(run_dir, data_cache, "train.stop_at_step=10")
     assert len(_losses(run_dir)) == 10
     proc = _train(run_dir, data_cache)
     assert "resumed from step_00000010" in proc.stdout
     assert _losses(run_dir) == _losses(straight_run)
+    # both runs were in this process (stopped mid-epoch): each ended its loader's read-ahead threads
+    assert not read_ahead_threads(wait_s=5, besides=others)
 
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(straight_run, tmp_path, data_cache):
