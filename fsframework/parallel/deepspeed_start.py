@@ -1,5 +1,9 @@
 """Starting a DeepSpeed engine without compiling what fsframework never runs.
 
+Two things DeepSpeed would build at every engine start that fsframework never calls:
+`import_muon_lazily` (below) and `skip_shared_memory_allreduce` (the CPU accelerator's
+shared-memory all-reduce extension, further below).
+
 Every ZeRO stage imports DeepSpeed's Muon optimizer (`deepspeed.runtime.zero.muon`) when its
 engine starts, to ask whether the run's optimizer is one. That module applies `torch.compile` to
 its update functions when imported, and `torch.compile` loads torch's inductor on the spot: about
@@ -47,3 +51,23 @@ def import_muon_lazily() -> None:
             importlib.import_module(name)
     finally:
         compiler.compile = eager
+
+
+SHARED_MEMORY_ALLREDUCE_OP = "deepspeed_shm_comm"
+
+
+def skip_shared_memory_allreduce() -> None:
+    """On the CPU accelerator, DeepSpeed's communication backend JIT-builds its shared-memory
+    all-reduce extension (C++ with OpenMP) when it starts: about 90 s of CPU the first time in an
+    environment, and again whenever the environment moves (the build is keyed by its include
+    paths), with every other rank waiting on the build's lock. Only DeepSpeed's inference
+    all-reduce uses it, falling back to torch.distributed without it; fsframework's collectives are
+    torch.distributed's. It is marked incompatible, so the backend starts without building it.
+    Call before `deepspeed.initialize`; a no-op off the CPU accelerator."""
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHARED_MEMORY_ALLREDUCE_OP] = False  # probed on first access (~0.3 s)

@@ -102,7 +102,7 @@ class Trainer:
         from fsframework.data.loader import check_shard_files, data_streams
         from fsframework.models.registry import build_model, count_parameters
         from fsframework.parallel.deepspeed_config import deepspeed_config
-        from fsframework.parallel.deepspeed_start import import_muon_lazily
+        from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 
         cfg = self.cfg
         generated = cfg.data.source == "mqar"  # drawn on the fly: no shards to build or check
@@ -137,6 +137,7 @@ class Trainer:
             optimizer, lambda step: lr_factor(step, cfg.train.max_steps, cfg.optim))
         # the engine holds the model itself: its checkpoints name the tensors as the model does
         import_muon_lazily()  # ZeRO's Muon check otherwise loads torch's inductor: 4.4 s per rank
+        skip_shared_memory_allreduce()  # a CPU backend would otherwise JIT-build it: ~90 s once per environment
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg))
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)

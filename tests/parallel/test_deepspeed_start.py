@@ -44,3 +44,24 @@ def test_a_deferred_function_is_compiled_once_on_its_first_call(monkeypatch):
     assert compiled == []  # nothing compiled when decorated
     assert double(3) == 7 and double(4) == 9  # the compiled function runs
     assert len(compiled) == 1
+
+
+def test_a_cpu_backend_starts_without_building_the_shared_memory_allreduce(monkeypatch):
+    # DeepSpeed's CPU communication backend would JIT-build its shared-memory all-reduce (~90 s once
+    # per environment, every rank waiting on the build's lock); marked incompatible, nothing is built
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import importlib
+
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    from fsframework.parallel.deepspeed_start import skip_shared_memory_allreduce
+
+    def no_build(self, *args, **kwargs):
+        raise AssertionError("the shared-memory all-reduce extension was built")
+
+    monkeypatch.setattr(ShareMemCommBuilder, "load", no_build)
+    import deepspeed.ops
+
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, "deepspeed_shm_comm", True)  # as probed on Linux
+    skip_shared_memory_allreduce()
+    assert importlib.import_module("deepspeed.comm.torch").build_shm_op() is None
