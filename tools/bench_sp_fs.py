@@ -16,7 +16,8 @@ keys before it; gradients reach only those keys and values. Three ways to fetch 
   then which (batch row, head, cell)) to each earlier owner of the union of the cells its
   queries selected plus the window halo (whole cells covering the `w` positions before
   `a`); the owners send those cells (`s` positions x `2d` floats of one row and head) and the
-  backward returns each fetched cell's gradient to its owner (`FetchCells`).
+  backward returns each fetched cell's gradient to its owner (FS-L's
+  `fsframework.parallel.retained.FetchCells`, with this rank's requests as its plan).
 - `ring`: every rank's key/value block travels the ring `sp - 1` hops, each rank forwarding
   the block it received last, so at most two blocks are held at once; in the backward the
   blocks go round again together with their gradient accumulators (the gradient of a key
@@ -63,9 +64,11 @@ from fsframework.config import AttentionConfig
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import cell_summaries, route_candidates
 from fsframework.parallel.attention import gather_kv
+from fsframework.parallel.cell_relays import CellPlan
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import init_groups
+from fsframework.parallel.retained import FetchCells, cells_of
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("all_gather", "selected", "ring")
@@ -197,37 +200,6 @@ def request_cells(wanted, sp, cell_size: int):
     return requests, [(t, r.long()) for t, r in asked]
 
 
-def cells_of(x, rows, first_pos: int, cell_size: int):
-    """x `[B, T, H, f]` whose position 0 is `first_pos`; rows (row, head, cell) `[m, 3]` -> `[m, s, f]`."""
-    pos = (rows[:, 2:] * cell_size - first_pos) + torch.arange(cell_size)  # m s
-    return x[rows[:, :1], pos, rows[:, 1:2]]
-
-
-class FetchCells(torch.autograd.Function):
-    """Own `kv [1, n, H, 2d]` -> the requested cells `[m, s, 2d]`, in `requests` order, from their
-    owners; backward sends each cell's gradient to its owner, which adds it to its own keys'."""
-
-    @staticmethod
-    def forward(ctx, kv, sp, requests, serving, cell_size):
-        ctx.sp, ctx.requests, ctx.serving, ctx.s, ctx.shape = sp, requests, serving, cell_size, kv.shape
-        width = kv.shape[-1]
-        incoming = [(o, kv.new_empty((len(rows), cell_size, width))) for o, rows in requests]
-        exchange(sp, [(t, cells_of(kv, rows, sp.start, cell_size)) for t, rows in serving], incoming, "cells")
-        return torch.cat([buf for _, buf in incoming]) if incoming else kv.new_empty((0, cell_size, width))
-
-    @staticmethod
-    def backward(ctx, grad):
-        s, width = ctx.s, grad.shape[-1]
-        pieces = grad.split([len(rows) for _, rows in ctx.requests]) if ctx.requests else []
-        incoming = [(t, grad.new_empty((len(rows), s, width))) for t, rows in ctx.serving]
-        exchange(ctx.sp, [(o, piece) for (o, _), piece in zip(ctx.requests, pieces)], incoming, "cell_grads")
-        grad_kv = grad.new_zeros(ctx.shape)
-        for (_, rows), (_, buf) in zip(ctx.serving, incoming):
-            pos = (rows[:, 2:] * s - ctx.sp.start) + torch.arange(s)
-            grad_kv.index_put_((rows[:, :1], pos, rows[:, 1:2]), buf, accumulate=True)
-        return grad_kv, None, None, None, None
-
-
 def run_selected(q, k, v, sp, att, weights_seed: int) -> dict:
     """The `selected` scheme's forward + backward on a weighted sum of the fetched cells (counted)."""
     with CommCounter.counting() as counted:
@@ -235,7 +207,9 @@ def run_selected(q, k, v, sp, att, weights_seed: int) -> dict:
         cells = route_from_summaries(q, kbar, norm, sp.start, att)
         wanted, fraction = wanted_cells(cells, sp, att)
         requests, serving = request_cells(wanted, sp, att.cell_size)
-        fetched = FetchCells.apply(torch.cat((k, v), dim=-1), sp, requests, serving, att.cell_size)
+        # FS-L's fetch, with the plan this rank's request round made: what it asks of each owner, what it serves
+        plan = CellPlan({**{(o, sp.rank): rows for o, rows in requests}, **{(sp.rank, t): rows for t, rows in serving}})
+        fetched = FetchCells.apply(torch.cat((k, v), dim=-1), sp, plan, att.cell_size)
         weights = torch.randn(fetched.shape, generator=torch.Generator().manual_seed(weights_seed))
         (fetched * weights).sum().backward()
     earlier_summaries = sp.start // att.cell_size * HEADS * (HEAD_DIM + 1) * kbar.element_size()

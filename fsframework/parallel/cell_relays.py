@@ -89,13 +89,12 @@ class _Balancer:
     def match(self, owner: int, target: int, relay: int) -> torch.Tensor:
         """For each row of direct[(owner, target)], its index in direct[(owner, relay)], -1 if absent."""
         key = (owner, target, relay)
-        if key not in self._match:
+        if key not in self._match:  # direct[(owner, relay)] exists (`movable` asks only then) and is not empty
             want = _keys(self.direct[(owner, target)], self.heads, self.cells)
             have = _keys(self.direct[(owner, relay)], self.heads, self.cells)
             order = have.argsort()
-            pos = torch.searchsorted(have[order], want).clamp(max=max(len(have) - 1, 0))
-            found = have[order][pos] == want if len(have) else torch.zeros_like(want, dtype=torch.bool)
-            self._match[key] = torch.where(found, order[pos], -1) if len(have) else torch.full_like(want, -1)
+            pos = torch.searchsorted(have[order], want).clamp(max=len(have) - 1)
+            self._match[key] = torch.where(have[order][pos] == want, order[pos], -1)
         return self._match[key]
 
     def movable(self, owner: int, target: int, relay: int) -> torch.Tensor:

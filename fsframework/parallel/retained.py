@@ -101,13 +101,13 @@ def _plan(values: torch.Tensor, cells: torch.Tensor, sp: SPContext, span: Retain
     return plan
 
 
-def _cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int, s: int) -> torch.Tensor:
+def cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int, s: int) -> torch.Tensor:
     """x `[B, T, H, f]` with position 0 at `first_pos`; rows (b, h, cell) `[m, 3]` -> `[m, s, f]`."""
     pos = (rows[:, 2:] * s - first_pos) + torch.arange(s, device=x.device)  # m s
     return x[rows[:, :1], pos, rows[:, 1:2]]
 
 
-class _FetchCells(torch.autograd.Function):
+class FetchCells(torch.autograd.Function):
     """Own `kv [B, n, H, 2d]` -> the cells this rank fetches, `[m, s, 2d]` in `plan.rows_of(rank)`
     order: round 1 from their owners, round 2 from relays (`fsframework.parallel.cell_relays`).
     Backward runs the rounds in reverse: round-2 gradients go to the relays, which add them to
@@ -118,7 +118,7 @@ class _FetchCells(torch.autograd.Function):
         ctx.sp, ctx.plan, ctx.s, ctx.shape = sp, plan, s, kv.shape
         me, width = sp.rank, kv.shape[-1]
         first = [(o, kv.new_empty((len(rows), s, width))) for o, rows in plan.received_by(me)]
-        exchange(sp, [(t, _cells_of(kv, rows, sp.start, s)) for t, rows in plan.sent_by(me)], first, "cells")
+        exchange(sp, [(t, cells_of(kv, rows, sp.start, s)) for t, rows in plan.sent_by(me)], first, "cells")
         first = torch.cat([buf for _, buf in first]) if first else kv.new_empty((0, s, width))
         second = [(m, kv.new_empty((len(rows), s, width))) for m, rows in plan.received_by(me, relayed=True)]
         relayed = [(t, first[plan.sources[(me, t)]]) for t, _ in plan.sent_by(me, relayed=True)]
@@ -131,8 +131,9 @@ class _FetchCells(torch.autograd.Function):
         sp, plan, s, me = ctx.sp, ctx.plan, ctx.s, ctx.sp.rank
         width = grad.shape[-1]
         received = plan.received_by(me)
-        grad_first, grad_second = grad.split([sum(len(r) for _, r in received), len(grad) - sum(len(r) for _, r in received)])
-        grad_first = grad_first.clone()  # the relayed cells' gradients are added to it
+        num_first = sum(len(rows) for _, rows in received)
+        grad_first = grad[:num_first].clone()  # the relayed cells' gradients are added to it
+        grad_second = grad[num_first:]
         if plan.relayed:
             senders = plan.received_by(me, relayed=True)
             pieces = grad_second.split([len(rows) for _, rows in senders]) if senders else []
@@ -160,7 +161,7 @@ def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
     values, cells = _candidates(k, sp, span)
     plan = balance(_plan(values, cells, sp, span), sp.size)
     kv = torch.cat((k, v), dim=-1)  # B n H 2d
-    fetched = _FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
+    fetched = FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
     mine = plan.rows_of(sp.rank)
     rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
     pos = rows[:, 2:] * s + torch.arange(s, device=k.device)  # m s

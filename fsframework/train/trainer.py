@@ -94,6 +94,7 @@ class Trainer:
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
+        self.source = None  # the batch source, made in build() (make_source)
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
     def build(self) -> None:
@@ -369,7 +370,7 @@ class Trainer:
             return self._loop(stops)
         finally:
             stops.restore()
-            if getattr(self, "source", None) is not None:  # None when build() failed before making it
+            if self.source is not None:  # None when build() failed before making it
                 self.source.close()
 
     def _loop(self, stops: StopRequests) -> TrainState:
