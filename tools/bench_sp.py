@@ -166,18 +166,20 @@ def keys_worker(spec: dict) -> None:
                 layout = spec["layout"] if scheme == "after" and entry.keys == "prefix" else "contiguous"
                 sp = SPContext(groups=groups, block_size=att.block_size, layout=layout).at_length(n)
                 gen = torch.Generator().manual_seed(n)
-                k, v = (shard_runs(torch.randn(1, n, 4, 32, generator=gen), sp.runs).requires_grad_(True)
-                        for _ in range(2))
+                q, k, v = (shard_runs(torch.randn(1, n, 4, 32, generator=gen), sp.runs).requires_grad_(True)
+                           for _ in range(3))
+                # a FreeSolo layer routes through its source (FS: from the gathered summaries)
+                router = routing_layer(kind, att) if entry.freesolo else None
                 with CommCounter.counting() as counted:
                     if scheme == "before":
                         fetched = [gather_kv(k, v, sp)]
-                    elif layout == "zigzag":
-                        views = ZigzagKeys(sp).views()
-                        lengths = [e - s for s, e in sp.runs]
-                        pieces = zip(views, k.split(lengths, 1), v.split(lengths, 1))
-                        fetched = [view.keys(0, kp, vp, None) for view, kp, vp in pieces]
                     else:
-                        fetched = [SequenceParallelKeys(sp).keys(0, k, v, entry.key_span(att))]
+                        lengths = [e - s for s, e in sp.runs]
+                        views = ZigzagKeys(sp).views() if layout == "zigzag" else [SequenceParallelKeys(sp)]
+                        span = entry.key_span(att)
+                        fetched = [view.routed_keys(0, qp, kp, vp, span, router)[:2] if router else
+                                   view.keys(0, kp, vp, span)
+                                   for view, qp, kp, vp in zip(views, *(x.split(lengths, 1) for x in (q, k, v)))]
                     sum(kk.sum() + vv.sum() for kk, vv in fetched).backward()
                 own = 2 * k.numel() * k.element_size()
                 held = max(kk.untyped_storage().nbytes() for kk, _ in fetched)  # k and v share one storage
@@ -186,6 +188,14 @@ def keys_worker(spec: dict) -> None:
                 del fetched, k, v
     print(json.dumps({"rank": dist.get_rank(), "records": records}))
     dist.destroy_process_group()
+
+
+def routing_layer(kind: str, att):
+    """A FreeSolo attention layer of `kind` for H = 4 heads of width 32: what routes for the keys."""
+    from fsframework.config import ModelConfig
+    from fsframework.models.freesolo_attention import FreeSoloAttention
+
+    return FreeSoloAttention(ModelConfig(name=kind, vocab_size=256, d_model=128, n_heads=4, attention=att), 0)
 
 
 def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: str) -> list[dict]:

@@ -13,8 +13,9 @@ enough for the kind:
   leave the other positions zero (`fsframework.parallel.retained`).
 
 Every source subclasses `KeySource`, which also declares what a layer may ask of any source:
-`keeps_keys` (the keys it is handed are kept for later steps) and `positions(n, device)`
-(the queries' absolute positions, `[start, start + n)` unless the source says otherwise).
+`keeps_keys` (the keys it is handed are kept for later steps), `positions(n, device)`
+(the queries' absolute positions, `[start, start + n)` unless the source says otherwise) and
+`routed_keys` (keys and, where the source routes, the cells a routed layer's queries select).
 
 `WholeSequence` (here) is training and plain inference: `start = 0` and the keys are
 the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Protocol, Union
 
 import torch
 
@@ -48,6 +49,23 @@ class RetainedCells:
 
 
 Span = Union[None, int, RetainedCells]
+
+
+class CellRouter(Protocol):
+    """What a source needs of a routed layer to route for it from cell summaries
+    (`fsframework.models.freesolo_attention.FreeSoloAttention`)."""
+
+    cfg: object  # the model config: `cfg.attention` has cell_size, block_size, window
+
+    @property
+    def routes_from_summaries(self) -> bool:
+        """Its routing reads only the cells' summaries (FS), so a source may route from gathered ones."""
+
+    def summarize(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Own keys `[B, n, H, d]` -> their complete cells' summaries kbar `[B, H, C, d]`, a `[B, H, C]`."""
+
+    def route_summaries(self, q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, q_start: int) -> torch.Tensor:
+        """Queries of `[q_start, q_start + n)` and the summaries of the cells of `[0, q_start + n)` -> cells."""
 
 
 class KeySource(ABC):
@@ -69,6 +87,16 @@ class KeySource(ABC):
         """Absolute positions of the `n` queries this source serves: `[start, start + n)` (a
         sequence-parallel rank of the zigzag layout holds two runs)."""
         return torch.arange(self.start, self.start + n, device=device)
+
+    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                    router: "CellRouter") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """`keys` for a layer that routes its queries to cells (FreeSolo): (keys, values, cells), cells
+        `[B, n, H, K]` as `router` selects them for `q`, or None for the layer to route from the keys
+        itself. This source routes nothing; a sequence-parallel one routes from the gathered cell
+        summaries and then fetches only the cells its queries selected (`fsframework.parallel.selected`),
+        where the keys it returns are zero outside those cells and the window."""
+        k, v = self.keys(layer, k, v, span)
+        return k, v, None
 
 
 class WholeSequence(KeySource):

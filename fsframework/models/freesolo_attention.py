@@ -25,7 +25,8 @@ from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
 from fsframework.models.registry import attention_kind
-from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
+from fsframework.ops.freesolo import (cell_readout, select_cells, select_cells_from_summaries, summarize_cells,
+                                      unit_gradient_gain)
 from fsframework.ops.offset_attention import window_attention_at
 
 
@@ -105,6 +106,27 @@ class FreeSoloAttention(QKVAttention):
                             top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
                             retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
 
+    @property
+    def routes_from_summaries(self) -> bool:
+        """FS routing reads only the cells' summaries; FS-L's pruning and FS-B's rescoring read more."""
+        return self.routing == "fs"
+
+    def _routing_settings(self) -> dict:
+        a = self.cfg.attention
+        return dict(variant=self.routing, cell_size=a.cell_size, block_size=a.block_size, top_k=a.top_k,
+                    recent_cells=a.recent_cells, retained_cells=a.retained_cells, impl=a.impl)
+
+    def summarize(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unrotated keys `[B, n, H, Dh]` -> the summaries `route` reads of their complete cells:
+        kbar `[B, H, C, Dh]`, a `[B, H, C]` (no gradient)."""
+        return summarize_cells(k, **self._routing_settings())
+
+    def route_summaries(self, q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, q_start: int) -> torch.Tensor:
+        """`route` from the summaries (`summarize`) of the cells of `[0, q_start + n)` instead of the keys
+        (FS; a sequence-parallel rank gathers them from the earlier ranks) -> the same cells."""
+        return select_cells_from_summaries(q, kbar, a, sigma=self.sigma, lam=self.lam, q_start=q_start,
+                                           **self._routing_settings())
+
     def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb.top_k]` cells, no gradient."""
         a = self.cfg.attention
@@ -123,10 +145,12 @@ class FreeSoloAttention(QKVAttention):
                              "model.attention.fsb.forests=f0")
         return self.tau
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+               cells: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries of `[start, start + n)` over the keys of `[0, start + n)` -> (local, LR),
-        each `[B, n, H, Dh]`, before the combination."""
+        each `[B, n, H, Dh]`, before the combination. `cells` `[B, n, H, K]`: the queries'
+        cells when a source routed them (`KeySource.routed_keys`; start a block boundary), else
+        routed here from k."""
         a = self.cfg.attention
         if k.shape[1] != start + q.shape[1]:
             raise ValueError(f"the long-range branch needs the keys of the whole prefix [0, {start + q.shape[1]}), "
@@ -138,8 +162,11 @@ class FreeSoloAttention(QKVAttention):
         # the same cells as every query of that block, and their outputs are dropped
         pad = start % a.block_size
         if pad:
+            if cells is not None:
+                raise ValueError(f"routed cells need queries from a block boundary, got start={start}")
             q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
-        cells = self.route(q, k, start - pad)
+        if cells is None:
+            cells = self.route(q, k, start - pad)
         if a.readout_backward == "unit":  # the branch learns as if read at gain 1 (docs/freesolo.md §1.6)
             long_range = unit_gradient_gain(cell_readout(q, k, v, cells, cell_size=a.cell_size, impl=a.impl,
                                                          q_start=start - pad), self.readout_gain())
@@ -153,8 +180,9 @@ class FreeSoloAttention(QKVAttention):
         if isinstance(source, LayerStateSource):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
             q, k, v = self.project(x, source.start)
             return source.layer_state(self.layer_idx).branches(self, q, k, v, source.start)
-        q, k, v = self.qkv(x, source)
-        return self.attend(q, k, v, source.start)
+        q, k, v = self.project(x, source.start)
+        k, v, cells = source.routed_keys(self.layer_idx, q, k, v, self.key_span, self)
+        return self.attend(q, k, v, source.start, cells)
 
     def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
         local, long_range = self.branches(x, source)

@@ -4,6 +4,8 @@ Legend: Bt batch, N tokens, H heads, d head width, K top_k, s cell_size,
 C = N // s complete cells.
 
     select_cells(q, k, ...)           -> cells [Bt, N, H, K]  (routing, no gradient)
+    summarize_cells(k, ...)           -> kbar [Bt, H, C, d], a [Bt, H, C]  (what routing reads of k)
+    select_cells_from_summaries(q, kbar, a, ...) = select_cells(q, k, ...)
     cell_readout(q, k, v, cells, ...) -> LR    [Bt, N, H, d]  (NoPE softmax + RMSNorm)
     cell_readout_kept(q, k_cells, v_cells, cells, ...)      (the same, over a decode cache's cells)
     long_range_attention(q, k, v, ...) = cell_readout(q, k, v, select_cells(q, k, ...))
@@ -26,7 +28,8 @@ from fsf_kernels.common.args import check_qkv, check_readout_args
 from fsf_kernels.common.support import readout_unsupported, routing_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_readout import read_cell_rows, selected_cell_attention
-from fsframework.ops.freesolo_routing import select_cells_reference
+from fsframework.ops.freesolo_routing import (select_cells_from_summaries_reference, select_cells_reference,
+                                               summaries_by_head)
 from fsframework.ops.fsb_search import select_cells_fsb
 
 
@@ -78,6 +81,49 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
         # the kernel scores only the given queries (their blocks), over the summaries of every key
         return kernel(q.detach(), k.detach(), **kwargs)
     return select_cells_reference(q.detach(), k.detach(), **kwargs)
+
+
+def summarize_cells(k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32, block_size: int = 128,
+                    top_k: int = 4, recent_cells: int = 8, retained_cells: int = 64,
+                    impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """What routing reads of the keys: the complete cells' mean key kbar `[Bt, H, C, d]` and largest key
+    norm a `[Bt, H, C]` (head-major, no gradient), `C = N // cell_size`, computed by the implementation
+    `select_cells` would take for these keys and routing settings, so that routing from them
+    (`select_cells_from_summaries`) gives `select_cells`' cells exactly. A cell's summaries read only
+    its own keys: a sequence-parallel rank summarizes its slice and gathers the others'.
+    """
+    kernel = kernel_for("cell_routing", "cell_summaries", impl, k,
+                        routing_unsupported(k.dtype, k.shape[-1], top_k=top_k, variant=variant,
+                                            retained_cells=retained_cells, recent_cells=recent_cells,
+                                            cell_size=cell_size, block_size=block_size))
+    if kernel is not None:
+        return kernel(k, cell_size)
+    return summaries_by_head(k, cell_size)
+
+
+def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *, variant: str = "fs",
+                                cell_size: int = 32, block_size: int = 128, top_k: int = 4,
+                                sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
+                                recent_cells: int = 8, retained_cells: int = 64, impl: str = "auto",
+                                q_start: int = 0) -> torch.Tensor:
+    """`select_cells` (variants "fs", "fsl") from the keys' summaries instead of the keys: q `[Bt, n, H, d]`
+    at positions `[q_start, q_start + n)` (q_start a multiple of block_size), kbar `[Bt, H, C, d]` and
+    a `[Bt, H, C]` from `summarize_cells` of the complete cells of `[0, q_start + n)` ->
+    `[Bt, n, H, top_k]`, no gradient."""
+    if variant not in ("fs", "fsl"):
+        raise ValueError(f"routing from summaries serves the variants 'fs' and 'fsl', got {variant!r}")
+    if q.dim() != 4 or q_start < 0 or q_start % block_size:
+        raise ValueError(f"q must be [Bt, n, H, d] at a q_start that is a multiple of block_size={block_size}, got "
+                         f"{tuple(q.shape)} at q_start={q_start}")
+    kwargs = dict(variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
+                  recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
+    kernel = kernel_for("cell_routing", "select_cells_from_summaries", impl, q,
+                        routing_unsupported(q.dtype, q.shape[-1], top_k=top_k, variant=variant,
+                                            retained_cells=retained_cells, recent_cells=recent_cells,
+                                            cell_size=cell_size, block_size=block_size))
+    if kernel is not None:
+        return kernel(q.detach(), kbar, a, **kwargs)
+    return select_cells_from_summaries_reference(q.detach(), kbar, a, **kwargs)
 
 
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, *, cell_size: int = 32,

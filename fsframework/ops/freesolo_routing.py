@@ -30,7 +30,8 @@ import torch
 from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, prior_per_head
 
 __all__ = ["FSLState", "VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args",
-           "prior_per_head", "route_candidates", "select_cells_reference", "top_k_earliest"]
+           "prior_per_head", "route_candidates", "select_cells_from_summaries_reference", "select_cells_reference",
+           "summaries_by_head", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,18 +107,42 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "
     """
     check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
                        recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
+    kbar, a = summaries_by_head(k, cell_size)
+    return select_cells_from_summaries_reference(q, kbar, a, variant=variant, cell_size=cell_size,
+                                                 block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
+                                                 recent_cells=recent_cells, retained_cells=retained_cells,
+                                                 q_start=q_start)
+
+
+def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`cell_summaries` head-major, as routing reads them: kbar `[Bt, H, C, d]`, a `[Bt, H, C]`; no gradient."""
+    with torch.no_grad():
+        kbar, a = cell_summaries(k.detach(), cell_size)
+    return kbar.transpose(1, 2), a.transpose(1, 2).contiguous()
+
+
+def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *,
+                                          variant: str = "fs", cell_size: int = 32, block_size: int = 128,
+                                          top_k: int = 4, sigma: float | torch.Tensor = 4.0,
+                                          lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
+                                          retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
+    """`select_cells_reference` from the keys' summaries (`summaries_by_head`): q `[Bt, n, H, d]` at
+    positions `[q_start, q_start + n)`, kbar `[Bt, H, C, d]` and a `[Bt, H, C]` of the complete cells of
+    `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype."""
     bsz, seq, heads, dim = q.shape
+    num_cells = (q_start + seq) // cell_size
+    if kbar.shape != (bsz, heads, num_cells, dim) or a.shape != (bsz, heads, num_cells):
+        raise ValueError(f"summaries of the {num_cells} complete cells of [0, {q_start + seq}) must be kbar "
+                         f"{(bsz, heads, num_cells, dim)} and a {(bsz, heads, num_cells)}, got {tuple(kbar.shape)} "
+                         f"and {tuple(a.shape)}")
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
     sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
-        kbar, a = cell_summaries(k, cell_size)
-        kbar_h = kbar.transpose(1, 2)  # Bt C H d -> Bt H C d
-        a_h = a.transpose(1, 2).contiguous()  # Bt H C
-        centers = (torch.arange(kbar.shape[1], device=q.device, dtype=acc) + 0.5) * cell_size
+        centers = (torch.arange(num_cells, device=q.device, dtype=acc) + 0.5) * cell_size
         route = _route_fs if variant == "fs" else _route_fsl
-        route(q, kbar_h, a_h, centers, out, cell_size=cell_size, block_size=block_size, top_k=top_k,
+        route(q, kbar, a, centers, out, cell_size=cell_size, block_size=block_size, top_k=top_k,
               sigma=sigma_h, lam=lam_h, recent=recent_cells, retained=retained_cells, q_start=q_start)
     return out
 

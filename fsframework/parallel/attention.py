@@ -7,12 +7,13 @@ Every attention kind is written once, for queries at `[start, start + n)`
 (`fsframework.models.attention`); under sequence parallelism `start = a` and the
 keys of `[0, a)` live on the earlier ranks. What a kind needs is its registry
 entry's key span:
-- the whole prefix (TF++, ALiBi, sinusoidal, FS, FS-B): keys and values of `[0, b)`
+- the whole prefix (TF++, ALiBi, sinusoidal, FS-B): keys and values of `[0, b)`
   by ONE all-gather (as Llama 3 context parallelism). Keys travel in the form the
   kind's projection gives them: rotated at their absolute positions for TF++,
-  unrotated for FreeSolo (routing and readout are NoPE; the cell summaries are
-  recomputed locally from the gathered keys, so they are bit-identical to the
-  single-process ones).
+  unrotated for FS-B (its forest search rescores cells from their token keys).
+- FS (`routed_keys`): the cell summaries of every rank by an all-gather, routing on the
+  rank, then only the cells its queries selected and the window's halo, point to point
+  (`fsframework.parallel.selected`).
 - FS-L's retained cells: only the window, the recent cells and the top-`P` cells by
   key norm of the earlier ranks, a byte count constant in N
   (`fsframework.parallel.retained`).
@@ -30,12 +31,15 @@ query and keep the contiguous layout.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource, RetainedCells, Span
+from fsframework.models.context import WHOLE_SEQUENCE, CellRouter, KeySource, RetainedCells, Span
 from fsframework.parallel.collectives import gather_runs, gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.retained import retained_kv
+from fsframework.parallel.selected import SelectedCells
 
 
 def gather_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +74,12 @@ class SequenceParallelKeys(KeySource):
             return retained_kv(k, v, self.sp, span)
         return halo_kv(k, v, self.sp, span)
 
+    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                    router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        if span is None and router.routes_from_summaries:  # FS: only the selected cells
+            return SelectedCells(self.sp).keys(0, layer, q, k, v, router)
+        return super().routed_keys(layer, q, k, v, span, router)
+
 
 class ZigzagKeys:
     """The earlier keys of one layer call under the zigzag layout: one `RunKeys` view per own run.
@@ -80,6 +90,7 @@ class ZigzagKeys:
     def __init__(self, sp: SPContext):
         self.sp = sp
         self.first: dict[int, torch.Tensor] = {}  # layer -> gathered keys and values of [0, M)
+        self.selected = SelectedCells(sp)  # FS: summaries and own run-0 keys, kept for run 1
 
     def views(self) -> list["RunKeys"]:
         return [RunKeys(self, run) for run in range(len(self.sp.runs))]
@@ -106,6 +117,12 @@ class RunKeys(KeySource):
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         return self.parent.keys(self.run, layer, k, v, span)
+
+    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                    router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        if span is None and router.routes_from_summaries:  # FS: only the selected cells
+            return self.parent.selected.keys(self.run, layer, q, k, v, router)
+        return super().routed_keys(layer, q, k, v, span, router)
 
 
 class RunsAttention:

@@ -101,24 +101,40 @@ def _plan(values: torch.Tensor, cells: torch.Tensor, sp: SPContext, span: Retain
     return plan
 
 
-def cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int, s: int) -> torch.Tensor:
-    """x `[B, T, H, f]` with position 0 at `first_pos`; rows (b, h, cell) `[m, 3]` -> `[m, s, f]`."""
-    pos = (rows[:, 2:] * s - first_pos) + torch.arange(s, device=x.device)  # m s
-    return x[rows[:, :1], pos, rows[:, 1:2]]
+Held = list[tuple[int, int]]  # the position ranges a rank's key tensor holds, concatenated in order
+
+
+def local_positions(rows: torch.Tensor, s: int, held: Held) -> torch.Tensor:
+    """rows (b, h, cell) `[m, 3]` of cells inside `held` -> their positions `[m, s]` in the
+    concatenation of the held ranges."""
+    lows = torch.tensor([lo for lo, _ in held], device=rows.device)
+    offsets = torch.tensor([0] + [hi - lo for lo, hi in held[:-1]], device=rows.device).cumsum(0)
+    first = rows[:, 2:] * s  # m 1
+    piece = torch.bucketize(first, lows, right=True) - 1
+    return first - lows[piece] + offsets[piece] + torch.arange(s, device=rows.device)
+
+
+def cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int | Held, s: int) -> torch.Tensor:
+    """x `[B, T, H, f]` holding positions `[first_pos, first_pos + T)` (or the ranges `held`,
+    concatenated); rows (b, h, cell) `[m, 3]` -> `[m, s, f]`."""
+    held = [(first_pos, first_pos + x.shape[1])] if isinstance(first_pos, int) else first_pos
+    return x[rows[:, :1], local_positions(rows, s, held), rows[:, 1:2]]
 
 
 class FetchCells(torch.autograd.Function):
     """Own `kv [B, n, H, 2d]` -> the cells this rank fetches, `[m, s, 2d]` in `plan.rows_of(rank)`
     order: round 1 from their owners, round 2 from relays (`fsframework.parallel.cell_relays`).
     Backward runs the rounds in reverse: round-2 gradients go to the relays, which add them to
-    the gradients of the cells they received in round 1 and return those to the owners."""
+    the gradients of the cells they received in round 1 and return those to the owners.
+    `held`: the position ranges `kv` holds, concatenated (default: this rank's slice)."""
 
     @staticmethod
-    def forward(ctx, kv: torch.Tensor, sp: SPContext, plan: CellPlan, s: int):
-        ctx.sp, ctx.plan, ctx.s, ctx.shape = sp, plan, s, kv.shape
+    def forward(ctx, kv: torch.Tensor, sp: SPContext, plan: CellPlan, s: int, held: Held | None = None):
+        held = held or [sp.span]
+        ctx.sp, ctx.plan, ctx.s, ctx.shape, ctx.held = sp, plan, s, kv.shape, held
         me, width = sp.rank, kv.shape[-1]
         first = [(o, kv.new_empty((len(rows), s, width))) for o, rows in plan.received_by(me)]
-        exchange(sp, [(t, cells_of(kv, rows, sp.start, s)) for t, rows in plan.sent_by(me)], first, "cells")
+        exchange(sp, [(t, cells_of(kv, rows, held, s)) for t, rows in plan.sent_by(me)], first, "cells")
         first = torch.cat([buf for _, buf in first]) if first else kv.new_empty((0, s, width))
         second = [(m, kv.new_empty((len(rows), s, width))) for m, rows in plan.received_by(me, relayed=True)]
         relayed = [(t, first[plan.sources[(me, t)]]) for t, _ in plan.sent_by(me, relayed=True)]
@@ -148,9 +164,9 @@ class FetchCells(torch.autograd.Function):
         exchange(sp, [(o, piece) for (o, _), piece in zip(received, pieces)], incoming, "cells")
         grad_kv = grad.new_zeros(ctx.shape)
         for (_, rows), (_, buf) in zip(mine, incoming):
-            pos = (rows[:, 2:] * s - sp.start) + torch.arange(s, device=grad.device)
+            pos = local_positions(rows, s, ctx.held)
             grad_kv.index_put_((rows[:, :1], pos, rows[:, 1:2]), buf, accumulate=True)
-        return grad_kv, None, None, None
+        return grad_kv, None, None, None, None
 
 
 def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,

@@ -172,3 +172,36 @@ def test_the_small_shared_memory_tiles(monkeypatch, variant, device):
     module = importlib.import_module("fsf_kernels.cell_routing.cell_routing")
     monkeypatch.setattr(module, "device_target", lambda device: 86)
     _check((variant, 1, 200, 1, 256, 8, 16, 4, 20, 2, F32), device, atol=1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_routing_from_gathered_summaries_equals_routing_from_the_keys(variant, device):
+    """A sequence-parallel rank routes from summaries gathered slice by slice: the kernel's summaries of
+    each slice, concatenated, route the rank's queries to exactly the cells of the call on the keys,
+    through the kernel and through the op (impl="triton")."""
+    from fsf_kernels.cell_routing import cell_summaries, select_cells_from_summaries
+    from fsframework.ops.freesolo import select_cells_from_summaries as op_from_summaries
+    from fsframework.ops.freesolo import summarize_cells
+
+    gen = torch.Generator().manual_seed(9)
+    q, k = (torch.randn(2, 200, 2, 16, generator=gen).to(device) for _ in range(2))
+    kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=2,
+                  sigma=torch.tensor([2.0, 5.0]).to(device), lam=0.8)
+    whole = select_cells(q, k, **kwargs)
+    slices = [(0, 64), (64, 160), (160, 200)]
+    pieces = [cell_summaries(k[:, lo:hi], 8) for lo, hi in slices]
+    kbar, a = (torch.cat([p[i] for p in pieces], dim=2) for i in range(2))
+    for lo, hi in slices[1:]:
+        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 8], a[:, :, :hi // 8], q_start=lo, **kwargs)
+        assert torch.equal(got, whole[:, lo:hi]), (lo, hi)
+        via_op = op_from_summaries(q[:, lo:hi], *summarize_cells(k[:, :hi], impl="triton", **_settings(kwargs)),
+                                   q_start=lo, impl="triton", **kwargs)
+        assert torch.equal(via_op, whole[:, lo:hi]), (lo, hi)
+    with pytest.raises(ValueError, match="summaries of the 25 complete cells"):
+        select_cells_from_summaries(q[:, 160:], kbar[:, :, :20], a[:, :, :20], q_start=160, **kwargs)
+
+
+def _settings(kwargs):
+    return {name: kwargs[name] for name in ("variant", "cell_size", "block_size", "top_k", "retained_cells",
+                                            "recent_cells")}

@@ -350,3 +350,32 @@ def test_dispatch_to_kernels(monkeypatch):
     assert set(calls["route"][0]) == {"variant", "cell_size", "block_size", "top_k", "sigma", "lam",
                                       "recent_cells", "retained_cells", "q_start"}
     assert calls["read"][0] == {"cell_size": 4, "rms_weight": None, "eps": 1e-6, "q_start": 0}
+
+
+@pytest.mark.parametrize("variant", ["fs", "fsl"])
+def test_routing_from_slice_summaries_equals_routing_from_the_keys(variant):
+    """`summarize_cells` of each slice, concatenated, then `select_cells_from_summaries` for a later
+    slice's queries selects exactly `select_cells`' cells for them (what a sequence-parallel rank does:
+    a cell's summaries read only its own keys); a summary count that is not the prefix's is refused."""
+    from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
+
+    gen = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, 150, 2, 8, generator=gen) for _ in range(2))
+    settings = dict(variant=variant, cell_size=4, block_size=16, top_k=3, retained_cells=3, recent_cells=2)
+    prior = dict(sigma=torch.tensor([1.5, 6.0]), lam=0.9)
+    whole = select_cells(q, k, impl="reference", **settings, **prior)
+    slices = [(0, 48), (48, 112), (112, 150)]
+    pieces = [summarize_cells(k[:, lo:hi], impl="reference", **settings) for lo, hi in slices]
+    kbar, a = (torch.cat([p[i] for p in pieces], dim=2) for i in range(2))
+    assert kbar.shape == (2, 2, 37, 8) and a.shape == (2, 2, 37)
+    for lo, hi in slices[1:]:
+        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 4], a[:, :, :hi // 4], q_start=lo,
+                                          impl="reference", **settings, **prior)
+        assert torch.equal(got, whole[:, lo:hi]), (lo, hi)
+    with pytest.raises(ValueError, match="summaries of the 28 complete cells"):
+        select_cells_from_summaries(q[:, 48:112], kbar, a, q_start=48, impl="reference", **settings, **prior)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        select_cells_from_summaries(q[:, 40:112], kbar[:, :, :28], a[:, :, :28], q_start=40, impl="reference",
+                                    **settings, **prior)
+    with pytest.raises(ValueError, match="'fs' and 'fsl'"):
+        select_cells_from_summaries(q, kbar, a, variant="fsb")

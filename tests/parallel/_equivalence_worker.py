@@ -24,6 +24,7 @@ from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import KINDS, build_model
 from fsframework.models.losses import lm_losses
 from fsframework.parallel.batch import shard_batch
+from fsframework.parallel.collectives import CommCounter
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.sharding import shard_runs
@@ -98,12 +99,15 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
-    logits = mine.logits(model)
-    loss, _ = mine.losses(logits)
-    loss.backward()
+    with CommCounter.counting() as traffic:
+        logits = mine.logits(model)
+        loss, _ = mine.losses(logits)
+        loss.backward()
     errors = []
     ctx = mine.sp
     runs = ctx.runs
+    if kind == "fs":  # FS fetches the selected cells after gathering the summaries, never the prefix
+        errors += fs_traffic_errors(dict(traffic), runs, n)
     err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err
     if err > TOL:
@@ -118,6 +122,14 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
             errors.append(f"{kind} N={n}: gradient of {name} differs, rel rms {err:.2e}")
     print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} runs {runs} worst rel rms {worst:.1e}")
     return errors
+
+
+def fs_traffic_errors(traffic: dict, runs: list, n: int) -> list[str]:
+    """FS under SP sends summaries, requests and cells only (fsframework.parallel.selected), never the
+    all-gathered prefix."""
+    if set(traffic) - {"summaries", "requests", "cells"} or "summaries" not in traffic:
+        return [f"fs N={n} runs {runs}: sent {traffic}, not the selected cells (summaries, requests, cells)"]
+    return []
 
 
 def main() -> None:

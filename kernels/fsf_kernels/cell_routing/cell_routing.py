@@ -264,15 +264,44 @@ def select_cells(
                                  recent_cells=recent_cells, variant=variant)
     if reason:
         raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
-    heads = q.shape[2]
+    kbar, a = cell_summaries(k, cell_size)
+    return select_cells_from_summaries(q, kbar, a, variant=variant, cell_size=cell_size, block_size=block_size,
+                                       top_k=top_k, sigma=sigma, lam=lam, recent_cells=recent_cells,
+                                       retained_cells=retained_cells, q_start=q_start)
+
+
+def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The complete cells' summaries that `select_cells` routes from: kbar `[B, H, C, D]` (mean key) and
+    a `[B, H, C]` (largest key L2 norm), fp32, `C = N // cell_size`; no gradient."""
+    with torch.no_grad():
+        kbar, a = cell_summary_fwd(k.detach(), cell_size)
+    num_cells = k.shape[1] // cell_size
+    return kbar[:, :, :num_cells], a[:, :, :num_cells]
+
+
+def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *, variant: str = "fs",
+                                cell_size: int = 32, block_size: int = 128, top_k: int = 4,
+                                sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
+                                recent_cells: int = 8, retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
+    """`select_cells` from the summaries of the keys rather than the keys: q `[B, n, H, D]` at positions
+    `[q_start, q_start + n)`, kbar `[B, H, C, D]` and a `[B, H, C]` (`cell_summaries`) of the complete
+    cells of `[0, q_start + n)` -> `[B, n, H, top_k]`. A sequence-parallel rank routes its queries from
+    the gathered summaries of every earlier rank (docs/architecture.md)."""
+    bsz, num, heads, dim = q.shape
+    num_cells = (q_start + num) // cell_size
+    if kbar.shape != (bsz, heads, num_cells, dim) or a.shape != (bsz, heads, num_cells):
+        raise ValueError(f"summaries of the {num_cells} complete cells of [0, {q_start + num}) must be kbar "
+                         f"{(bsz, heads, num_cells, dim)} and a {(bsz, heads, num_cells)}, got {tuple(kbar.shape)} "
+                         f"and {tuple(a.shape)}")
     like = torch.empty((), dtype=torch.float32, device=q.device)
     sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     with torch.no_grad():
-        q, k = q.detach(), k.detach()
-        kbar, a = cell_summary_fwd(k, cell_size)
+        if num_cells == 0:  # the kernels index at least one row; no query has an eligible cell
+            kbar, a = kbar.new_zeros((bsz, heads, 1, dim)), a.new_zeros((bsz, heads, 1))
+        kbar, a = kbar.float().contiguous(), a.float().contiguous()
         if variant == "fsl":
-            kept = fsl_retain_fwd(a, k.shape[1], cell_size, block_size, retained_cells)
+            kept = fsl_retain_fwd(a, q_start + num, cell_size, block_size, retained_cells)
         else:
             kept = torch.full((1, 1, 16), -1, device=q.device, dtype=torch.int32)
-        return select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
+        return select_cells_fwd(q.detach(), kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
                                 block_size=block_size, top_k=top_k, recent_cells=recent_cells, q_start=q_start)

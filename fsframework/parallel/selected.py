@@ -1,0 +1,137 @@
+"""FS's earlier keys under sequence parallelism: route from gathered cell summaries, fetch only the selected cells.
+
+Legend: B batch, n own queries at `[start, end)`, H heads, d head width (keys and values
+travel concatenated, `2d`), s cell size, w window, C cells.
+
+FS routing (docs/freesolo.md §1.3-§1.4) reads only the cell summaries (mean key `kbar_c`,
+largest key norm `a_c`), each query then reads only the tokens of its top-K cells, and the
+local window the `w` keys before it. So a rank does not all-gather the prefix
+(docs/architecture.md, "What a sequence-parallel rank receives and why"); per layer call:
+
+1. summaries: every rank summarizes the complete cells of its own keys and all-gathers
+   them (`C x H x (d + 1)` floats per rank, about `1/(2s)` of its keys and values), and
+   routes its queries from the summaries of `[0, end)`, as one process would from the keys
+   (`FreeSoloAttention.route_summaries`; the same numbers, so the same cells);
+2. requests: the earlier cells some own query selected, plus the window's halo (the whole
+   cells covering the `w` positions before `start`), per (batch row, head), minus the
+   cells the rank holds itself; an all-gather of one count per (rank, owner) pair sizes
+   the buffers, then each rank sends each owner the (row, head, cell) triples it wants;
+3. fetch: the owners send those cells point to point (`retained.FetchCells` on this plan),
+   and the backward returns each cell's gradient to its owner.
+
+The keys handed to the layer cover `[0, end)`: zero outside the fetched cells and the
+positions the rank holds (the FreeSolo ops read keys by position; routing never reads
+these keys, it has the summaries). Under the zigzag layout a rank's second run is a second
+call of the same layer: its prefix also holds the first runs of every rank, so the rank
+keeps its own first-run keys and the first call's summaries for it (`SelectedCells`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsframework.models.context import CellRouter
+from fsframework.parallel.cell_relays import CellPlan
+from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
+from fsframework.parallel.context import SPContext
+from fsframework.parallel.retained import FetchCells, Held, local_positions
+
+Summaries = tuple[torch.Tensor, torch.Tensor]  # kbar [B, H, C, d], a [B, H, C]
+
+
+def gather_summaries(own: Summaries, sp: SPContext, ranges: list[tuple[int, int]], s: int,
+                     before: Summaries | None = None) -> Summaries:
+    """Every rank's summaries of its range in `ranges` (one per rank, together `[L, M)`), after
+    `before` (those of `[0, L)`) -> the summaries of the complete cells of `[0, M)`. One all-gather
+    of `kbar` and `a` side by side, padded to the most cells a rank has."""
+    kbar, a = own
+    counts = [(hi - lo) // s for lo, hi in ranges]
+    mine = torch.cat((kbar, a[..., None].to(kbar.dtype)), dim=-1)  # B H c d+1
+    chunk = torch.cat((mine, mine.new_zeros((*mine.shape[:2], max(counts) - mine.shape[2], mine.shape[3]))), dim=2)
+    every = [torch.empty_like(chunk) for _ in range(sp.size)]
+    dist.all_gather(every, chunk, group=sp.group)
+    CommCounter.add("summaries", (sp.size - 1) * num_bytes(chunk))
+    total = max(hi for _, hi in ranges) // s
+    out = chunk.new_zeros((*chunk.shape[:2], total, chunk.shape[3]))
+    if before is not None:
+        out[:, :, : before[0].shape[2]] = torch.cat((before[0], before[1][..., None].to(before[0].dtype)), dim=-1)
+    for part, count, (lo, _) in zip(every, counts, ranges):
+        out[:, :, lo // s: lo // s + count] = part[:, :, :count]
+    return out[..., :-1], out[..., -1].to(a.dtype)
+
+
+def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held) -> torch.Tensor:
+    """(row, head, cell) `[m, 3]` of the cells before `start` that this call reads and does not hold:
+    those some query selected (cells `[B, n, H, K]`) and the window's halo."""
+    bsz, _, heads, _ = cells.shape
+    earlier = start // s
+    wanted = torch.zeros((bsz, heads, earlier), dtype=torch.bool, device=cells.device)
+    picked = (cells >= 0) & (cells < earlier)
+    row, _, head, _ = picked.nonzero(as_tuple=True)
+    wanted[row, head, cells[picked]] = True
+    wanted[:, :, max(0, start - window) // s:] = True  # the local window reads the w keys before start
+    for lo, hi in held:
+        if lo < start:
+            wanted[:, :, lo // s: min(hi, start) // s] = False  # own keys: no fetch
+    return wanted.nonzero()
+
+
+def request_cells(rows: torch.Tensor, sp: SPContext, held: list[Held], s: int) -> CellPlan:
+    """This rank's wanted rows -> the plan of its exchanges: `direct[(owner, me)]` what it asks each
+    owner for, `direct[(me, target)]` what each target asks of it. `held[r]`: the ranges rank `r`
+    holds in this call (together they tile the sequence so far)."""
+    me = sp.rank
+    pieces = sorted((lo, r) for r, ranges in enumerate(held) for lo, _ in ranges)
+    lows = torch.tensor([lo for lo, _ in pieces], device=rows.device)
+    ranks = torch.tensor([r for _, r in pieces], device=rows.device)
+    owners = ranks[torch.bucketize(rows[:, 2] * s, lows, right=True) - 1]
+    mine = {o: rows[owners == o] for o in range(sp.size) if o != me}
+    counts = torch.tensor([len(mine[o]) if o != me else 0 for o in range(sp.size)], device=rows.device)
+    every = [torch.empty_like(counts) for _ in range(sp.size)]
+    dist.all_gather(every, counts, group=sp.group)
+    CommCounter.add("requests", (sp.size - 1) * num_bytes(counts))
+    asked_of_me = torch.stack(every)[:, me].tolist()
+    asked = [(t, torch.empty((c, 3), dtype=torch.int32, device=rows.device)) for t, c in enumerate(asked_of_me) if c]
+    exchange(sp, [(o, r.int()) for o, r in mine.items() if len(r)], asked, "requests")
+    direct = {(o, me): r for o, r in mine.items() if len(r)}
+    direct.update({(me, t): r.long() for t, r in asked})
+    return CellPlan(direct)
+
+
+class SelectedCells:
+    """FS's keys for the calls of one layer on one rank: a call per own run (one under the
+    contiguous layout, two under zigzag), in run order. Between the calls of a layer it keeps
+    the rank's earlier runs' keys and values (it serves their cells to the later calls) and the
+    summaries gathered so far."""
+
+    def __init__(self, sp: SPContext):
+        self.sp = sp
+        self.kept: dict[int, tuple[list[torch.Tensor], Summaries]] = {}  # layer -> (own kv of earlier runs, summaries)
+
+    def keys(self, run: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Own run `run`'s q, k, v `[B, n, H, d]` -> keys and values `[B, end, H, d]` (zero outside the
+        fetched cells and own positions) and the queries' cells `[B, n, H, K]`."""
+        sp, att = self.sp, router.cfg.attention
+        s = att.cell_size
+        start, end = sp.runs[run]
+        own_before, before = self.kept.pop(layer, ([], None)) if run else ([], None)
+        summaries = gather_summaries(router.summarize(k), sp, [runs[run] for runs in sp.all_runs], s, before)
+        kv = torch.cat((k, v), dim=-1)  # B n H 2d
+        if run + 1 < len(sp.runs):
+            self.kept[layer] = (own_before + [kv], summaries)
+        kbar, a = summaries
+        cells = router.route_summaries(q, kbar[:, :, : end // s], a[:, :, : end // s], start)
+        held = [runs[: run + 1] for runs in sp.all_runs]
+        plan = request_cells(wanted_rows(cells, start, att.window, s, held[sp.rank]), sp, held, s)
+        fetched = FetchCells.apply(torch.cat(own_before + [kv], dim=1), sp, plan, s, held[sp.rank])
+        received = plan.rows_of(sp.rank)
+        rows = torch.cat(received) if received else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+        # every rank places its fetched cells, even none, so every rank runs FetchCells' backward
+        prefix = kv.new_zeros((kv.shape[0], start, *kv.shape[2:]))
+        prefix = prefix.index_put((rows[:, :1], local_positions(rows, s, [(0, start)]), rows[:, 1:2]), fetched)
+        for (lo, hi), own in zip(sp.runs[:run], own_before):  # own earlier runs, at their positions
+            prefix = torch.cat((prefix[:, :lo], own, prefix[:, hi:]), dim=1)
+        out = torch.cat((prefix, kv), dim=1)
+        return out[..., : k.shape[-1]], out[..., k.shape[-1]:], cells
