@@ -12,7 +12,8 @@ Prints, per rank:
    for sp = 1, 2, 4 at a fixed N: activations should fall roughly as 1/sp;
 2. bytes received per layer per training step (forward + backward) and the bytes of
    other ranks' keys and values a rank holds for its attention (the gathered-key
-   memory), per rank maxima, for each kind, N and sp: counted by `CommCounter` on the
+   memory: every storage the fetch leaves alive for the backward, less the own keys and
+   values; under zigzag both runs'), per rank maxima, for each kind, N and sp: counted by `CommCounter` on the
    real collectives of the kind's `KeySource` (one layer, random keys, H = 4, d = 32,
    fp32, the default attention config), "before" = today's all-gather of the whole
    prefix for every prefix kind, "after" = the kind's own fetch under `--layout`;
@@ -182,7 +183,10 @@ def keys_worker(spec: dict) -> None:
                                    for view, qp, kp, vp in zip(views, *(x.split(lengths, 1) for x in (q, k, v)))]
                     sum(kk.sum() + vv.sum() for kk, vv in fetched).backward()
                 own = 2 * k.numel() * k.element_size()
-                held = max(kk.untyped_storage().nbytes() for kk, _ in fetched)  # k and v share one storage
+                # every distinct storage the fetches leave alive (k and v share one; zigzag: one per run,
+                # both kept for the backward), less the own keys and values among them
+                held = sum({kk.untyped_storage().data_ptr(): kk.untyped_storage().nbytes()
+                            for kk, _ in fetched}.values())
                 records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout,
                                 "bytes": sum(counted.values()), "held": held - own})
                 del fetched, k, v

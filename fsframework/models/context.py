@@ -90,11 +90,13 @@ class KeySource(ABC):
 
     def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
                     router: "CellRouter") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """`keys` for a layer that routes its queries to cells (FreeSolo): (keys, values, cells), cells
-        `[B, n, H, K]` as `router` selects them for `q`, or None for the layer to route from the keys
-        itself. This source routes nothing; a sequence-parallel one routes from the gathered cell
-        summaries and then fetches only the cells its queries selected (`fsframework.parallel.selected`),
-        where the keys it returns are zero outside those cells and the window."""
+        """`keys` for a layer that routes its queries to cells (FreeSolo): (keys, values, cells).
+        cells None: the layer routes from the keys, which are what `keys` returns. Otherwise cells
+        `[B, n, H, K]` as `router` selects them for `q`, indexing the cells of keys that may be
+        compact: the cells the queries read, then the `span` window's positions before `start` and
+        the own keys, contiguous (`FreeSoloAttention.attend`). This source routes nothing; a
+        sequence-parallel one routes from the gathered cell summaries and fetches only the cells its
+        queries selected (`fsframework.parallel.selected`)."""
         k, v = self.keys(layer, k, v, span)
         return k, v, None
 

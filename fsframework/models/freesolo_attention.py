@@ -147,16 +147,22 @@ class FreeSoloAttention(QKVAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                cells: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries of `[start, start + n)` over the keys of `[0, start + n)` -> (local, LR),
-        each `[B, n, H, Dh]`, before the combination. `cells` `[B, n, H, K]`: the queries'
-        cells when a source routed them (`KeySource.routed_keys`; start a block boundary), else
-        routed here from k."""
+        """Queries of `[start, start + n)` -> (local, LR), each `[B, n, H, Dh]`, before the combination.
+
+        Without `cells`, k and v are the keys of `[0, start + n)` and the queries are routed here.
+        With `cells` `[B, n, H, K]` (a source routed them, `KeySource.routed_keys`; start a block
+        boundary), k and v may be compact: any cells the queries read, then at least the
+        `min(window, start)` positions before `start` and the own keys, contiguous; the cells index
+        k's cells. The readout is position-free (NoPE), so it reads the same numbers either way."""
         a = self.cfg.attention
-        if k.shape[1] != start + q.shape[1]:
-            raise ValueError(f"the long-range branch needs the keys of the whole prefix [0, {start + q.shape[1]}), "
+        n = q.shape[1]
+        if cells is None and k.shape[1] != start + n:
+            raise ValueError(f"the long-range branch needs the keys of the whole prefix [0, {start + n}), "
                              f"got {k.shape[1]}")
-        local = window_attention_at(q, k[:, max(0, start - a.window):], v[:, max(0, start - a.window):], start,
-                                    window=a.window, rope_theta=a.rope_theta, impl=a.impl)
+        own_at = k.shape[1] - n  # where the own keys begin in k: `start`, or later in compact keys
+        before = own_at - min(a.window, start)
+        local = window_attention_at(q, k[:, before:], v[:, before:], start, window=a.window,
+                                    rope_theta=a.rope_theta, impl=a.impl)
         # routing takes query offsets at block boundaries: a query slice that starts mid-block
         # (decoding) is front-padded with zero queries back to its block's start, which select
         # the same cells as every query of that block, and their outputs are dropped
@@ -169,10 +175,10 @@ class FreeSoloAttention(QKVAttention):
             cells = self.route(q, k, start - pad)
         if a.readout_backward == "unit":  # the branch learns as if read at gain 1 (docs/freesolo.md §1.6)
             long_range = unit_gradient_gain(cell_readout(q, k, v, cells, cell_size=a.cell_size, impl=a.impl,
-                                                         q_start=start - pad), self.readout_gain())
+                                                         q_start=own_at - pad), self.readout_gain())
         else:
             long_range = cell_readout(q, k, v, cells, cell_size=a.cell_size, rms_weight=self.readout_gain(),
-                                      impl=a.impl, q_start=start - pad)
+                                      impl=a.impl, q_start=own_at - pad)
         return local, long_range[:, pad:]
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:

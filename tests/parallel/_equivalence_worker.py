@@ -99,6 +99,7 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
+    lengths = record_key_lengths(model) if kind == "fs" else []
     with CommCounter.counting() as traffic:
         logits = mine.logits(model)
         loss, _ = mine.losses(logits)
@@ -108,6 +109,8 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     runs = ctx.runs
     if kind == "fs":  # FS fetches the selected cells after gathering the summaries, never the prefix
         errors += fs_traffic_errors(dict(traffic), runs, n)
+        # compact keys: fewer than the prefix where the queries read only some earlier cells
+        print(f"rank {groups.rank}: fs N={n} {ctx.layout} compact keys {any(k < full for k, full in lengths)}")
     err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err
     if err > TOL:
@@ -122,6 +125,19 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
             errors.append(f"{kind} N={n}: gradient of {name} differs, rel rms {err:.2e}")
     print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} runs {runs} worst rel rms {worst:.1e}")
     return errors
+
+
+def record_key_lengths(model) -> list[tuple[int, int]]:
+    """(keys handed to attend, start + n) of every FreeSolo attention call of `model`."""
+    seen = []
+    for layer in model.layers:
+        attend = layer.attn.attend
+
+        def recording(q, k, v, start, cells=None, attend=attend):
+            seen.append((k.shape[1], start + q.shape[1]))
+            return attend(q, k, v, start, cells)
+        layer.attn.attend = recording
+    return seen
 
 
 def fs_traffic_errors(traffic: dict, runs: list, n: int) -> list[str]:
