@@ -68,7 +68,8 @@ from fsframework.parallel.cell_relays import CellPlan
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.groups import init_groups
-from fsframework.parallel.retained import FetchCells, cells_of
+from fsframework.parallel.compact import cells_of
+from fsframework.parallel.retained import FetchCells
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("all_gather", "selected", "ring")

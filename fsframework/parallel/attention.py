@@ -38,7 +38,7 @@ import torch
 from fsframework.models.context import WHOLE_SEQUENCE, CellRouter, KeySource, RetainedCells, Span
 from fsframework.parallel.collectives import gather_runs, gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
-from fsframework.parallel.retained import retained_kv
+from fsframework.parallel.retained import retained_kv, retained_routed_kv
 from fsframework.parallel.selected import SelectedCells
 
 
@@ -78,6 +78,8 @@ class SequenceParallelKeys(KeySource):
                     router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         if span is None and router.routes_from_summaries:  # FS: only the selected cells
             return SelectedCells(self.sp).keys(0, layer, q, k, v, router)
+        if isinstance(span, RetainedCells):  # FS-L: its retained cells, routed here to hand over compact keys
+            return retained_routed_kv(q, k, v, self.sp, span, router)
         return super().routed_keys(layer, q, k, v, span, router)
 
 

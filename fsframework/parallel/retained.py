@@ -24,11 +24,15 @@ what the ranks receive, from a later rank that already fetched it
 (`fsframework.parallel.cell_relays`): one exchange per layer and direction, two when some
 cell is relayed.
 
-The fetched positions fill a zero prefix `[B, a, H, 2d]`; the rest stays zero and is
-never read: a zero cell has `a_c = 0`, which no fetched cell is below, and the earlier
-cell wins ties, so FS-L's routing keeps exactly the single-process cells, and its
-readout and window read only fetched keys. Backward returns each fetched cell's
-gradient to its owner (through the relay that sent it, which adds its own).
+`retained_kv` (the `keys` of a source) places the fetched positions in a zero prefix
+`[B, a, H, 2d]`; the rest stays zero and is never read: a zero cell has `a_c = 0`, which no
+fetched cell is below, and the earlier cell wins ties, so FS-L's routing keeps exactly the
+single-process cells, and its readout and window read only fetched keys. What the model's
+FS-L layers get is `retained_routed_kv` (the source's `routed_keys`): the same fetch, the
+routing done on the rank from the summaries of that zero prefix, and compact keys, the cells
+the queries read and the halo (`fsframework.parallel.compact`), so a rank holds `O(P s + h)`
+earlier positions per head instead of `a`. Backward returns each fetched cell's gradient to
+its owner (through the relay that sent it, which adds its own).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsframework.models.context import RetainedCells
+from fsframework.models.context import CellRouter, RetainedCells
 from fsframework.parallel.cell_relays import CellPlan, balance
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
+from fsframework.parallel.compact import Held, cells_of, compact_keys, local_positions
 from fsframework.parallel.context import SPContext
 from fsframework.ops.freesolo_routing import cell_summaries
 
@@ -99,26 +104,6 @@ def _plan(values: torch.Tensor, cells: torch.Tensor, sp: SPContext, span: Retain
             if rows.numel():
                 plan[(owner, target)] = rows
     return plan
-
-
-Held = list[tuple[int, int]]  # the position ranges a rank's key tensor holds, concatenated in order
-
-
-def local_positions(rows: torch.Tensor, s: int, held: Held) -> torch.Tensor:
-    """rows (b, h, cell) `[m, 3]` of cells inside `held` -> their positions `[m, s]` in the
-    concatenation of the held ranges."""
-    lows = torch.tensor([lo for lo, _ in held], device=rows.device)
-    offsets = torch.tensor([0] + [hi - lo for lo, hi in held[:-1]], device=rows.device).cumsum(0)
-    first = rows[:, 2:] * s  # m 1
-    piece = torch.bucketize(first, lows, right=True) - 1
-    return first - lows[piece] + offsets[piece] + torch.arange(s, device=rows.device)
-
-
-def cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int | Held, s: int) -> torch.Tensor:
-    """x `[B, T, H, f]` holding positions `[first_pos, first_pos + T)` (or the ranges `held`,
-    concatenated); rows (b, h, cell) `[m, 3]` -> `[m, s, f]`."""
-    held = [(first_pos, first_pos + x.shape[1])] if isinstance(first_pos, int) else first_pos
-    return x[rows[:, :1], local_positions(rows, s, held), rows[:, 1:2]]
 
 
 class FetchCells(torch.autograd.Function):
@@ -184,3 +169,32 @@ def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
     prefix = kv.new_zeros((kv.shape[0], sp.start, *kv.shape[2:])).index_put((rows[:, :1], pos, rows[:, 1:2]), fetched)
     out = torch.cat((prefix, kv), dim=1)
     return out[..., : k.shape[-1]], out[..., k.shape[-1]:]
+
+
+def retained_routed_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp: SPContext, span: RetainedCells,
+                       router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`retained_kv`, routed here: own q, k, v `[B, n, H, d]` -> compact keys and values (the cells the
+    queries read, the halo, the own keys; `fsframework.parallel.compact`) and the queries' cells.
+
+    The same fetch as `retained_kv`; routing reads the summaries of what that zero-filled prefix
+    would hold: the fetched cells' summaries at their places, zero elsewhere (a zero cell, `a_c = 0`,
+    is never retained over a fetched one), then the own cells'. So the cells are those the layer
+    routes from `retained_kv`'s keys, and the layer holds what they read instead of the prefix."""
+    s, dim = span.cell_size, k.shape[-1]
+    values, candidates = _candidates(k, sp, span)
+    plan = balance(_plan(values, candidates, sp, span), sp.size)
+    kv = torch.cat((k, v), dim=-1)  # B n H 2d
+    fetched = FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
+    mine = plan.rows_of(sp.rank)
+    rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+    kbar_own, a_own = router.summarize(k)  # B H C_own d, B H C_own
+    kbar_cells, a_cells = router.summarize(fetched[..., :dim].detach().unsqueeze(2))  # m 1 1 d: one cell each
+    kbar = kbar_own.new_zeros((*kbar_own.shape[:2], sp.start // s, dim))
+    a = a_own.new_zeros((*a_own.shape[:2], sp.start // s))
+    kbar[rows[:, 0], rows[:, 1], rows[:, 2]] = kbar_cells[:, 0, 0].to(kbar.dtype)
+    a[rows[:, 0], rows[:, 1], rows[:, 2]] = a_cells[:, 0, 0].to(a.dtype)
+    kbar, a = torch.cat((kbar, kbar_own), dim=2), torch.cat((a, a_own), dim=2)
+    cells = router.route_summaries(q, kbar, a, sp.start)
+    tail = max(0, sp.start - halo_width(span))
+    compact, cells = compact_keys(kv, fetched, rows, cells, [], sp.start, tail, s)
+    return compact[..., :dim], compact[..., dim:], cells

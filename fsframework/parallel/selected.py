@@ -35,7 +35,8 @@ from fsframework.models.context import CellRouter
 from fsframework.parallel.cell_relays import CellPlan
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.context import SPContext
-from fsframework.parallel.retained import FetchCells, Held, cells_of, local_positions
+from fsframework.parallel.compact import Held, compact_keys
+from fsframework.parallel.retained import FetchCells
 
 Summaries = tuple[torch.Tensor, torch.Tensor]  # kbar [B, H, C, d], a [B, H, C]
 
@@ -131,57 +132,3 @@ class SelectedCells:
         tail = max(0, start - att.window) // s * s  # the window's halo starts here, in whole cells
         compact, cells = compact_keys(kv, fetched, rows, cells, list(zip(sp.runs[:run], own_before)), start, tail, s)
         return compact[..., : k.shape[-1]], compact[..., k.shape[-1]:], cells
-
-
-def compact_keys(kv: torch.Tensor, fetched: torch.Tensor, rows: torch.Tensor, cells: torch.Tensor,
-                 own_before: list[tuple[tuple[int, int], torch.Tensor]], start: int, tail: int,
-                 s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The keys and values a call reads, compact, and its queries' cells as indices into them.
-
-    kv `[B, n, H, 2d]` own (positions `[start, end)`); fetched `[m, s, 2d]` the cells `rows`
-    (row, head, cell) `[m, 3]`; cells `[B, n, H, K]` (sequence cell indices, -1 none);
-    own_before: this rank's earlier runs `((lo, hi), kv)` (zigzag). Returns `[B, c s + start - tail + n,
-    H, 2d]`: per (row, head) the cells before `tail` its queries selected, in cell order, padded to
-    the most any (row, head) reads (`c` cells), then the positions `[tail, end)` whole (the
-    window's halo and the own keys); and the cells, re-indexed into that tensor. The readout is
-    position-free (NoPE) and the window reads the contiguous positions before the own keys, so
-    both read exactly what they read in the whole prefix.
-    """
-    bsz, _, heads, width = kv.shape
-    early = tail // s
-    in_halo = rows[:, 2] >= early
-    halo_rows = rows[in_halo]
-    halo = kv.new_zeros((bsz, start - tail, heads, width)).index_put(
-        (halo_rows[:, :1], local_positions(halo_rows, s, [(tail, start)]), halo_rows[:, 1:2]), fetched[in_halo])
-    for (lo, hi), own in own_before:  # an own earlier run may reach into the halo
-        if hi > tail:
-            cut = max(lo, tail)
-            halo = torch.cat((halo[:, : cut - tail], own[:, cut - lo:], halo[:, hi - tail:]), dim=1)
-    read = torch.zeros((bsz, heads, early), dtype=torch.bool, device=kv.device)
-    picked = (cells >= 0) & (cells < early)
-    row, _, head, _ = picked.nonzero(as_tuple=True)
-    read[row, head, cells[picked]] = True
-    slot_of = read.long().cumsum(-1) - 1  # B H early: a read cell's slot in its (row, head)
-    num_slots = int(read.sum(-1).max()) if early else 0
-    slots = kv.new_zeros((bsz, num_slots * s, heads, width))
-
-    def place(slots: torch.Tensor, where: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        pos = slot_of[where[:, 0], where[:, 1], where[:, 2]][:, None] * s + torch.arange(s, device=kv.device)
-        return slots.index_put((where[:, :1], pos, where[:, 1:2]), values)
-
-    slots = place(slots, rows[~in_halo], fetched[~in_halo])
-    if own_before:  # own earlier cells the queries read, from the kept keys
-        mine = torch.zeros(early, dtype=torch.bool, device=kv.device)
-        for (lo, hi), _ in own_before:
-            mine[lo // s: min(hi, tail) // s] = True
-        own_rows = (read & mine).nonzero()
-        ranges = [span for span, _ in own_before]
-        slots = place(slots, own_rows, cells_of(torch.cat([x for _, x in own_before], dim=1), own_rows, ranges, s))
-    if early:
-        batch = torch.arange(bsz, device=cells.device).view(-1, 1, 1, 1)
-        head = torch.arange(heads, device=cells.device).view(1, 1, -1, 1)
-        in_slots = slot_of[batch, head, cells.clamp(0, early - 1)]
-    else:
-        in_slots = cells
-    moved = torch.where(cells >= early, cells - early + num_slots, in_slots)
-    return torch.cat((slots, halo, kv), dim=1), torch.where(cells >= 0, moved, -1)

@@ -99,7 +99,7 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
-    lengths = record_key_lengths(model) if kind == "fs" else []
+    lengths = record_key_lengths(model) if kind in ("fs", "fsl") else []
     with CommCounter.counting() as traffic:
         logits = mine.logits(model)
         loss, _ = mine.losses(logits)
@@ -109,8 +109,8 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     runs = ctx.runs
     if kind == "fs":  # FS fetches the selected cells after gathering the summaries, never the prefix
         errors += fs_traffic_errors(dict(traffic), runs, n)
-        # compact keys: fewer than the prefix where the queries read only some earlier cells
-        print(f"rank {groups.rank}: fs N={n} {ctx.layout} compact keys {any(k < full for k, full in lengths)}")
+    if lengths:  # compact keys: fewer than the prefix where the queries read only some earlier cells
+        print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} compact keys {any(k < full for k, full in lengths)}")
     err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err
     if err > TOL:

@@ -37,8 +37,8 @@ def test_sp_matches_single_process(world, sp, lengths, layouts, extra):
              + len(extra)}
     checked = sum(line.count("worst rel rms") for line in outputs)
     assert checked == world * sum(kinds[layout] for layout in layouts.split(",")) * len(lengths.split(","))
-    if sp == 4:  # FS's keys were compact on some rank (its queries read only some earlier cells), both layouts
-        for layout in layouts.split(","):
-            assert any(f"fs N=200 {layout} compact keys True" in out for out in outputs), layout
+    if sp == 4:  # FS's and FS-L's keys were compact on some rank (the queries read only some earlier cells)
+        for kind, layout in [("fs", "contiguous"), ("fs", "zigzag"), ("fsl", "contiguous")]:
+            assert any(f"{kind} N=200 {layout} compact keys True" in out for out in outputs), (kind, layout)
     if "zigzag" in layouts:  # the causal kinds really ran on two runs per rank (too few blocks: one)
         assert all(re.search(r"tfpp N=\d+ zigzag runs \[\(\d+, \d+\), \(", out) for out in outputs)
