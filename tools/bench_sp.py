@@ -13,7 +13,8 @@ Prints, per rank:
 2. bytes received per layer per training step (forward + backward) and the bytes of
    other ranks' keys and values a rank holds for its attention (the gathered-key
    memory: every storage the fetch leaves alive for the backward, less the own keys and
-   values; under zigzag both runs'), per rank maxima, for each kind, N and sp: counted by `CommCounter` on the
+   values; under zigzag both runs'), per rank maxima, for each kind, N and sp (and the forward
+   pass's bytes alone): counted by `CommCounter` on the
    real collectives of the kind's `KeySource` (one layer, random keys, H = 4, d = 32,
    fp32, the default attention config), "before" = today's all-gather of the whole
    prefix for every prefix kind, "after" = the kind's own fetch under `--layout`;
@@ -49,14 +50,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, spec: dict) -> list[dict]:
-    """Run `world` worker ranks of this script; each prints one JSON line of results."""
+def launch(world: int, spec: dict, script: str = __file__) -> list[dict]:
+    """Run `world` worker ranks of `script` (`--worker SPEC`, default this one); each prints one JSON
+    line of results."""
     port, procs = _free_port(), []
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env,
+        procs.append(subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for p in procs:
@@ -181,6 +183,7 @@ def keys_worker(spec: dict) -> None:
                         fetched = [view.routed_keys(0, qp, kp, vp, span, router)[:2] if router else
                                    view.keys(0, kp, vp, span)
                                    for view, qp, kp, vp in zip(views, *(x.split(lengths, 1) for x in (q, k, v)))]
+                    forward = sum(counted.values())
                     sum(kk.sum() + vv.sum() for kk, vv in fetched).backward()
                 own = 2 * k.numel() * k.element_size()
                 # every distinct storage the fetches leave alive (k and v share one; zigzag: one per run,
@@ -188,7 +191,7 @@ def keys_worker(spec: dict) -> None:
                 held = sum({kk.untyped_storage().data_ptr(): kk.untyped_storage().nbytes()
                             for kk, _ in fetched}.values())
                 records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout,
-                                "bytes": sum(counted.values()), "held": held - own})
+                                "bytes": sum(counted.values()), "forward": forward, "held": held - own})
                 del fetched, k, v
     print(json.dumps({"rank": dist.get_rank(), "records": records}))
     dist.destroy_process_group()
@@ -206,7 +209,7 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
     print(f"\n2. bytes received per layer per step (fwd + bwd) and gathered-key memory, per rank maxima; "
           f"H=4, d=32, fp32, one layer; after = --layout {layout}")
     print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'before MB':>10} {'after MB':>9} {'ratio':>6} "
-          f"{'held before MB':>15} {'held after MB':>14}")
+          f"{'held before MB':>15} {'held after MB':>14} {'after, forward MB':>18}")
     out = []
     for sp in sps:
         ranks = launch(sp, {"mode": "keys", "kinds": kinds, "n": lengths, "layout": layout})
@@ -218,14 +221,17 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
             for n in lengths:
                 before, after = by_key[kind, n, "before"], by_key[kind, n, "after"]
                 b0, b1 = max(r["bytes"] for r in before), max(r["bytes"] for r in after)
+                f0, f1 = max(r["forward"] for r in before), max(r["forward"] for r in after)
                 h0, h1 = max(r["held"] for r in before), max(r["held"] for r in after)
                 lay = after[0]["layout"]
                 print(f"{kind:>5} {n:>7} {sp:>3} {lay:>10} {b0 / 1e6:>10.2f} {b1 / 1e6:>9.2f} {b0 / b1:>6.1f} "
-                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f}")
+                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f} {f1 / 1e6:>18.2f}")
                 out += [{"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "all_gather",
-                         "bytes_received_per_layer": b0, "gathered_key_bytes": h0},
+                         "bytes_received_per_layer": b0, "forward_bytes_received_per_layer": f0,
+                         "gathered_key_bytes": h0},
                         {"kind": kind, "n": n, "sp": sp, "layout": lay, "fetch": "kind",
-                         "bytes_received_per_layer": b1, "gathered_key_bytes": h1}]
+                         "bytes_received_per_layer": b1, "forward_bytes_received_per_layer": f1,
+                         "gathered_key_bytes": h1}]
     return out
 
 

@@ -124,7 +124,7 @@ class FetchCells(torch.autograd.Function):
         second = [(m, kv.new_empty((len(rows), s, width))) for m, rows in plan.received_by(me, relayed=True)]
         relayed = [(t, first[plan.sources[(me, t)]]) for t, _ in plan.sent_by(me, relayed=True)]
         if plan.relayed:  # the same on every rank: all take part in the round or none
-            exchange(sp, relayed, second, "cells")
+            exchange(sp, relayed, second, "relayed cells")
         return torch.cat([first] + [buf for _, buf in second])
 
     @staticmethod
@@ -140,7 +140,7 @@ class FetchCells(torch.autograd.Function):
             pieces = grad_second.split([len(rows) for _, rows in senders]) if senders else []
             relayed = plan.sent_by(me, relayed=True)
             back = [(t, grad.new_empty((len(rows), s, width))) for t, rows in relayed]
-            exchange(sp, [(m, piece) for (m, _), piece in zip(senders, pieces)], back, "cells")
+            exchange(sp, [(m, piece) for (m, _), piece in zip(senders, pieces)], back, "relayed cells")
             for t, buf in back:
                 grad_first.index_add_(0, plan.sources[(me, t)], buf)
         pieces = grad_first.split([len(rows) for _, rows in received]) if received else []

@@ -14,10 +14,11 @@ local window the `w` keys before it. So a rank does not all-gather the prefix
    (`FreeSoloAttention.route_summaries`; the same numbers, so the same cells);
 2. requests: the earlier cells some own query selected, plus the window's halo (the whole
    cells covering the `w` positions before `start`), per (batch row, head), minus the
-   cells the rank holds itself; an all-gather of one count per (rank, owner) pair sizes
-   the buffers, then each rank sends each owner the (row, head, cell) triples it wants;
-3. fetch: the owners send those cells point to point (`retained.FetchCells` on this plan),
-   and the backward returns each cell's gradient to its owner.
+   cells the rank holds itself, all-gathered as (row, head, cell) triples, so every rank
+   plans every fetch alike: from the owner, or relayed by a rank between owner and target
+   that fetched the cell too (`fsframework.parallel.cell_relays`, as for FS-L);
+3. fetch: the cells travel point to point (`retained.FetchCells` on this plan), and the
+   backward returns each cell's gradient to its owner (through its relay).
 
 The keys handed to the layer cover `[0, end)`: zero outside the fetched cells and the
 positions the rank holds (the FreeSolo ops read keys by position; routing never reads
@@ -32,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from fsframework.models.context import CellRouter
-from fsframework.parallel.cell_relays import CellPlan
-from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
+from fsframework.parallel.cell_relays import CellPlan, balance
+from fsframework.parallel.collectives import CommCounter, num_bytes
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.compact import Held, compact_keys
 from fsframework.parallel.retained import FetchCells
@@ -79,25 +80,29 @@ def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held
 
 
 def request_cells(rows: torch.Tensor, sp: SPContext, held: list[Held], s: int) -> CellPlan:
-    """This rank's wanted rows -> the plan of its exchanges: `direct[(owner, me)]` what it asks each
-    owner for, `direct[(me, target)]` what each target asks of it. `held[r]`: the ranges rank `r`
-    holds in this call (together they tile the sequence so far)."""
-    me = sp.rank
+    """This rank's wanted rows -> the plan of every rank's fetches, the same on every rank: the
+    requests are all-gathered (a count per rank, then the rows, padded: 12 bytes a cell against
+    the cell's `s x 2d` values), so each owner knows what to send and the cells that later ranks
+    also fetched can be relayed to even out what the ranks receive (`cell_relays.balance`).
+    `held[r]`: the ranges rank `r` holds in this call (together they tile the sequence so far)."""
+    count = torch.tensor([len(rows)], device=rows.device)
+    counts = [torch.empty_like(count) for _ in range(sp.size)]
+    dist.all_gather(counts, count, group=sp.group)
+    counts = [int(c) for c in counts]
+    padded = torch.cat((rows.int(), rows.new_zeros((max(counts) - len(rows), 3), dtype=torch.int32)))
+    every = [torch.empty_like(padded) for _ in range(sp.size)]
+    dist.all_gather(every, padded, group=sp.group)
+    CommCounter.add("requests", (sp.size - 1) * (num_bytes(count) + num_bytes(padded)))
     pieces = sorted((lo, r) for r, ranges in enumerate(held) for lo, _ in ranges)
     lows = torch.tensor([lo for lo, _ in pieces], device=rows.device)
     ranks = torch.tensor([r for _, r in pieces], device=rows.device)
-    owners = ranks[torch.bucketize(rows[:, 2] * s, lows, right=True) - 1]
-    mine = {o: rows[owners == o] for o in range(sp.size) if o != me}
-    counts = torch.tensor([len(mine[o]) if o != me else 0 for o in range(sp.size)], device=rows.device)
-    every = [torch.empty_like(counts) for _ in range(sp.size)]
-    dist.all_gather(every, counts, group=sp.group)
-    CommCounter.add("requests", (sp.size - 1) * num_bytes(counts))
-    asked_of_me = torch.stack(every)[:, me].tolist()
-    asked = [(t, torch.empty((c, 3), dtype=torch.int32, device=rows.device)) for t, c in enumerate(asked_of_me) if c]
-    exchange(sp, [(o, r.int()) for o, r in mine.items() if len(r)], asked, "requests")
-    direct = {(o, me): r for o, r in mine.items() if len(r)}
-    direct.update({(me, t): r.long() for t, r in asked})
-    return CellPlan(direct)
+    direct = {}
+    for target, (wanted, num) in enumerate(zip(every, counts)):
+        wanted = wanted[:num].long()
+        owners = ranks[torch.bucketize(wanted[:, 2] * s, lows, right=True) - 1]
+        for owner in owners.unique().tolist():
+            direct[(owner, target)] = wanted[owners == owner]
+    return balance(direct, sp.size)
 
 
 class SelectedCells:

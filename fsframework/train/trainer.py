@@ -140,7 +140,7 @@ class Trainer:
         import_muon_lazily()  # ZeRO's Muon check otherwise loads torch's inductor: 4.4 s per rank
         skip_shared_memory_allreduce()  # a CPU backend would otherwise JIT-build it: ~90 s once per environment
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg))
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, model))
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
         self.model = model
         self.sp = sp_context(model)  # None unless sequence parallel

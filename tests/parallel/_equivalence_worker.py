@@ -110,7 +110,8 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     if kind == "fs":  # FS fetches the selected cells after gathering the summaries, never the prefix
         errors += fs_traffic_errors(dict(traffic), runs, n)
     if lengths:  # compact keys: fewer than the prefix where the queries read only some earlier cells
-        print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} compact keys {any(k < full for k, full in lengths)}")
+        print(f"rank {groups.rank}: {kind} N={n} {ctx.layout} compact keys {any(k < full for k, full in lengths)} "
+              f"relayed {traffic.get('relayed cells', 0)} bytes")
     err = rel_rms(logits.detach(), shard_runs(ref_logits, runs))
     worst = err
     if err > TOL:
@@ -143,7 +144,7 @@ def record_key_lengths(model) -> list[tuple[int, int]]:
 def fs_traffic_errors(traffic: dict, runs: list, n: int) -> list[str]:
     """FS under SP sends summaries, requests and cells only (fsframework.parallel.selected), never the
     all-gathered prefix."""
-    if set(traffic) - {"summaries", "requests", "cells"} or "summaries" not in traffic:
+    if set(traffic) - {"summaries", "requests", "cells", "relayed cells"} or "summaries" not in traffic:
         return [f"fs N={n} runs {runs}: sent {traffic}, not the selected cells (summaries, requests, cells)"]
     return []
 

@@ -71,7 +71,9 @@ def check(n: int, sp: SPContext) -> list[str]:
         if not torch.allclose(g, r.grad, rtol=1e-6, atol=1e-6):
             errors.append(f"N={n}: the gradient of the own {name} differs from the all-gather path's")
     plan = balance(_plan(*_candidates(own[0].detach(), sp, SPAN), sp, SPAN), sp.size)
-    print(f"bytes N={n} rank={sp.rank} forward={forward.get('cells', 0)} total={counted['cells']} "
+    cells = ("cells", "relayed cells")  # from owners, from relays
+    print(f"bytes N={n} rank={sp.rank} forward={sum(forward.get(c, 0) for c in cells)} "
+          f"total={sum(counted.get(c, 0) for c in cells)} "
           f"all_gather={counted['all_gather']} relayed={sum(len(r) for r in plan.relayed.values())}")
     return errors
 

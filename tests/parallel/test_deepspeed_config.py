@@ -1,0 +1,44 @@
+"""The DeepSpeed config names the ZeRO-3 leaf modules: the kind's own and, under the zigzag layout,
+the attention modules that run once per run, in the form DeepSpeed matches them by."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from deepspeed.utils.z3_leaf_module import set_z3_leaf_modules  # noqa: E402
+
+from fsframework.config import Config, ModelConfig  # noqa: E402
+from fsframework.models.registry import build_model  # noqa: E402
+from fsframework.parallel.attention import RunsAttention  # noqa: E402
+from fsframework.parallel.deepspeed_config import deepspeed_config, zero3_leaf_classes  # noqa: E402
+from fsframework.parallel.parallelize import _swap  # noqa: E402
+
+
+def tiny(name: str) -> Config:
+    cfg = Config(model=ModelConfig(name=name, vocab_size=32, d_model=16, n_layers=2, n_heads=2))
+    cfg.parallel.zero_stage = 3
+    return cfg
+
+
+@pytest.mark.parametrize("name", ["tfpp", "fs"])
+def test_zigzag_attention_modules_are_zero3_leaves(name):
+    cfg = tiny(name)
+    model = build_model(cfg.model)
+    assert "leaf_module" not in deepspeed_config(cfg, model)["zero_optimization"]  # contiguous: no leaves
+    for layer in model.layers:  # what parallelize does under the zigzag layout
+        _swap(layer.attn, RunsAttention)
+    leaves = deepspeed_config(cfg, model)["zero_optimization"]["leaf_module"]["classes"]
+    assert leaves == zero3_leaf_classes(cfg, model) and len(leaves) == 1
+    # DeepSpeed finds exactly the attention modules by that name
+    assert set_z3_leaf_modules(model, leaves) == [layer.attn for layer in model.layers]
+    cfg.parallel.zero_stage = 2
+    assert "leaf_module" not in deepspeed_config(cfg, model)["zero_optimization"]
+
+
+def test_the_kinds_own_leaves_stay():
+    cfg = tiny("argrc")
+    assert zero3_leaf_classes(cfg, build_model(cfg.model)) == ["fsframework.models.argrc.TreeScan"]
