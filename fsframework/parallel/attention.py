@@ -86,12 +86,14 @@ class SequenceParallelKeys(KeySource):
 class ZigzagKeys:
     """The earlier keys of one layer call under the zigzag layout: one `RunKeys` view per own run.
 
-    Run 0's gathered keys are kept for run 1 of the same layer call (so one layer's call,
-    also when activation checkpointing recomputes it, holds both)."""
+    The runs' gathered keys share one buffer of the layer call (run 1's reach back over run 0's:
+    no second copy), kept from run 0 to run 1 (so one layer's call, also when activation
+    checkpointing recomputes it, holds both)."""
 
     def __init__(self, sp: SPContext):
         self.sp = sp
-        self.first: dict[int, torch.Tensor] = {}  # layer -> gathered keys and values of [0, M)
+        # layer -> (the buffer every run's gathered keys and values go to, run 0's output [0, M))
+        self.first: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.selected = SelectedCells(sp)  # FS: summaries and own run-0 keys, kept for run 1
 
     def views(self) -> list["RunKeys"]:
@@ -101,11 +103,15 @@ class ZigzagKeys:
              span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         if span is not None:
             raise ValueError(f"the zigzag layout serves prefix kinds only, got a key span {span!r}")
-        gathered = gather_runs(torch.cat((k, v), dim=-1), self.sp, run)
-        if run == 0 and len(self.sp.runs) > 1:
-            self.first[layer] = gathered
-        elif run > 0:
-            gathered = torch.cat((self.first.pop(layer), gathered), dim=1)
+        kv = torch.cat((k, v), dim=-1)
+        if run == 0:
+            length = max(e for runs in self.sp.all_runs for _, e in runs)
+            buffer, before = kv.new_empty((kv.shape[0], length, *kv.shape[2:])), None
+        else:
+            buffer, before = self.first.pop(layer)
+        gathered = gather_runs(kv, self.sp, run, buffer, before)
+        if run + 1 < len(self.sp.runs):
+            self.first[layer] = (buffer, gathered)
         end = self.sp.runs[run][1]
         return gathered[:, :end].split(k.shape[-1], dim=-1)
 

@@ -4,7 +4,8 @@ Legend: B batch, n own slice length, L longest slice, N sequence, W halo width;
 `...` are trailing feature axes (heads, head width).
 
 - `gather_sequence(x [B, n, ...]) -> [B, upto, ...]`: the sequence `[0, upto)` from
-  every rank's slice; `gather_runs` the same for one run of every rank (zigzag layout).
+  every rank's slice; `gather_runs` the same for one run of every rank (zigzag layout), into
+  one buffer per layer call that the runs share.
   Forward: all-gather of the slices (padded to `L`). Backward: reduce-scatter (sum), so
   each rank receives the sum of the gradients that every rank's queries put on its own
   keys/values.
@@ -78,18 +79,50 @@ class _GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        sp, slices = ctx.sp, ctx.slices
-        lo = min(s for s, _ in slices)
-        longest = max(e - s for s, e in slices)
-        shape = (grad.shape[0], longest, *grad.shape[2:])
-        chunks = []
-        for s, e in slices:  # every rank's share of this rank's gradient, padded; zeros past `upto`
-            piece = grad[:, s - lo:max(s, min(e, ctx.upto)) - lo]
-            chunks.append(_pad_to(piece, longest))
-        own = grad.new_empty(shape)
-        dist.reduce_scatter(own, chunks, op=dist.ReduceOp.SUM, group=sp.group)
-        CommCounter.add("reduce_scatter", (sp.size - 1) * num_bytes(own))
-        return own[:, : ctx.own], None, None, None
+        return _return_to_owners(grad, ctx.sp, ctx.slices, ctx.upto, ctx.own), None, None, None
+
+
+def _return_to_owners(grad: torch.Tensor, sp: SPContext, slices: list[tuple[int, int]], upto: int,
+                      own: int) -> torch.Tensor:
+    """The gradient of gathered positions `[lo, upto)` (lo the first slice's start) -> this rank's
+    `[B, own, ...]`: every rank's share of it, summed on its owner (one reduce-scatter)."""
+    lo = min(s for s, _ in slices)
+    longest = max(e - s for s, e in slices)
+    shape = (grad.shape[0], longest, *grad.shape[2:])
+    chunks = []
+    for s, e in slices:  # every rank's share of this rank's gradient, padded; zeros past `upto`
+        piece = grad[:, s - lo:max(s, min(e, upto)) - lo]
+        chunks.append(_pad_to(piece, longest))
+    mine = grad.new_empty(shape)
+    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, group=sp.group)
+    CommCounter.add("reduce_scatter", (sp.size - 1) * num_bytes(mine))
+    return mine[:, :own]
+
+
+class _GatherRunInto(torch.autograd.Function):
+    """Every rank's `run`-th run written into `buffer` `[B, N, ...]` at its positions; returns the
+    buffer's `[0, upto)`. `before`, the previous run's output (`[0, lo)`), is an input only so that
+    its positions' gradient goes back through it. The runs are written through `writer`
+    (`buffer.data`: the same storage, its own version counter), so a later run's write does not
+    invalidate what an earlier run's attention saved of the buffer for its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, before: torch.Tensor, sp: SPContext, run: int, buffer: torch.Tensor,
+                writer: torch.Tensor, upto: int):
+        slices = [runs[run] for runs in sp.all_runs]
+        ctx.sp, ctx.slices, ctx.upto, ctx.own, ctx.lo = sp, slices, upto, x.shape[1], before.shape[1]
+        chunk = _pad_to(x, max(e - s for s, e in slices))
+        out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
+        dist.all_gather(out, chunk, group=sp.group)
+        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
+        for part, (s, e) in zip(out, slices):
+            writer[:, s:e] = part[:, : e - s]
+        return buffer[:, :upto]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        mine = _return_to_owners(grad[:, ctx.lo:], ctx.sp, ctx.slices, ctx.upto, ctx.own)
+        return mine, grad[:, : ctx.lo], None, None, None, None, None
 
 
 def gather_sequence(x: torch.Tensor, sp: SPContext, upto: int | None = None) -> torch.Tensor:
@@ -105,9 +138,12 @@ def gather_sequence(x: torch.Tensor, sp: SPContext, upto: int | None = None) -> 
     return _GatherSequence.apply(x, sp, sp.slices, sp.end if upto is None else upto)
 
 
-def gather_runs(x: torch.Tensor, sp: SPContext, run: int) -> torch.Tensor:
-    """Every rank's `run`-th run, in position order -> `[B, hi - lo, ...]` covering `[lo, hi)`, the
-    positions those runs cover together (zigzag: run 0 covers `[0, M)`, run 1 `[M, N)`).
+def gather_runs(x: torch.Tensor, sp: SPContext, run: int, buffer: torch.Tensor,
+                before: torch.Tensor | None = None) -> torch.Tensor:
+    """Every rank's `run`-th run written into `buffer` `[B, N, ...]` (one per layer call, shared by its
+    runs) -> the buffer's positions `[0, hi)`, `hi` the end of those runs together (zigzag: run 0
+    covers `[0, M)`, run 1 `[M, N)`). `before`: the previous run's output, `[0, lo)`. So run 1's
+    keys are not a second copy of run 0's: a rank holds `N` gathered positions, not `M + N`.
 
     x: this rank's `run`-th run `[B, end - start, ...]`. Differentiable like `gather_sequence`.
     """
@@ -115,7 +151,11 @@ def gather_runs(x: torch.Tensor, sp: SPContext, run: int) -> torch.Tensor:
     start, end = slices[sp.rank]
     if x.shape[1] != end - start:
         raise ValueError(f"gather_runs got {x.shape[1]} tokens, run {run} of this rank has {end - start}")
-    return _GatherSequence.apply(x, sp, slices, max(e for _, e in slices))
+    lo = min(s for s, _ in slices)
+    before = x[:, :0] if before is None else before
+    if before.shape[1] != lo:
+        raise ValueError(f"run {run} starts at {lo}: it needs the previous runs' [0, {lo}), got {before.shape[1]}")
+    return _GatherRunInto.apply(x, before, sp, run, buffer, buffer.data, max(e for _, e in slices))
 
 
 def _halo_plan(sp: SPContext, width: int) -> tuple[list, list]:
