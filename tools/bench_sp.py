@@ -33,40 +33,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from launch_ranks import launch as launch_script
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(world: int, spec: dict, script: str = __file__) -> list[dict]:
-    """Run `world` worker ranks of `script` (`--worker SPEC`, default this one); each prints one JSON
-    line of results."""
-    port, procs = _free_port(), []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO)}
-        procs.append(subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for p in procs:
-        out, err = p.communicate()
-        if p.returncode:
-            raise SystemExit(f"worker failed:\n{err[-3000:]}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+def launch(world: int, spec: dict) -> list[dict]:
+    """`world` worker ranks of this script (`worker` or `keys_worker` by the spec's mode)."""
+    return launch_script(world, spec, __file__)
 
 
 def worker(spec: dict) -> None:

@@ -49,11 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -71,49 +67,12 @@ from fsframework.parallel.groups import init_groups
 from fsframework.parallel.compact import cells_of
 from fsframework.parallel.retained import FetchCells
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))  # the tools' shared launcher, also when loaded by path
+from launch_ranks import launch  # noqa: E402
 SCHEMES = ("all_gather", "selected", "ring")
 KEY_VARIANTS = ("random", "peaked")
 HEADS, HEAD_DIM = 4, 32
 PEAKED_SHARE, PEAKED_SCALE = 0.05, 3.0
-
-
-# ---------------------------------------------------------------------------------------------
-# launching ranks
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(world: int, spec: dict, timeout_s: float = 3600) -> list[dict]:
-    """Run `world` worker ranks of this script on gloo; each prints one JSON line. A failing rank
-    stops the others, which would otherwise wait in a collective until the group's timeout."""
-    port, procs, logs = _free_port(), [], []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO)}
-        log = tempfile.TemporaryFile(mode="w+")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env,
-                                      stdout=subprocess.PIPE, stderr=log, text=True))
-    deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in procs):
-        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.2)
-    outputs = [p.communicate()[0] for p in procs]
-    failed = [r for r, p in enumerate(procs) if p.returncode]
-    if failed:
-        logs[failed[0]].seek(0)
-        raise SystemExit(f"rank {failed[0]} of {world} failed:\n{logs[failed[0]].read()[-4000:]}")
-    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +291,7 @@ def table(lengths: list[int], sps: list[int], keys: list[str]) -> list[dict]:
     out = []
     for sp in sps:
         start = time.perf_counter()
-        ranks = launch(sp, {"n": lengths, "keys": keys})
+        ranks = launch(sp, {"n": lengths, "keys": keys}, __file__)
         wall = time.perf_counter() - start
         for n in lengths:
             for variant in keys:

@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from bench_sp import launch
+from launch_ranks import launch
 
 # DeepSpeed's defaults keep a parameter gathered while it is reused within 1e9 elements (and up to 1e9
 # live): a model below that is gathered once per step whatever the layout. "tight" releases every
@@ -107,7 +107,7 @@ def main() -> None:
           + "  calls (same order)")
     records = []
     for sp in args.sp:
-        ranks = launch(sp, {"kinds": args.kinds, "n": args.n}, script=__file__)
+        ranks = launch(sp, {"kinds": args.kinds, "n": args.n}, __file__)
         records += [r for rank in ranks for r in rank["records"]]
         for setting, kind in itertools.product(SETTINGS, args.kinds):
             rows = [[r for r in records if (r["kind"], r["layout"], r["setting"], r["sp"]) == (kind, name, setting, sp)]
