@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, prior_per_head
+from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, check_summaries, prior_per_head
 
 __all__ = ["FSLState", "VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args",
            "prior_per_head", "route_candidates", "select_cells_from_summaries_reference", "select_cells_reference",
@@ -130,11 +130,8 @@ def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a
     positions `[q_start, q_start + n)`, kbar `[Bt, H, C, d]` and a `[Bt, H, C]` of the complete cells of
     `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype."""
     bsz, seq, heads, dim = q.shape
+    check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
     num_cells = (q_start + seq) // cell_size
-    if kbar.shape != (bsz, heads, num_cells, dim) or a.shape != (bsz, heads, num_cells):
-        raise ValueError(f"summaries of the {num_cells} complete cells of [0, {q_start + seq}) must be kbar "
-                         f"{(bsz, heads, num_cells, dim)} and a {(bsz, heads, num_cells)}, got {tuple(kbar.shape)} "
-                         f"and {tuple(a.shape)}")
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
     sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)

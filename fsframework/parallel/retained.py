@@ -154,17 +154,25 @@ class FetchCells(torch.autograd.Function):
         return grad_kv, None, None, None, None
 
 
+def _fetch(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
+           span: RetainedCells) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Own `k, v` `[B, n, H, d]` -> (kv `[B, n, H, 2d]`, the fetched cells `[m, s, 2d]`, their rows
+    (b, h, cell) `[m, 3]`): the halo and the earlier ranks' retained cells (module docstring)."""
+    values, cells = _candidates(k, sp, span)
+    plan = balance(_plan(values, cells, sp, span), sp.size)
+    kv = torch.cat((k, v), dim=-1)  # B n H 2d
+    fetched = FetchCells.apply(kv, sp, plan, span.cell_size)  # used even when empty: every rank runs its backward
+    mine = plan.rows_of(sp.rank)
+    rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+    return kv, fetched, rows
+
+
 def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
                 span: RetainedCells) -> tuple[torch.Tensor, torch.Tensor]:
     """Own `k, v` `[B, n, H, d]` -> `[B, a + n, H, d]` each: the halo and the earlier ranks' retained
     cells at their positions, zeros elsewhere before `a` (see the module docstring), then the own keys."""
     s = span.cell_size
-    values, cells = _candidates(k, sp, span)
-    plan = balance(_plan(values, cells, sp, span), sp.size)
-    kv = torch.cat((k, v), dim=-1)  # B n H 2d
-    fetched = FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
-    mine = plan.rows_of(sp.rank)
-    rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+    kv, fetched, rows = _fetch(k, v, sp, span)
     pos = rows[:, 2:] * s + torch.arange(s, device=k.device)  # m s
     prefix = kv.new_zeros((kv.shape[0], sp.start, *kv.shape[2:])).index_put((rows[:, :1], pos, rows[:, 1:2]), fetched)
     out = torch.cat((prefix, kv), dim=1)
@@ -181,12 +189,7 @@ def retained_routed_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp: SP
     is never retained over a fetched one), then the own cells'. So the cells are those the layer
     routes from `retained_kv`'s keys, and the layer holds what they read instead of the prefix."""
     s, dim = span.cell_size, k.shape[-1]
-    values, candidates = _candidates(k, sp, span)
-    plan = balance(_plan(values, candidates, sp, span), sp.size)
-    kv = torch.cat((k, v), dim=-1)  # B n H 2d
-    fetched = FetchCells.apply(kv, sp, plan, s)  # m s 2d; used even when empty, so every rank runs its backward
-    mine = plan.rows_of(sp.rank)
-    rows = torch.cat(mine) if mine else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+    kv, fetched, rows = _fetch(k, v, sp, span)
     kbar_own, a_own = router.summarize(k)  # B H C_own d, B H C_own
     kbar_cells, a_cells = router.summarize(fetched[..., :dim].detach().unsqueeze(2))  # m 1 1 d: one cell each
     kbar = kbar_own.new_zeros((*kbar_own.shape[:2], sp.start // s, dim))

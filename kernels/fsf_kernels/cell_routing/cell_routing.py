@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fsf_kernels.common.args import check_head_dim, check_routing_args, prior_per_head
+from fsf_kernels.common.args import check_head_dim, check_routing_args, check_summaries, prior_per_head
 from fsf_kernels.common.support import device_target, routing_cell_tile, routing_unsupported
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
@@ -197,7 +197,6 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
         return out
     bm = max(16, min(64, next_pow2(block_size)))
     tiles = triton.cdiv(block_size, bm)
-    fsl = variant == "fsl"
     select_cells_fwd_kernel[(triton.cdiv(seq, block_size) * tiles, bsz * heads)](
         q, kbar, a, kept, sigma_h, lam_h, out,
         q.stride(0), q.stride(1), q.stride(2),
@@ -288,11 +287,8 @@ def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Te
     cells of `[0, q_start + n)` -> `[B, n, H, top_k]`. A sequence-parallel rank routes its queries from
     the gathered summaries of every earlier rank (docs/architecture.md)."""
     bsz, num, heads, dim = q.shape
+    check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
     num_cells = (q_start + num) // cell_size
-    if kbar.shape != (bsz, heads, num_cells, dim) or a.shape != (bsz, heads, num_cells):
-        raise ValueError(f"summaries of the {num_cells} complete cells of [0, {q_start + num}) must be kbar "
-                         f"{(bsz, heads, num_cells, dim)} and a {(bsz, heads, num_cells)}, got {tuple(kbar.shape)} "
-                         f"and {tuple(a.shape)}")
     like = torch.empty((), dtype=torch.float32, device=q.device)
     sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
     with torch.no_grad():

@@ -35,6 +35,17 @@ def check_query_offset(q: torch.Tensor, k: torch.Tensor, q_start: int, block_siz
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
 
 
+def check_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *, cell_size: int, q_start: int) -> None:
+    """Routing from summaries: q `[B, n, H, d]` at `[q_start, q_start + n)` needs kbar `[B, H, C, d]` and
+    a `[B, H, C]` of the `C` complete cells of `[0, q_start + n)`."""
+    bsz, num, heads, dim = q.shape
+    num_cells = (q_start + num) // cell_size
+    if kbar.shape != (bsz, heads, num_cells, dim) or a.shape != (bsz, heads, num_cells):
+        raise ValueError(f"summaries of the {num_cells} complete cells of [0, {q_start + num}) must be kbar "
+                         f"{(bsz, heads, num_cells, dim)} and a {(bsz, heads, num_cells)}, got {tuple(kbar.shape)} "
+                         f"and {tuple(a.shape)}")
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int = 0, block_size: int = 1) -> None:
     """q, k, v `[B, N, H, d]` of one shape; with `q_start`, q `[B, n, H, d]` and k, v `[B, q_start + n, H, d]`."""
     if q_start:
