@@ -108,7 +108,7 @@ def worker(spec: dict) -> None:
                       "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "bytes": dict(counted), "time_s": min(times, default=0.0),
                       "cpu_s": min(cpu, default=0.0),
-                      "span": list(sp_context(model).at_length(spec["n"]).span) if sp > 1 else [0, spec["n"]]}))
+                      "runs": sp_context(model).at_length(spec["n"]).runs if sp > 1 else [(0, spec["n"])]}))
     dist.destroy_process_group()
 
 
