@@ -29,6 +29,8 @@ keeps its own first-run keys and the first call's summaries for it (`SelectedCel
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.distributed as dist
 
@@ -63,9 +65,11 @@ def gather_summaries(own: Summaries, sp: SPContext, ranges: list[tuple[int, int]
     return out[..., :-1], out[..., -1].to(a.dtype)
 
 
-def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held) -> torch.Tensor:
+def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held,
+                have: torch.Tensor | None = None) -> torch.Tensor:
     """(row, head, cell) `[m, 3]` of the cells before `start` that this call reads and does not hold:
-    those some query selected (cells `[B, n, H, K]`) and the window's halo."""
+    those some query selected (cells `[B, n, H, K]`) and the window's halo, less the rank's own
+    positions (`held`) and the rows it fetched already (`have`, an earlier run's)."""
     bsz, _, heads, _ = cells.shape
     earlier = start // s
     wanted = torch.zeros((bsz, heads, earlier), dtype=torch.bool, device=cells.device)
@@ -76,6 +80,8 @@ def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held
     for lo, hi in held:
         if lo < start:
             wanted[:, :, lo // s: min(hi, start) // s] = False  # own keys: no fetch
+    if have is not None:
+        wanted[have[:, 0], have[:, 1], have[:, 2]] = False
     return wanted.nonzero()
 
 
@@ -105,35 +111,52 @@ def request_cells(rows: torch.Tensor, sp: SPContext, held: list[Held], s: int) -
     return balance(direct, sp.size)
 
 
+@dataclass
+class _Kept:
+    """What a layer call's first run leaves its second (zigzag): the own keys and values, the summaries
+    gathered so far, and the cells it fetched (rows and values, with their autograd history)."""
+
+    own: list[torch.Tensor] = field(default_factory=list)
+    summaries: Summaries | None = None
+    rows: torch.Tensor | None = None
+    fetched: torch.Tensor | None = None
+
+
 class SelectedCells:
     """FS's keys for the calls of one layer on one rank: a call per own run (one under the
     contiguous layout, two under zigzag), in run order. Between the calls of a layer it keeps
-    the rank's earlier runs' keys and values (it serves their cells to the later calls) and the
-    summaries gathered so far."""
+    what the first leaves the second (`_Kept`): the rank's earlier run's keys and values (it
+    serves their cells to the later call and reads them itself), the summaries gathered so far
+    and the cells the first call fetched (the second fetches only the cells it lacks)."""
 
     def __init__(self, sp: SPContext):
         self.sp = sp
-        self.kept: dict[int, tuple[list[torch.Tensor], Summaries]] = {}  # layer -> (own kv of earlier runs, summaries)
+        self.kept: dict[int, _Kept] = {}  # layer -> what its earlier run left
 
     def keys(self, run: int, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Own run `run`'s q, k, v `[B, n, H, d]` -> keys and values `[B, end, H, d]` (zero outside the
-        fetched cells and own positions) and the queries' cells `[B, n, H, K]`."""
+        """Own run `run`'s q, k, v `[B, n, H, d]` -> compact keys and values (the cells the queries read,
+        the window's halo, the own keys: `fsframework.parallel.compact`) and the queries' cells
+        `[B, n, H, K]` indexing them."""
         sp, att = self.sp, router.cfg.attention
         s = att.cell_size
         start, end = sp.runs[run]
-        own_before, before = self.kept.pop(layer, ([], None)) if run else ([], None)
-        summaries = gather_summaries(router.summarize(k), sp, [runs[run] for runs in sp.all_runs], s, before)
+        kept = self.kept.pop(layer, _Kept()) if run else _Kept()
         kv = torch.cat((k, v), dim=-1)  # B n H 2d
-        if run + 1 < len(sp.runs):
-            self.kept[layer] = (own_before + [kv], summaries)
+        summaries = gather_summaries(router.summarize(k), sp, [runs[run] for runs in sp.all_runs], s,
+                                     kept.summaries)
         kbar, a = summaries
         cells = router.route_summaries(q, kbar[:, :, : end // s], a[:, :, : end // s], start)
         held = [runs[: run + 1] for runs in sp.all_runs]
-        plan = request_cells(wanted_rows(cells, start, att.window, s, held[sp.rank]), sp, held, s)
-        fetched = FetchCells.apply(torch.cat(own_before + [kv], dim=1), sp, plan, s, held[sp.rank])
+        wanted = wanted_rows(cells, start, att.window, s, held[sp.rank], kept.rows)
+        plan = request_cells(wanted, sp, held, s)
+        fetched = FetchCells.apply(torch.cat(kept.own + [kv], dim=1), sp, plan, s, held[sp.rank])
         received = plan.rows_of(sp.rank)
         rows = torch.cat(received) if received else torch.zeros((0, 3), dtype=torch.long, device=k.device)
+        if kept.rows is not None:  # the earlier run's cells: compact_keys keeps those this run reads
+            rows, fetched = torch.cat((rows, kept.rows)), torch.cat((fetched, kept.fetched))
+        if run + 1 < len(sp.runs):
+            self.kept[layer] = _Kept(kept.own + [kv], summaries, rows, fetched)
         tail = max(0, start - att.window) // s * s  # the window's halo starts here, in whole cells
-        compact, cells = compact_keys(kv, fetched, rows, cells, list(zip(sp.runs[:run], own_before)), start, tail, s)
+        compact, cells = compact_keys(kv, fetched, rows, cells, list(zip(sp.runs[:run], kept.own)), start, tail, s)
         return compact[..., : k.shape[-1]], compact[..., k.shape[-1]:], cells
