@@ -99,12 +99,9 @@ class FreeSoloAttention(QKVAttention):
         """Unrotated q of positions `[q_start, q_start + n)` and k of `[0, q_start + n)`
         `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient). One method, so
         diagnostics can measure or replace it."""
-        a = self.cfg.attention
         if self.routing == "fsb":
             return self.route_fsb(q, k, q_start)
-        return select_cells(q, k, variant=self.routing, cell_size=a.cell_size, block_size=a.block_size,
-                            top_k=a.top_k, sigma=self.sigma, lam=self.lam, recent_cells=a.recent_cells,
-                            retained_cells=a.retained_cells, impl=a.impl, q_start=q_start)
+        return select_cells(q, k, sigma=self.sigma, lam=self.lam, q_start=q_start, **self._routing_settings())
 
     @property
     def routes_from_summaries(self) -> bool:
@@ -112,6 +109,7 @@ class FreeSoloAttention(QKVAttention):
         return self.routing == "fs"
 
     def _routing_settings(self) -> dict:
+        """The `select_cells` settings of this layer's routing (FS, FS-L), from the config."""
         a = self.cfg.attention
         return dict(variant=self.routing, cell_size=a.cell_size, block_size=a.block_size, top_k=a.top_k,
                     recent_cells=a.recent_cells, retained_cells=a.retained_cells, impl=a.impl)

@@ -64,15 +64,21 @@ def _pad_to(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat((x, pad), dim=1)
 
 
+def _all_gather_padded(x: torch.Tensor, sp: SPContext, slices: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """Every rank's `x` `[B, n_r, ...]` (n_r its slice's length), each zero-padded to the longest slice:
+    `sp x [B, L, ...]` in rank order, by one all-gather."""
+    chunk = _pad_to(x, max(e - s for s, e in slices))
+    out = [torch.empty_like(chunk) for _ in range(sp.size)]
+    dist.all_gather(out, chunk, group=sp.group)
+    CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
+    return out
+
+
 class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, sp: SPContext, slices: list[tuple[int, int]], upto: int):
         ctx.sp, ctx.slices, ctx.upto, ctx.own = sp, slices, upto, x.shape[1]
-        longest = max(e - s for s, e in slices)
-        chunk = _pad_to(x, longest)
-        out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
-        dist.all_gather(out, chunk, group=sp.group)
-        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
+        out = _all_gather_padded(x, sp, slices)
         lo = min(s for s, _ in slices)
         parts = [out[r][:, : e - s] for r, (s, e) in sorted(enumerate(slices), key=lambda p: p[1]) if s < upto]
         return torch.cat(parts, dim=1)[:, : upto - lo]
@@ -111,11 +117,7 @@ class _GatherRunInto(torch.autograd.Function):
                 writer: torch.Tensor, upto: int):
         slices = [runs[run] for runs in sp.all_runs]
         ctx.sp, ctx.slices, ctx.upto, ctx.own, ctx.lo = sp, slices, upto, x.shape[1], before.shape[1]
-        chunk = _pad_to(x, max(e - s for s, e in slices))
-        out = [torch.empty_like(chunk) for _ in range(sp.size)]  # sp x [B, L, ...]
-        dist.all_gather(out, chunk, group=sp.group)
-        CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
-        for part, (s, e) in zip(out, slices):
+        for part, (s, e) in zip(_all_gather_padded(x, sp, slices), slices):
             writer[:, s:e] = part[:, : e - s]
         return buffer[:, :upto]
 

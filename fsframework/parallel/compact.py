@@ -36,6 +36,16 @@ def cells_of(x: torch.Tensor, rows: torch.Tensor, first_pos: int | Held, s: int)
     return x[rows[:, :1], local_positions(rows, s, held), rows[:, 1:2]]
 
 
+def cells_read(cells: torch.Tensor, upto: int) -> torch.Tensor:
+    """Which of the cells `[0, upto)` some query reads, per (row, head): bool `[B, H, upto]` from the
+    queries' cells `[B, n, H, K]` (-1 none)."""
+    read = torch.zeros((cells.shape[0], cells.shape[2], upto), dtype=torch.bool, device=cells.device)
+    picked = (cells >= 0) & (cells < upto)
+    row, _, head, _ = picked.nonzero(as_tuple=True)
+    read[row, head, cells[picked]] = True
+    return read
+
+
 def compact_keys(kv: torch.Tensor, fetched: torch.Tensor, rows: torch.Tensor, cells: torch.Tensor,
                  own_before: list[tuple[tuple[int, int], torch.Tensor]], start: int, tail: int,
                  s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +71,7 @@ def compact_keys(kv: torch.Tensor, fetched: torch.Tensor, rows: torch.Tensor, ce
         if hi > tail:
             cut = max(lo, tail)
             halo = torch.cat((halo[:, : cut - tail], own[:, cut - lo:], halo[:, hi - tail:]), dim=1)
-    read = torch.zeros((bsz, heads, early), dtype=torch.bool, device=kv.device)
-    picked = (cells >= 0) & (cells < early)
-    row, _, head, _ = picked.nonzero(as_tuple=True)
-    read[row, head, cells[picked]] = True
+    read = cells_read(cells, early)
     slot_of = read.long().cumsum(-1) - 1  # B H early: a read cell's slot in its (row, head)
     num_slots = int(read.sum(-1).max()) if early else 0
     slots = kv.new_zeros((bsz, num_slots * s, heads, width))

@@ -173,7 +173,7 @@ def retained_kv(k: torch.Tensor, v: torch.Tensor, sp: SPContext,
     cells at their positions, zeros elsewhere before `a` (see the module docstring), then the own keys."""
     s = span.cell_size
     kv, fetched, rows = _fetch(k, v, sp, span)
-    pos = rows[:, 2:] * s + torch.arange(s, device=k.device)  # m s
+    pos = local_positions(rows, s, [(0, sp.start)])  # m s
     prefix = kv.new_zeros((kv.shape[0], sp.start, *kv.shape[2:])).index_put((rows[:, :1], pos, rows[:, 1:2]), fetched)
     out = torch.cat((prefix, kv), dim=1)
     return out[..., : k.shape[-1]], out[..., k.shape[-1]:]

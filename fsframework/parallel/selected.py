@@ -38,7 +38,7 @@ from fsframework.models.context import CellRouter
 from fsframework.parallel.cell_relays import CellPlan, balance
 from fsframework.parallel.collectives import CommCounter, num_bytes
 from fsframework.parallel.context import SPContext
-from fsframework.parallel.compact import Held, compact_keys
+from fsframework.parallel.compact import Held, cells_read, compact_keys
 from fsframework.parallel.retained import FetchCells
 
 Summaries = tuple[torch.Tensor, torch.Tensor]  # kbar [B, H, C, d], a [B, H, C]
@@ -65,18 +65,14 @@ def gather_summaries(own: Summaries, sp: SPContext, ranges: list[tuple[int, int]
     return out[..., :-1], out[..., -1].to(a.dtype)
 
 
-def wanted_rows(cells: torch.Tensor, start: int, window: int, s: int, held: Held,
+def wanted_rows(cells: torch.Tensor, start: int, tail: int, s: int, held: Held,
                 have: torch.Tensor | None = None) -> torch.Tensor:
     """(row, head, cell) `[m, 3]` of the cells before `start` that this call reads and does not hold:
-    those some query selected (cells `[B, n, H, K]`) and the window's halo, less the rank's own
-    positions (`held`) and the rows it fetched already (`have`, an earlier run's)."""
-    bsz, _, heads, _ = cells.shape
-    earlier = start // s
-    wanted = torch.zeros((bsz, heads, earlier), dtype=torch.bool, device=cells.device)
-    picked = (cells >= 0) & (cells < earlier)
-    row, _, head, _ = picked.nonzero(as_tuple=True)
-    wanted[row, head, cells[picked]] = True
-    wanted[:, :, max(0, start - window) // s:] = True  # the local window reads the w keys before start
+    those some query selected (cells `[B, n, H, K]`) and the window's halo (the cells of
+    `[tail, start)`), less the rank's own positions (`held`) and the rows it fetched already
+    (`have`, an earlier run's)."""
+    wanted = cells_read(cells, start // s)
+    wanted[:, :, tail // s:] = True  # the local window reads the w keys before start
     for lo, hi in held:
         if lo < start:
             wanted[:, :, lo // s: min(hi, start) // s] = False  # own keys: no fetch
@@ -148,7 +144,8 @@ class SelectedCells:
         kbar, a = summaries
         cells = router.route_summaries(q, kbar[:, :, : end // s], a[:, :, : end // s], start)
         held = [runs[: run + 1] for runs in sp.all_runs]
-        wanted = wanted_rows(cells, start, att.window, s, held[sp.rank], kept.rows)
+        tail = max(0, start - att.window) // s * s  # the window's halo starts here, in whole cells
+        wanted = wanted_rows(cells, start, tail, s, held[sp.rank], kept.rows)
         plan = request_cells(wanted, sp, held, s)
         fetched = FetchCells.apply(torch.cat(kept.own + [kv], dim=1), sp, plan, s, held[sp.rank])
         received = plan.rows_of(sp.rank)
@@ -157,6 +154,5 @@ class SelectedCells:
             rows, fetched = torch.cat((rows, kept.rows)), torch.cat((fetched, kept.fetched))
         if run + 1 < len(sp.runs):
             self.kept[layer] = _Kept(kept.own + [kv], summaries, rows, fetched)
-        tail = max(0, start - att.window) // s * s  # the window's halo starts here, in whole cells
         compact, cells = compact_keys(kv, fetched, rows, cells, list(zip(sp.runs[:run], kept.own)), start, tail, s)
         return compact[..., : k.shape[-1]], compact[..., k.shape[-1]:], cells
