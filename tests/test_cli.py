@@ -156,3 +156,12 @@ def test_option_errors_name_the_option(tmp_path):
     assert res.exit_code == EXIT_BAD_INPUT and "--tasks 'perplexity,nope': unknown nope; choose from" in res.output
     res = runner.invoke(app, ["eval", str(tmp_path), "--num-samples", "many"])
     assert res.exit_code == EXIT_BAD_INPUT and "--num-samples" in res.output
+
+
+def test_without_a_gpu_the_triton_status_says_so(monkeypatch):
+    import torch
+
+    from fsframework.cli import info
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert info.triton_status().startswith("no GPU")

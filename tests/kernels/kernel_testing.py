@@ -45,12 +45,22 @@ def worst_row(got: torch.Tensor, want: torch.Tensor) -> float:
     return err / den if den > 0 else err
 
 
-def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, name: str) -> None:
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, name: str,
+                 baseline: torch.Tensor | None = None) -> None:
+    """`got` within the dtype's bounds of the fp32 reference `want`. A half-precision `baseline` (the
+    same quantity computed by PyTorch in `dtype` itself) widens each bound to twice its own error, as
+    flash-attention's tests judge a kernel: a half-precision result may round as much as plain
+    PyTorch in that precision does, and no more than twice that."""
+    rel_bound, row_bound, against = TOL[dtype], ROW_TOL[dtype], ""
+    if baseline is not None:
+        base_rel, base_row = rel_rms(baseline, want), worst_row(baseline, want)
+        rel_bound, row_bound = max(rel_bound, 2 * base_rel), max(row_bound, 2 * base_row)
+        against = f" (PyTorch in {str(dtype).split('.')[-1]}: {base_rel:.3e} relative RMS, worst row {base_row:.3e})"
     err = rel_rms(got, want)
-    assert err <= TOL[dtype], f"{name}: relative RMS error {err:.3e} > {TOL[dtype]:.1e}"
+    assert err <= rel_bound, f"{name}: relative RMS error {err:.3e} > {rel_bound:.1e}{against}"
     row = worst_row(got, want)
-    assert row <= ROW_TOL[dtype], f"{name}: worst row's max error {row:.3e} (of the reference's RMS) > " \
-                                  f"{ROW_TOL[dtype]:.1e}"
+    assert row <= row_bound, f"{name}: worst row's max error {row:.3e} (of the reference's RMS) > " \
+                             f"{row_bound:.1e}{against}"
 
 
 def routing_scores(q, k, cells, *, cell_size, block_size, sigma, lam):

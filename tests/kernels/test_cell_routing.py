@@ -122,8 +122,9 @@ def test_first_block_and_short_sequences_select_nothing(device):
     ],
     ids=["block-not-multiple", "bad-variant", "zero-top-k", "sigma-shape"],
 )
-def test_bad_sizes(kwargs, match):
-    x = torch.randn(1, 64, 2, 16)
+def test_bad_sizes(kwargs, match, device):
+    x = torch.randn(1, 64, 2, 16, device=device)
+    kwargs = {name: value.to(device) if torch.is_tensor(value) else value for name, value in kwargs.items()}
     with pytest.raises(ValueError, match=match):
         select_cells(x, x, **kwargs)
 

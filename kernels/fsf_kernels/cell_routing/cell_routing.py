@@ -263,6 +263,8 @@ def select_cells(
                                  recent_cells=recent_cells, variant=variant)
     if reason:
         raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
+    # the prior's constants are checked here too: a bad sigma must not wait until after a launch
+    prior_per_head(sigma, lam, q.shape[2], like=torch.empty((), dtype=torch.float32, device=q.device))
     kbar, a = cell_summaries(k, cell_size)
     return select_cells_from_summaries(q, kbar, a, variant=variant, cell_size=cell_size, block_size=block_size,
                                        top_k=top_k, sigma=sigma, lam=lam, recent_cells=recent_cells,
