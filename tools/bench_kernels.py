@@ -142,7 +142,9 @@ def run_size(n, args, device, fns):
         row["route_" + variant] = bench(lambda: select_cells(q.detach(), k.detach(), variant=variant))
     cells = select_cells(q.detach(), k.detach(), variant="fsl")
     row["readout"] = bench(lambda: cell_readout(q, k, v, cells))
-    row["readout_fwdbwd"] = bench(lambda: torch.autograd.grad(cell_readout(q, k, v, cells), (q, k, v), g))
+    for dkdv in ("by_cell", "atomic"):  # the backward's two ways to form dk/dv, side by side
+        row["readout_fwdbwd_" + dkdv] = bench(
+            lambda: torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), g))
     top_k, cell = cells.shape[-1], 32
     gather_bytes = n * args.heads * top_k * cell * args.dim * 2 * 2  # k and v, bf16, per query and head
     row["readout_tbps"] = gather_bytes / (row["readout"] * 1e-3) / 1e12
@@ -167,7 +169,8 @@ def report(n, row):
         f, fb = row[name, "fwd"], row[name, "fwdbwd"]
         print(f"  {name:<6} {f:9.3f} {d / f:8.2f} {fb:11.3f} {db / fb:8.2f}")
     print(f"  routing fwd ms: fs {row['route_fs']:.3f}, fsl {row['route_fsl']:.3f}")
-    print(f"  readout ms: fwd {row['readout']:.3f}, fwd+bwd {row['readout_fwdbwd']:.3f}; "
+    print(f"  readout ms: fwd {row['readout']:.3f}, fwd+bwd {row['readout_fwdbwd_by_cell']:.3f} "
+          f"(dk/dv by cell; atomic {row['readout_fwdbwd_atomic']:.3f}); "
           f"effective {row['readout_tbps']:.2f} TB/s of gathered K/V vs {HBM_TBPS} TB/s HBM "
           f"(distinct cells per tile: {100 * row['unique_frac']:.0f}% of selections)", flush=True)
 

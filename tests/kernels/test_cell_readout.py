@@ -5,7 +5,7 @@ import torch
 
 from fsframework.ops.freesolo import cell_readout as reference
 from fsframework.ops.freesolo import select_cells as reference_select
-from fsf_kernels.cell_readout import cell_readout
+from fsf_kernels.cell_readout import DKDV, cell_readout, selections_by_cell
 from kernel_testing import assert_close, gpu, needs_cuda
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -49,7 +49,7 @@ def _cells(kind, q, k, cell_size, top_k, gen):
     return cells.to(q.device)
 
 
-def _check(case, device):
+def _check(case, device, dkdv="by_cell"):
     bsz, seq, heads, dim, s, top_k, gain, kind, dtype = case
     gen = torch.Generator().manual_seed(seq + dim)
     q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
@@ -60,7 +60,7 @@ def _check(case, device):
         g.requires_grad_()
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
     leaves = (q, k, v) + ((g,) if g is not None else ())
-    out = cell_readout(q, k, v, cells, cell_size=s, rms_weight=g, eps=1e-8)
+    out = cell_readout(q, k, v, cells, cell_size=s, rms_weight=g, eps=1e-8, dkdv=dkdv)
     got = torch.autograd.grad(out, leaves, grad)
     ref_leaves = tuple(x.detach().float().requires_grad_() for x in leaves)
     ref_g = ref_leaves[3] if g is not None else None
@@ -79,11 +79,52 @@ def test_matches_reference(case, device):
     _check(case, device)
 
 
+@pytest.mark.parametrize("case", [CPU_CASES[3], CPU_CASES[4]], ids=_id)
+def test_atomic_dkdv_matches_reference(case, device):
+    """The first backward design (each query tile adds its share of dk/dv atomically), kept as an
+    option to time against the by-cell default."""
+    _check(case, device, dkdv="atomic")
+
+
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("dkdv", DKDV)
 @pytest.mark.parametrize("case", GPU_CASES, ids=_id)
-def test_matches_reference_gpu(case):
-    _check(case, "cuda")
+def test_matches_reference_gpu(case, dkdv):
+    _check(case, "cuda", dkdv)
+
+
+def test_selections_by_cell_lists_every_selection_under_its_cell():
+    gen = torch.Generator().manual_seed(3)
+    bsz, seq, heads, top_k, num = 2, 37, 3, 4, 6
+    cells = torch.randint(0, num, (bsz, seq, heads, top_k), generator=gen)
+    cells[torch.rand(cells.shape, generator=gen) < 0.3] = -1
+    cells[:, 5, :, 1] = cells[:, 5, :, 0]  # a duplicate is listed twice
+    rows, starts = selections_by_cell(cells, num)
+    assert starts[-1] == (cells >= 0).sum() and rows.dtype == torch.int32
+    for b in range(bsz):
+        for h in range(heads):
+            for c in range(num):
+                seg = (b * heads + h) * num + c
+                got = rows[starts[seg]:starts[seg + 1]].tolist()
+                want = [i for i in range(seq) for slot in range(top_k) if cells[b, i, h, slot] == c]
+                assert got == want, (b, h, c)
+
+
+def test_the_by_cell_backward_is_deterministic(device):
+    """No atomics: the same inputs give bit-identical dk and dv on every run."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 256, 2, 32, generator=gen).to(device).requires_grad_() for _ in range(3))
+    cells = reference_select(q.detach(), k.detach(), cell_size=16, block_size=32, top_k=4, impl="reference")
+    grad = torch.randn(1, 256, 2, 32, generator=gen).to(device)
+    runs = [torch.autograd.grad(cell_readout(q, k, v, cells, cell_size=16), (k, v), grad) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_an_unknown_dkdv_is_refused():
+    x = torch.randn(1, 32, 2, 16)
+    with pytest.raises(ValueError, match="dkdv"):
+        cell_readout(x, x, x, torch.zeros(1, 32, 2, 4, dtype=torch.long), cell_size=8, dkdv="sorted")
 
 
 def test_nothing_selected_is_exactly_zero(device):
@@ -149,3 +190,18 @@ def test_offset_call_equals_the_rows_of_the_whole_call(device):
         via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], cell_size=s,
                            rms_weight=g, q_start=q_start, impl="triton")
         assert torch.equal(via_op, got_out)
+
+
+def test_where_the_by_cell_tiles_do_not_fit_the_backward_adds_atomically(monkeypatch, device):
+    """On sm_86-class GPUs (101,376 B per block) the by-cell kernel's largest cell tile does not fit:
+    there the backward forms dk/dv atomically (`support.readout_by_cell_tiles`), same gradients."""
+    import importlib
+
+    module = importlib.import_module("fsf_kernels.cell_readout.cell_readout")
+
+    def by_cell(*args):
+        raise AssertionError("the by-cell kernel ran where its tiles do not fit")
+
+    monkeypatch.setattr(module, "device_target", lambda device: 86)
+    monkeypatch.setattr(module, "selections_by_cell", by_cell)
+    _check((1, 260, 1, 64, 128, 2, "hd", "random", F32), device)  # a 128 x 64 cell tile: 8,192 values

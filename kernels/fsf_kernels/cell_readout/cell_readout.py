@@ -3,11 +3,16 @@
 Work is grouped by cell: a program owns a tile of BM queries of one head and
 walks the sorted, de-duplicated list of cells that any of them selected. Each
 cell's K/V tile is loaded once and serves every query of the tile that chose
-it (rows that did not are masked), with an online softmax in registers. The
-backward walks the same lists: dq accumulates in registers, and the tile's
-contribution to the cell's dk/dv (one `[S, D]` block per tile and cell, not
-per query) is added atomically into fp32 buffers. RMSNorm is fused into the
-forward epilogue and its backward into a row pre-pass.
+it (rows that did not are masked), with an online softmax in registers.
+
+The backward's dq walks the same lists, accumulating in registers. dk/dv are
+grouped the other way round (`dkdv="by_cell"`, the default): the selections
+are sorted by cell once (`selections_by_cell`), and a program owns one cell of
+one head, walks the queries that chose it in chunks and accumulates the cell's
+dk/dv in registers, written once: no atomics, the same result on every run.
+`dkdv="atomic"`, the first design, adds each tile's `[S, D]` share of a cell's
+dk/dv atomically into fp32 buffers instead (docs/kernels.md has both timed).
+RMSNorm is fused into the forward epilogue and its backward into a row pre-pass.
 
 Legend: B batch, N tokens, H heads, D head dim, S cell size, K cells per
 query, NT = ceil(N / BM) query tiles, U = BM * K list slots per tile.
@@ -23,13 +28,15 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_readout_args
-from fsf_kernels.common.support import device_target, padded_dim, readout_stages, readout_unsupported
+from fsf_kernels.common.support import (device_target, padded_dim, readout_by_cell_tiles, readout_stages,
+                                        readout_unsupported)
 from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.utils import dot_args, next_pow2
 
 _LOG2E = 1.4426950408889634
 _BM = 16
 _NONE = 2147483647  # sorts after every cell id
+DKDV = ("by_cell", "atomic")
 
 
 @triton.jit
@@ -123,8 +130,9 @@ def cell_readout_bwd_kernel(
     q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
     n, T, H, NT, qk_scale, scale,
     S: tl.constexpr, SP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, PREC_DY: tl.constexpr,
+    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, PREC_DY: tl.constexpr, ATOMIC_DKDV: tl.constexpr,
 ):
+    """dq per query tile; with ATOMIC_DKDV also the tile's atomic share of its cells' dk/dv."""
     pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
@@ -163,12 +171,61 @@ def cell_readout_bwd_kernel(
         dp = tl.dot(b_dy, tl.trans(b_v.to(tl.float32)), input_precision=PREC_DY)
         ds = p * (dp - b_delta[:, None])
         b_dq += tl.dot(ds.to(b_k.dtype), b_k, input_precision=PREC)
-        # this tile's share of the cell's gradients, one [S, D] block for all its queries
-        b_dk = tl.dot(tl.trans(ds.to(b_q.dtype)), b_q, input_precision=PREC) * scale
-        b_dv = tl.dot(tl.trans(p), b_dy, input_precision=PREC_DY)
-        tl.atomic_add(dk + kv_off, b_dk, mask=kv_mask)
-        tl.atomic_add(dv + kv_off, b_dv, mask=kv_mask)
+        if ATOMIC_DKDV:
+            # this tile's share of the cell's gradients, one [S, D] block for all its queries
+            b_dk = tl.dot(tl.trans(ds.to(b_q.dtype)), b_q, input_precision=PREC) * scale
+            b_dv = tl.dot(tl.trans(p), b_dy, input_precision=PREC_DY)
+            tl.atomic_add(dk + kv_off, b_dk, mask=kv_mask)
+            tl.atomic_add(dv + kv_off, b_dv, mask=kv_mask)
     tl.store(dq + row_off, (b_dq * scale).to(dq.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def cell_readout_bwd_dkdv_kernel(
+    q, k, v, rows, starts, dy, lse, delta, dk, dv,
+    n, T, H, C, qk_scale, scale,
+    S: tl.constexpr, SP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+    BM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, PREC_DY: tl.constexpr,
+):
+    """dk/dv of one cell of one head: its selections `rows[starts[seg]:starts[seg + 1]]` (query rows,
+    one entry per selection, so a row that lists the cell twice counts twice, as in the reference),
+    BM at a time; the gradients accumulate in registers and are stored once, in k's dtype."""
+    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    seg = pid_bh.to(tl.int64) * C + pid_c
+    lo = tl.load(starts + seg)
+    hi = tl.load(starts + seg + 1)
+    o_d = tl.arange(0, BD)
+    m_d = o_d < D
+    o_s = tl.arange(0, SP)
+    tok = pid_c.to(tl.int64) * S + o_s
+    m_tok = (o_s < S) & (tok < T)
+    kv_off = ((b * T + tok[:, None]) * H + h) * D + o_d[None, :]
+    kv_mask = m_tok[:, None] & m_d[None, :]
+    b_k = tl.load(k + kv_off, mask=kv_mask, other=0.0).to(DT)
+    b_v = tl.load(v + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+    b_dk = tl.zeros([SP, BD], tl.float32)
+    b_dv = tl.zeros([SP, BD], tl.float32)
+    o_e = tl.arange(0, BM)
+    for first in range(lo, hi, BM):
+        m_e = first + o_e < hi
+        row = tl.load(rows + first + o_e, mask=m_e, other=0).to(tl.int64)
+        row_off = ((b * n + row[:, None]) * H + h) * D + o_d[None, :]
+        row_mask = m_e[:, None] & m_d[None, :]
+        b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
+        b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0)
+        stat = (b * H + h) * n + row
+        b_lse = tl.load(lse + stat, mask=m_e, other=0.0)
+        b_delta = tl.load(delta + stat, mask=m_e, other=0.0)
+        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
+        p = tl.where(m_e[:, None] & m_tok[None, :], tl.exp2(s - b_lse[:, None]), 0.0)
+        dp = tl.dot(b_dy, tl.trans(b_v), input_precision=PREC_DY)
+        ds = p * (dp - b_delta[:, None])
+        b_dk += tl.dot(tl.trans(ds.to(DT)), b_q, input_precision=PREC)
+        b_dv += tl.dot(tl.trans(p), b_dy, input_precision=PREC_DY)
+    tl.store(dk + kv_off, (b_dk * scale).to(dk.dtype.element_ty), mask=kv_mask)
+    tl.store(dv + kv_off, b_dv.to(dv.dtype.element_ty), mask=kv_mask)
 
 
 def unique_cells(cells: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,6 +246,28 @@ def unique_cells(cells: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch
     c = torch.where(dup, _NONE, c).sort(dim=-1).values
     count = (c != _NONE).sum(dim=-1).to(torch.int32)
     return c.to(torch.int32).contiguous(), count.contiguous()
+
+
+def selections_by_cell(cells: torch.Tensor, num_cells: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selections grouped by (batch, head, cell), for the by-cell dk/dv kernel.
+
+    cells `[B, n, H, K]` (ids `< num_cells`, -1 unused) -> rows int32 `[B n H K]` (the query row of
+    each selection, unused ones last) and starts int64 `[B H num_cells + 1]`: the selections of
+    segment `(b H + h) num_cells + c` are `rows[starts[seg]:starts[seg + 1]]`, rows ascending (a
+    stable sort: the same order on every run). O(B n H K) memory, one sort.
+    """
+    bsz, seq, heads, top_k = cells.shape
+    segments = bsz * heads * num_cells
+    key_dtype = torch.int32 if segments < 2**31 - 1 else torch.int64
+    ids = torch.arange(bsz, device=cells.device, dtype=key_dtype).view(bsz, 1, 1, 1) * heads
+    ids = (ids + torch.arange(heads, device=cells.device, dtype=key_dtype).view(1, 1, heads, 1)) * num_cells
+    seg = torch.where(cells >= 0, ids + cells.to(key_dtype), segments).reshape(-1)
+    order = torch.sort(seg, stable=True).indices
+    # flat selection index ((b n + i) H + h) K + slot -> its query row i
+    rows = torch.div(order, heads * top_k, rounding_mode="floor").remainder(seq).to(torch.int32)
+    starts = torch.zeros(segments + 1, device=cells.device, dtype=torch.int64)
+    starts[1:] = torch.bincount(seg, minlength=segments + 1)[:segments].cumsum(0)
+    return rows.contiguous(), starts
 
 
 def _gain(rms_weight, heads, device):
@@ -227,8 +306,12 @@ def cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size: int,
     return out, y, lse, rstd
 
 
-def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do, cell_size: int):
-    """Gradients dq, dk, dv (input dtypes) and d rms_weight (its shape and dtype, or None)."""
+def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do, cell_size: int,
+                     dkdv: str = "by_cell"):
+    """Gradients dq, dk, dv (input dtypes) and d rms_weight (its shape and dtype, or None); dk/dv by
+    cell (`cell_readout_bwd_dkdv_kernel`) or by atomic adds from the query tiles (`dkdv`, `DKDV`)."""
+    if dkdv not in DKDV:
+        raise ValueError(f"dkdv must be one of {DKDV}, got {dkdv!r}")
     bsz, seq, heads, dim = q.shape
     total = k.shape[1]
     do = do.contiguous()
@@ -241,15 +324,28 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
         do, y, rstd, g, dy, delta, dg_part, s_gh, seq, heads, D=dim, BD=padded_dim(dim), BM=_BM, HAS_G=has_g,
     )
     dq = torch.empty_like(q)
-    # atomics accumulate here; cells nobody chose (and the incomplete tail) keep zero gradients
-    dk = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
-    dv = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32)
+    arch = device_target(q.device)
+    by_cell = readout_by_cell_tiles(q.dtype, dim, cell_size, arch) if dkdv == "by_cell" else None
+    atomic = by_cell is None  # also where a cell's tiles do not fit the by-cell kernel's shared memory
+    # cells nobody chose (and the incomplete tail) keep zero gradients; atomics accumulate in fp32
+    dk = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32 if atomic else k.dtype)
+    dv = torch.zeros((bsz, total, heads, dim), device=q.device, dtype=torch.float32 if atomic else v.dtype)
     meta, prec_dy = _meta(q.dtype, dim, cell_size, cells.shape[-1])
+    stages = readout_stages(q.dtype, dim, cell_size, arch)
+    qk_scale, scale = _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim)
     cell_readout_bwd_kernel[(num_tiles, bsz * heads)](
         q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
-        seq, total, heads, num_tiles, _LOG2E / math.sqrt(dim), 1.0 / math.sqrt(dim), PREC_DY=prec_dy, **meta,
-        num_stages=readout_stages(q.dtype, dim, cell_size, device_target(q.device)),
+        seq, total, heads, num_tiles, qk_scale, scale, PREC_DY=prec_dy, ATOMIC_DKDV=atomic, **meta,
+        num_stages=stages,
     )
+    num_cells = total // cell_size
+    if not atomic and num_cells > 0:
+        rows, starts = selections_by_cell(cells, num_cells)
+        cell_readout_bwd_dkdv_kernel[(num_cells, bsz * heads)](
+            q, k, v, rows, starts, dy, lse, delta, dk, dv,
+            seq, total, heads, num_cells, qk_scale, scale, PREC_DY=prec_dy, **_by_cell_meta(meta, by_cell[0]),
+            num_warps=_by_cell_warps(meta), num_stages=by_cell[1],
+        )
     dg = None
     if rms_weight is not None:
         dg = dg_part.sum(dim=(0, 1))  # H D
@@ -257,6 +353,17 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
             dg = dg.sum(dim=0)
         dg = dg.to(rms_weight.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype), dg
+
+
+def _by_cell_meta(meta: dict, selections: int) -> dict:
+    """The by-cell dk/dv kernel's constexprs, from the readout's (`_meta`) and its selections per step."""
+    return dict(S=meta["S"], SP=meta["SP"], D=meta["D"], BD=meta["BD"], BM=selections, DT=meta["DT"],
+                PREC=meta["PREC"])
+
+
+def _by_cell_warps(meta: dict) -> int:
+    """8 warps where a cell's two fp32 accumulators (SP x BD each) would crowd 4 warps' registers."""
+    return 8 if meta["SP"] * meta["BD"] >= 4096 else 4
 
 
 def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int, arch: int) -> list:
@@ -274,29 +381,37 @@ def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int, arch: int
     out.append(launch("readout bwd rows", cell_readout_bwd_preprocess_kernel,
                       dict(do=p, y=f32, rstd=f32, g=p, dy=f32, delta=f32, dg_part=f32),
                       dict(D=dim, BD=meta["BD"], BM=_BM, HAS_G=True)))
-    out.append(launch("readout bwd", cell_readout_bwd_kernel,
-                      dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, dy=f32, lse=f32, delta=f32, dq=p,
-                           dk=f32, dv=f32), dict(meta, PREC_DY=prec_dy), floats={"qk_scale", "scale"},
-                      num_stages=stages))
+    for atomic in (False, True):
+        out.append(launch(f"readout bwd {'dq dk dv atomic' if atomic else 'dq'}", cell_readout_bwd_kernel,
+                          dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, dy=f32, lse=f32, delta=f32,
+                               dq=p, dk=f32 if atomic else p, dv=f32 if atomic else p),
+                          dict(meta, PREC_DY=prec_dy, ATOMIC_DKDV=atomic), floats={"qk_scale", "scale"},
+                          num_stages=stages))
+    by_cell = readout_by_cell_tiles(dtype, dim, cell_size, arch)
+    if by_cell is not None:
+        out.append(launch("readout bwd dk dv by cell", cell_readout_bwd_dkdv_kernel,
+                          dict(q=p, k=p, v=p, rows=i32, starts="*i64", dy=f32, lse=f32, delta=f32, dk=p, dv=p),
+                          dict(_by_cell_meta(meta, by_cell[0]), PREC_DY=prec_dy), floats={"qk_scale", "scale"},
+                          num_warps=_by_cell_warps(meta), num_stages=by_cell[1]))
     return out
 
 
 class CellReadoutFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cells, rms_weight, cell_size, eps):
+    def forward(ctx, q, k, v, cells, rms_weight, cell_size, eps, dkdv):
         q, k, v, cells = (x.contiguous() for x in (q, k, v, cells))
         ucells, ucount = unique_cells(cells, _BM)
         out, y, lse, rstd = cell_readout_fwd(q, k, v, cells, ucells, ucount, rms_weight, cell_size, eps)
         ctx.save_for_backward(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd)
-        ctx.cell_size = cell_size
+        ctx.cell_size, ctx.dkdv = cell_size, dkdv
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd = ctx.saved_tensors
         dq, dk, dv, dg = cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, do,
-                                          ctx.cell_size)
-        return dq, dk, dv, None, dg, None, None
+                                          ctx.cell_size, ctx.dkdv)
+        return dq, dk, dv, None, dg, None, None, None
 
 
 def cell_readout(
@@ -309,6 +424,7 @@ def cell_readout(
     rms_weight: torch.Tensor | None = None,
     eps: float = 1e-8,
     q_start: int = 0,
+    dkdv: str = "by_cell",
 ) -> torch.Tensor:
     """Selected-cell readout, same contract as `fsframework.ops.freesolo.cell_readout`.
 
@@ -324,6 +440,10 @@ def cell_readout(
     q_start: q and cells hold only the n queries of positions `[q_start, q_start + n)`, k and v
     the keys of `[0, q_start + n)`; only those queries are read out -> `[B, n, H, D]` (the logits
     carry no position, so the offset only sets which keys exist).
+
+    dkdv: how the backward forms dk/dv, "by_cell" (one program per cell, no atomics, deterministic;
+    atomic instead where a cell's tiles do not fit, `support.readout_by_cell_tiles`) or "atomic" (each
+    query tile adds its share); the same gradients up to rounding order.
     """
     check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
     if not (q.dtype == k.dtype == v.dtype):
@@ -334,4 +454,6 @@ def cell_readout(
         raise ValueError(f"the Triton readout kernel does not support this call: {reason}")
     if q.shape[1] == 0:
         return q * 0  # an empty slice, still on q's graph
-    return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps))
+    if dkdv not in DKDV:
+        raise ValueError(f"dkdv must be one of {DKDV}, got {dkdv!r}")
+    return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps), dkdv)

@@ -155,6 +155,18 @@ def readout_stages(dtype: torch.dtype, dim: int, cell_size: int, arch: int) -> i
     return 2 if dtype == torch.float32 and big else 3
 
 
+def readout_by_cell_tiles(dtype: torch.dtype, dim: int, cell_size: int, arch: int) -> tuple[int, int] | None:
+    """(selections per step, pipeline stages) of the readout's by-cell dk/dv kernel on target `arch`, or
+    None where a cell's tiles do not fit a block's shared memory (the backward then adds dk/dv
+    atomically). It holds a cell's K and V (V in fp32) besides the gathered rows: at the largest cell
+    tile it needs 172,544 B with 32 selections (bf16, d = 256), 127,232 B with 16; sm_86 (101,376 B)
+    fits no variant of the bf16 or fp32 d = 256 tile, so that class adds atomically from 8,192 values on."""
+    tile = padded_dim(cell_size) * padded_dim(dim)
+    if tile < MAX_CELL_TILE or arch == 90:
+        return 32, 3
+    return (16, 3) if arch == 80 else None
+
+
 def routing_cell_tile(dim: int, arch: int) -> int:
     """Cells the routing scorer scores per step: 64, or 32 at d = 256, where 64 fp32 summaries of
     256 wide, pipelined, need 262,144 B of shared memory (131,072 B at 32). sm_86 (101,376 B)
