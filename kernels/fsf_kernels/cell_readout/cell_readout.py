@@ -126,6 +126,23 @@ def cell_readout_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _backward_rows(q, dy, lse, delta, row, m_row, b, h, n, H, D: tl.constexpr, BD: tl.constexpr, DT: tl.constexpr):
+    """What the backward reads of query rows `row` (int64 `[R]`, masked by m_row) of head h: their
+    offsets and mask `[R, BD]`, q (DT), dy (fp32), lse and delta."""
+    o_d = tl.arange(0, BD)
+    row_off = ((b * n + row[:, None]) * H + h) * D + o_d[None, :]
+    row_mask = m_row[:, None] & (o_d < D)[None, :]
+    b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
+    # dy is the RMSNorm gradient, a difference of two terms: it stays fp32 through its dots
+    # (PREC_DY: exact, or three tf32 passes for half inputs) instead of rounding to bf16
+    b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0)
+    stat = (b * H + h) * n + row
+    b_lse = tl.load(lse + stat, mask=m_row, other=0.0)
+    b_delta = tl.load(delta + stat, mask=m_row, other=0.0)
+    return row_off, row_mask, b_q, b_dy, b_lse, b_delta
+
+
+@triton.jit
 def cell_readout_bwd_kernel(
     q, k, v, cells, ucells, ucount, dy, lse, delta, dq, dk, dv,
     n, T, H, NT, qk_scale, scale,
@@ -141,15 +158,8 @@ def cell_readout_bwd_kernel(
     o_d = tl.arange(0, BD)
     m_d = o_d < D
     o_s = tl.arange(0, SP)
-    row_off = ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * D + o_d[None, :]
-    row_mask = m_row[:, None] & m_d[None, :]
-    b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
-    # dy is the RMSNorm gradient, a difference of two terms: it stays fp32 through its dots
-    # (PREC_DY: exact, or three tf32 passes for half inputs) instead of rounding to bf16
-    b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0)
-    stat = (b * H + h) * n + o_m
-    b_lse = tl.load(lse + stat, mask=m_row, other=0.0)
-    b_delta = tl.load(delta + stat, mask=m_row, other=0.0)
+    row_off, row_mask, b_q, b_dy, b_lse, b_delta = _backward_rows(q, dy, lse, delta, o_m.to(tl.int64), m_row, b, h,
+                                                                  n, H, D, BD, DT)
     b_dq = tl.zeros([BM, BD], tl.float32)
     o_k = tl.arange(0, KP)
     b_c = tl.load(cells + ((b * n + o_m.to(tl.int64)[:, None]) * H + h) * K + o_k[None, :],
@@ -211,13 +221,7 @@ def cell_readout_bwd_dkdv_kernel(
     for first in range(lo, hi, BM):
         m_e = first + o_e < hi
         row = tl.load(rows + first + o_e, mask=m_e, other=0).to(tl.int64)
-        row_off = ((b * n + row[:, None]) * H + h) * D + o_d[None, :]
-        row_mask = m_e[:, None] & m_d[None, :]
-        b_q = tl.load(q + row_off, mask=row_mask, other=0.0).to(DT)
-        b_dy = tl.load(dy + row_off, mask=row_mask, other=0.0)
-        stat = (b * H + h) * n + row
-        b_lse = tl.load(lse + stat, mask=m_e, other=0.0)
-        b_delta = tl.load(delta + stat, mask=m_e, other=0.0)
+        _, _, b_q, b_dy, b_lse, b_delta = _backward_rows(q, dy, lse, delta, row, m_e, b, h, n, H, D, BD, DT)
         s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * qk_scale
         p = tl.where(m_e[:, None] & m_tok[None, :], tl.exp2(s - b_lse[:, None]), 0.0)
         dp = tl.dot(b_dy, tl.trans(b_v), input_precision=PREC_DY)
