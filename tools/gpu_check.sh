@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One prepared GPU check for the fsf_kernels Triton kernels, within 8 minutes on one H200:
+# One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200
+# (about 4 in practice):
 #   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 60 s
 #   2. tests/kernels on the GPU, if pytest is installed: the GPU-marked tests (bf16/fp16, large
 #      shapes) and every test that takes the `device` fixture, which is CUDA there      <= 180 s
 #   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 170 s
+#   4. tools/bench_rewired.py and tools/bench_scan.py on the GPU: the rewired and GRC kernels
+#      inside whole models (training steps; forward passes against Transformers)       <= 2 x 80 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
-# ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, summary.txt.
+# ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
+# summary.txt.
 # Needs only torch and triton (and pytest for step 2): the repository is put on PYTHONPATH, nothing
 # is installed. Without the training stack (omegaconf, streaming, deepspeed) the tests that train
 # through `fsf` are left out and the suite's top conftest (which sets up data) is not loaded.
@@ -63,5 +67,16 @@ bench=${PIPESTATUS[0]}
 [ "$bench" -eq 124 ] && note "gpu_check: benchmark timed out after 170s (partial results in bench.txt)"
 note "benchmark: exit $bench"
 [ "$bench" -ne 0 ] && status=$bench
+echo "== kernels inside models"
+timeout 80 "$PY" tools/bench_rewired.py --device cuda --d-model 1024 --layers 4 --heads 16 \
+  --lengths 1024 2048 4096 8192 2>&1 | tee "$RESULTS/rewired.txt"
+rewired=${PIPESTATUS[0]}
+note "rewired training steps: exit $rewired"
+[ "$rewired" -ne 0 ] && status=$rewired
+timeout 80 "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536 2>&1 \
+  | tee "$RESULTS/scan.txt"
+scan=${PIPESTATUS[0]}
+note "AR-GRC scan: exit $scan"
+[ "$scan" -ne 0 ] && status=$scan
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"
