@@ -33,12 +33,22 @@ note() { echo "$*" | tee -a "$RESULTS/summary.txt"; }
 } 2>&1 | tee "$RESULTS/env.txt"
 "$PY" -c "import torch, triton" 2>/dev/null || { note "gpu_check: torch/triton do not import"; exit 1; }
 
+# step LABEL SECONDS FILE COMMAND...: COMMAND under a time limit, its output on the screen and in
+# RESULTS/FILE; a failure or timeout is noted and becomes the check's exit status
+step() {
+  local label=$1 seconds=$2 file=$3 rc
+  shift 3
+  timeout "$seconds" "$@" 2>&1 | tee "$RESULTS/$file"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 124 ] && note "gpu_check: $label timed out after ${seconds}s (partial output in $file)"
+  note "$label: exit $rc"
+  [ "$rc" -ne 0 ] && status=$rc
+  return 0
+}
+
 echo "== one tiny kernel, compiled and launched"
-timeout 60 "$PY" -c "from fsframework.ops.launch_check import kernel_launch_check; r = kernel_launch_check(); print(r); raise SystemExit(not r.startswith('yes'))" \
-  2>&1 | tee "$RESULTS/launch.txt"
-launch=${PIPESTATUS[0]}
-note "launch check: exit $launch"
-[ "$launch" -ne 0 ] && status=$launch
+step "launch check" 60 launch.txt "$PY" -c "from fsframework.ops.launch_check import kernel_launch_check; \
+r = kernel_launch_check(); print(r); raise SystemExit(not r.startswith('yes'))"
 
 if "$PY" -c "import pytest" 2>/dev/null; then
   echo "== kernel tests on the GPU"
@@ -52,31 +62,17 @@ if "$PY" -c "import pytest" 2>/dev/null; then
     note "the training stack is not installed: tests that train through fsf are left out"
     args+=(--ignore=tests/kernels/test_freesolo_model_triton.py)
   fi
-  timeout 180 "$PY" -m pytest "${args[@]}" 2>&1 | tee "$RESULTS/tests.txt"
-  tests=${PIPESTATUS[0]}
-  [ "$tests" -eq 124 ] && note "gpu_check: tests timed out after 180s"
-  note "GPU tests: exit $tests ($(tail -n 1 "$RESULTS/tests.txt"))"
-  [ "$tests" -ne 0 ] && status=$tests
+  step "GPU tests" 180 tests.txt "$PY" -m pytest "${args[@]}"
+  note "GPU tests: $(tail -n 1 "$RESULTS/tests.txt")"
 else
   note "pytest is not installed: tests skipped (bench_kernels.py still checks correctness)"
 fi
 
 echo "== benchmark"
-timeout 170 "$PY" tools/bench_kernels.py --budget-s 110 "$@" 2>&1 | tee "$RESULTS/bench.txt"
-bench=${PIPESTATUS[0]}
-[ "$bench" -eq 124 ] && note "gpu_check: benchmark timed out after 170s (partial results in bench.txt)"
-note "benchmark: exit $bench"
-[ "$bench" -ne 0 ] && status=$bench
+step "benchmark" 170 bench.txt "$PY" tools/bench_kernels.py --budget-s 110 "$@"
 echo "== kernels inside models"
-timeout 80 "$PY" tools/bench_rewired.py --device cuda --d-model 1024 --layers 4 --heads 16 \
-  --lengths 1024 2048 4096 8192 2>&1 | tee "$RESULTS/rewired.txt"
-rewired=${PIPESTATUS[0]}
-note "rewired training steps: exit $rewired"
-[ "$rewired" -ne 0 ] && status=$rewired
-timeout 80 "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536 2>&1 \
-  | tee "$RESULTS/scan.txt"
-scan=${PIPESTATUS[0]}
-note "AR-GRC scan: exit $scan"
-[ "$scan" -ne 0 ] && status=$scan
+step "rewired training steps" 80 rewired.txt "$PY" tools/bench_rewired.py --device cuda --d-model 1024 \
+  --layers 4 --heads 16 --lengths 1024 2048 4096 8192
+step "AR-GRC scan" 80 scan.txt "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"
