@@ -51,12 +51,12 @@ def _check(case, device):
     ref = reference(q32, k32, v32, window=window, rope_theta=theta, start_pos=start, impl="reference")
     want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
     assert out.dtype == dtype and out.shape == q.shape
-    base, base_grads = [None], [None] * 3
+    base, base_grads = None, (None,) * 3
     if dtype != F32:
         qh, kh, vh = (x.detach().requires_grad_() for x in (q, k, v))
-        low = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=start)
-        base, base_grads = [low], torch.autograd.grad(low, (qh, kh, vh), grad)
-    assert_close(out, ref, dtype, "out", base[0])
+        base = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=start)
+        base_grads = torch.autograd.grad(base, (qh, kh, vh), grad)
+    assert_close(out, ref, dtype, "out", base)
     for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base_grads):
         assert g.dtype == dtype
         assert_close(g, w, dtype, name, b)

@@ -314,8 +314,7 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
                      dkdv: str = "by_cell"):
     """Gradients dq, dk, dv (input dtypes) and d rms_weight (its shape and dtype, or None); dk/dv by
     cell (`cell_readout_bwd_dkdv_kernel`) or by atomic adds from the query tiles (`dkdv`, `DKDV`)."""
-    if dkdv not in DKDV:
-        raise ValueError(f"dkdv must be one of {DKDV}, got {dkdv!r}")
+    _check_dkdv(dkdv)
     bsz, seq, heads, dim = q.shape
     total = k.shape[1]
     do = do.contiguous()
@@ -357,6 +356,11 @@ def cell_readout_bwd(q, k, v, cells, ucells, ucount, rms_weight, y, lse, rstd, d
             dg = dg.sum(dim=0)
         dg = dg.to(rms_weight.dtype)
     return dq, dk.to(k.dtype), dv.to(v.dtype), dg
+
+
+def _check_dkdv(dkdv: str) -> None:
+    if dkdv not in DKDV:
+        raise ValueError(f"dkdv must be one of {DKDV}, got {dkdv!r}")
 
 
 def _by_cell_meta(meta: dict, selections: int) -> dict:
@@ -450,6 +454,7 @@ def cell_readout(
     query tile adds its share); the same gradients up to rounding order.
     """
     check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
+    _check_dkdv(dkdv)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_head_dim("q", q)
@@ -458,6 +463,4 @@ def cell_readout(
         raise ValueError(f"the Triton readout kernel does not support this call: {reason}")
     if q.shape[1] == 0:
         return q * 0  # an empty slice, still on q's graph
-    if dkdv not in DKDV:
-        raise ValueError(f"dkdv must be one of {DKDV}, got {dkdv!r}")
     return CellReadoutFunction.apply(q, k, v, cells, rms_weight, int(cell_size), float(eps), dkdv)
