@@ -1,29 +1,30 @@
-"""Who sends each of FS-L's fetched cells: its owner, or a later rank that already holds it.
+"""Who sends each fetched cell of FS and FS-L: its owner, or another rank that already holds it.
 
 Legend: sp ranks, rows `(b, h, cell)` `[m, 3]` long (one cell of one batch row and head),
 o owner (the rank whose slice holds the cell), t target (the rank that reads it), m relay.
 
-`fsframework.parallel.retained` fetches, for every target `t`, the halo and the top-`P`
-cells of the earlier ranks. If every owner sends its own cells, an owner also receives
-the gradient of each of its cells once per later rank that read it, and the ranks in the
-middle, which fetch `P` cells and serve every later rank, receive the most (the first rank
-fetches nothing, the last serves nobody).
+`fsframework.parallel.retained` (FS-L) and `fsframework.parallel.selected` (FS) fetch, for
+every target `t`, earlier cells that other ranks hold. If every owner sends its own cells, an owner
+also receives the gradient of each of its cells once per later rank that read it: FS-L's
+middle ranks, which fetch `P` cells and serve every later rank, receive the most, the first
+rank only gradients, the last rank only its fetches.
 
-A later rank can serve instead. Retention is monotone (docs/freesolo.md §1.5): the cells of
-`[0, a_m)` among `t`'s top-`P` lie in the top-`P` of `[0, a_m)` for every `m < t`, so every
-rank between owner and target that fetched the cell from its owner holds it. Such a
-relay `m` forwards the cell in a second round, and in the backward sums `t`'s gradient into
-its own before returning it to the owner: the owner receives one gradient per cell, the
-relay one more. The busiest rank then receives 8-17% less at sp = 4 and 8 (docs/training.md).
-Every rank computes the same plan from the all-gathered candidates:
+Any rank that received a cell straight from its owner can serve it to another target: it
+forwards the cell in a second round, and in the backward sums the target's gradient into
+its own before returning it to the owner. The owner then receives one gradient for both,
+the relay one more. The relay may come before the target or after it: the last rank, which
+serves no cell of its own, takes gradients off the owners that way (retention is monotone,
+docs/freesolo.md §1.5, so a later rank's top-`P` holds an earlier rank's best cells: FS-L's
+last rank holds many cells its predecessors read). Every rank computes the same plan from
+the all-gathered candidates or requests:
 
-1. direct: every cell from its owner (`retained._plan`);
+1. direct: every cell from its owner (`retained._plan`, `selected.request_cells`);
 2. load per rank = cells it receives in the forward (fixed) + gradients it receives in the
    backward (one per cell it sends);
-3. repeatedly, the busiest rank hands cells it sends to a target over to the least busy rank
-   between it and that target that received them straight from it, half the difference in
-   load at most, while that lowers the busiest rank's load. A cell that sources a relay is
-   never relayed to its relay itself, so two rounds always suffice.
+3. repeatedly, the busiest rank hands cells it sends to a target over to the least busy other
+   rank that received them straight from it, half the difference in load at most, while that
+   lowers the busiest rank's load. A cell that sources a relay is never relayed to its relay
+   itself, so two rounds always suffice.
 """
 
 from __future__ import annotations
@@ -111,13 +112,13 @@ class _Balancer:
     def step(self) -> bool:
         """One hand-over from the busiest rank; False when none lowers its load."""
         busiest = max(range(self.size), key=lambda r: (self.load[r], -r))
-        relays = sorted((m for m in range(busiest + 1, self.size)), key=lambda m: (self.load[m], m))
+        relays = sorted((m for m in range(self.size) if m != busiest), key=lambda m: (self.load[m], m))
         for relay in relays:
             room = (self.load[busiest] - self.load[relay]) // 2
             if room < 1:
                 break
-            for target in range(relay + 1, self.size):
-                if (busiest, target) not in self.direct:
+            for target in range(self.size):
+                if target == relay or (busiest, target) not in self.direct:
                     continue
                 rows = self.movable(busiest, target, relay)[:room]
                 if len(rows):
@@ -141,7 +142,7 @@ class _Balancer:
                 if t == relay:
                     offsets[o], total = total, total + len(rows)
             index_in_alive = {o: torch.cumsum(self.alive[(o, relay)].long(), 0) - 1 for o in offsets}
-            for target in range(relay + 1, self.size):
+            for target in range(self.size):
                 rows, sources = [], []
                 for owner in sorted(offsets):
                     picked = self.moved.get((owner, relay, target))

@@ -20,7 +20,7 @@ ties, the order `_route_fsl` keeps). So a rank fetches:
 
 Both travel as cells (`s` positions of one batch row and head), point to point: `P s + h`
 positions per head, whatever N is. A cell comes from its owner or, where that evens out
-what the ranks receive, from a later rank that already fetched it
+what the ranks receive, from another rank that already fetched it from its owner
 (`fsframework.parallel.cell_relays`): one exchange per layer and direction, two when some
 cell is relayed.
 

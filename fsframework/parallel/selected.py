@@ -15,8 +15,8 @@ local window the `w` keys before it. So a rank does not all-gather the prefix
 2. requests: the earlier cells some own query selected, plus the window's halo (the whole
    cells covering the `w` positions before `start`), per (batch row, head), minus the
    cells the rank holds itself, all-gathered as (row, head, cell) triples, so every rank
-   plans every fetch alike: from the owner, or relayed by a rank between owner and target
-   that fetched the cell too (`fsframework.parallel.cell_relays`, as for FS-L);
+   plans every fetch alike: from the owner, or relayed by another rank that fetched the
+   cell from it too (`fsframework.parallel.cell_relays`, as for FS-L);
 3. fetch: the cells travel point to point (`retained.FetchCells` on this plan), and the
    backward returns each cell's gradient to its owner (through its relay).
 
@@ -84,7 +84,7 @@ def wanted_rows(cells: torch.Tensor, start: int, tail: int, s: int, held: Held,
 def request_cells(rows: torch.Tensor, sp: SPContext, held: list[Held], s: int) -> CellPlan:
     """This rank's wanted rows -> the plan of every rank's fetches, the same on every rank: the
     requests are all-gathered (a count per rank, then the rows, padded: 12 bytes a cell against
-    the cell's `s x 2d` values), so each owner knows what to send and the cells that later ranks
+    the cell's `s x 2d` values), so each owner knows what to send and the cells that other ranks
     also fetched can be relayed to even out what the ranks receive (`cell_relays.balance`).
     `held[r]`: the ranges rank `r` holds in this call (together they tile the sequence so far)."""
     count = torch.tensor([len(rows)], device=rows.device)

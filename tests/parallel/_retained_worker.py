@@ -9,7 +9,8 @@ For each N, against a plain reference built from the all-gathered prefix on this
 3. the bytes received per rank in the forward are `P s + h` positions per head plus the
    candidates' all-gather, the same for every N whose prefix holds more than `P` cells;
    the backward returns gradients of the cells later ranks fetched, at most as many; some cells
-   come from relays (the worker prints how many), whose gradients go back through them.
+   come from relays (the worker prints how many, and how many a relay after its target sent),
+   whose gradients go back through them.
 Prints one `bytes N=... rank=...` line per N; exits non-zero on a mismatch.
 """
 
@@ -74,7 +75,8 @@ def check(n: int, sp: SPContext) -> list[str]:
     cells = ("cells", "relayed cells")  # from owners, from relays
     print(f"bytes N={n} rank={sp.rank} forward={sum(forward.get(c, 0) for c in cells)} "
           f"total={sum(counted.get(c, 0) for c in cells)} "
-          f"all_gather={counted['all_gather']} relayed={sum(len(r) for r in plan.relayed.values())}")
+          f"all_gather={counted['all_gather']} relayed={sum(len(r) for r in plan.relayed.values())} "
+          f"to_earlier={sum(len(r) for (m, t), r in plan.relayed.items() if m > t)}")
     return errors
 
 

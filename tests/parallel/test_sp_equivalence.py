@@ -40,7 +40,7 @@ def test_sp_matches_single_process(world, sp, lengths, layouts, extra):
     if sp == 4:  # FS's and FS-L's keys were compact on some rank (the queries read only some earlier cells)
         for kind, layout in [("fs", "contiguous"), ("fs", "zigzag"), ("fsl", "contiguous")]:
             assert any(f"{kind} N=200 {layout} compact keys True" in out for out in outputs), (kind, layout)
-        # FS's cells were relayed somewhere (a later rank that fetched a cell forwarded it)
+        # FS's cells were relayed somewhere (a rank that fetched a cell from its owner forwarded it)
         assert re.search(r"fs N=\d+ \w+ compact keys \w+ relayed [1-9]", "".join(outputs))
     if "zigzag" in layouts:  # the causal kinds really ran on two runs per rank (too few blocks: one)
         assert all(re.search(r"tfpp N=\d+ zigzag runs \[\(\d+, \d+\), \(", out) for out in outputs)
