@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint, load_model
-from fsframework.parallel.process_group import init_distributed
+from fsframework.parallel.process_group import init_distributed, shutdown
 
 HEATMAP_FILE = "calibration.png"
 DEFAULT_WINDOWS, DEFAULT_SEQ_LEN = 64, 4096
@@ -188,7 +188,24 @@ def calibrate(checkpoint: str | Path, *, data: Optional[str] = None, windows: Op
     data: an MDS directory (default: the held-out split of every stream of the run's data, windows
     drawn from each by its share of the mixture: `mixture_windows`); windows, seq_len: None for the
     defaults that fit the held-out text (`default_windows`). Raises ValueError on bad input.
+    Under torchrun the ranks share the windows through a process group that this call starts and
+    also leaves, by success or error: a gloo rank that exits with its group up can abort in
+    the interpreter's teardown (its worker threads still hold tensors).
     """
+    import torch.distributed as dist
+
+    starts_group = _world()[1] > 1 and not dist.is_initialized()
+    try:
+        return _calibrate(checkpoint, data=data, windows=windows, seq_len=seq_len, seed=seed,
+                          batch_size=batch_size, device=device, progress=progress)
+    finally:
+        if starts_group:
+            shutdown()
+
+
+def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional[int], seq_len: Optional[int],
+               seed: int, batch_size: int, device, progress: bool) -> dict:
+    """`calibrate`'s work, in whatever process group it finds or starts."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from fsframework.data.mixture import HeldOutStream, heldout_streams
