@@ -1,6 +1,7 @@
-"""FS-L's cell plan with relays (fsframework.parallel.cell_relays), on plans shaped like FS-L's:
-every target still receives exactly its cells, a relay forwards only cells it received straight
-from their owner, and the busiest rank receives less: from sp = 4 on, within 10% of the mean, the
+"""The cell plan with relays (fsframework.parallel.cell_relays), on plans shaped like FS-L's and
+like FS's under the zigzag layout (owners after their targets): every target still receives
+exactly its cells, a relay forwards only cells it received straight from their owner, and the
+busiest rank receives no more; on FS-L's, from sp = 4 on, less and within 10% of the mean, the
 last rank taking gradients as a relay (real ranks: tests/parallel/test_sp_retained.py)."""
 
 from __future__ import annotations
@@ -64,3 +65,44 @@ def test_two_ranks_need_no_relay():
     direct = fsl_like_plan(2, 32)
     plan = balance(direct, 2)
     assert not plan.relayed and plan.direct.keys() == direct.keys()
+
+
+
+def zigzag_fs_like_plan(sp: int, cells_per_run: int, call: int, heads: int = 3, frac: float = 0.3, seed: int = 0):
+    """FS's requests in one layer call under the zigzag layout: rank r holds runs r and 2 sp - 1 - r
+    and calls the layer once per run (`call` 0: its first run, 1: its second); each run reads a random
+    `frac` of the earlier cells other ranks hold, so an owner may come after its target in rank order
+    (in call 1, rank sp - 1's first run precedes rank 0's second)."""
+    gen = torch.Generator().manual_seed(seed)
+    owner_of_run = torch.tensor([r if r < sp else 2 * sp - 1 - r for r in range(2 * sp)])
+    plan = {}
+    for target in range(sp):
+        run = target if call == 0 else 2 * sp - 1 - target
+        wanted = (torch.rand(2, heads, run * cells_per_run, generator=gen) < frac).nonzero()
+        owners = owner_of_run[wanted[:, 2] // cells_per_run]
+        for owner in range(sp):
+            mine = wanted[owners == owner]
+            if owner != target and len(mine):
+                plan[(owner, target)] = mine
+    return plan
+
+
+@pytest.mark.parametrize("sp", [2, 4, 8])
+@pytest.mark.parametrize("call", [0, 1])
+def test_relays_under_zigzag_keep_every_fetch(sp, call):
+    # owners after their targets, relays on either side: each target still gets each of its cells once,
+    # from its owner or from a rank that received it straight from that owner
+    direct = zigzag_fs_like_plan(sp, 16, call)
+    assert call == 0 or any(owner > target for owner, target in direct)
+    plan = balance(direct, sp)
+    for target in range(sp):
+        want = [rows for (_, t), rows in direct.items() if t == target]
+        got = plan.rows_of(target)
+        assert sum(map(len, got)) == sum(map(len, want))
+        if want:
+            assert as_set(torch.cat(got)) == as_set(torch.cat(want))
+        for relay, rows in plan.received_by(target, relayed=True):
+            first = torch.cat([r for _, r in plan.received_by(relay)])
+            assert torch.equal(first[plan.sources[(relay, target)]], rows)
+    before, after = CellPlan(direct).loads(sp), plan.loads(sp)
+    assert sum(after) == sum(before) and max(after) <= max(before)
