@@ -14,7 +14,8 @@ Prints, per rank:
    other ranks' keys and values a rank holds for its attention (the gathered-key
    memory: every storage the fetch leaves alive for the backward, less the own keys and
    values; under zigzag both runs'), per rank maxima, for each kind, N and sp (and the forward
-   pass's bytes alone): counted by `CommCounter` on the
+   pass's bytes alone, and how evenly the ranks receive: the maximum over the mean): counted
+   by `CommCounter` on the
    real collectives of the kind's `KeySource` (one layer, random keys, H = 4, d = 32,
    fp32, the default attention config), "before" = today's all-gather of the whole
    prefix for every prefix kind, "after" = the kind's own fetch under `--layout`;
@@ -185,7 +186,7 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
     print(f"\n2. bytes received per layer per step (fwd + bwd) and gathered-key memory, per rank maxima; "
           f"H=4, d=32, fp32, one layer; after = --layout {layout}")
     print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'before MB':>10} {'after MB':>9} {'ratio':>6} "
-          f"{'held before MB':>15} {'held after MB':>14} {'after, forward MB':>18}")
+          f"{'held before MB':>15} {'held after MB':>14} {'after, forward MB':>18} {'after, max/mean':>16}")
     out = []
     for sp in sps:
         ranks = launch(sp, {"mode": "keys", "kinds": kinds, "n": lengths, "layout": layout})
@@ -199,15 +200,16 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
                 b0, b1 = max(r["bytes"] for r in before), max(r["bytes"] for r in after)
                 f0, f1 = max(r["forward"] for r in before), max(r["forward"] for r in after)
                 h0, h1 = max(r["held"] for r in before), max(r["held"] for r in after)
+                mean1 = sum(r["bytes"] for r in after) / len(after)  # how evenly the ranks receive
                 lay = after[0]["layout"]
                 print(f"{kind:>5} {n:>7} {sp:>3} {lay:>10} {b0 / 1e6:>10.2f} {b1 / 1e6:>9.2f} {b0 / b1:>6.1f} "
-                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f} {f1 / 1e6:>18.2f}")
+                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f} {f1 / 1e6:>18.2f} {b1 / mean1:>16.3f}")
                 out += [{"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "all_gather",
                          "bytes_received_per_layer": b0, "forward_bytes_received_per_layer": f0,
                          "gathered_key_bytes": h0},
                         {"kind": kind, "n": n, "sp": sp, "layout": lay, "fetch": "kind",
                          "bytes_received_per_layer": b1, "forward_bytes_received_per_layer": f1,
-                         "gathered_key_bytes": h1}]
+                         "gathered_key_bytes": h1, "mean_bytes_received_per_layer": mean1}]
     return out
 
 
