@@ -248,12 +248,13 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
     windows, seq_len = tokens.shape
     mine = tokens[rank::world]
     recorder = KeyNormRecorder(layers, cell_size)
+    run = getattr(model, "hidden_states", model)  # the key norms are all it needs: no [B, T, V] logits
     try:
         with torch.inference_mode(), Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(),
                                               TimeElapsedColumn(), disable=not progress or rank != 0) as bar:
             task = bar.add_task("windows", total=len(mine))
             for start in range(0, len(mine), batch_size):
-                model(mine[start:start + batch_size].to(device))
+                run(mine[start:start + batch_size].to(device))
                 bar.advance(task, len(mine[start:start + batch_size]))
     finally:
         values = recorder.close()
