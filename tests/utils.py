@@ -15,6 +15,25 @@ TINY_DATA = ["data.seq_len=64", "data.micro_batch_size=2", "data.embedded_python
 TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2"]
 
 
+def tiny_model(name: str, vocab_size: int):
+    """A 2-layer, 2-head model of any registered kind with small attention shapes (window 16,
+    cells of 4, blocks of 8) and the reference ops, in eval mode; FS-B gets thresholds of 1."""
+    import torch
+
+    from fsframework.config import AttentionConfig, ModelConfig
+    from fsframework.models.freesolo_attention import set_fsb_thresholds
+    from fsframework.models.registry import build_model
+
+    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
+                          impl="reference")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name=name, vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2,
+                                    attention=att)).eval()
+    if name == "fsb":  # both forests need thresholds (any will do for these tests)
+        set_fsb_thresholds(model, [[1.0, 1.0]] * 2, source="test")
+    return model
+
+
 def assert_future_tokens_do_not_change_past(model, *, atol: float = 0.0) -> None:
     """Changing tokens 30.. of a 50-token input leaves the logits of positions < 30 unchanged
     (within `atol`; 0 means bit-identical) and changes later ones."""

@@ -8,29 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.eval.perplexity import sequence_nll
-from fsframework.models.freesolo_attention import set_fsb_thresholds
-from fsframework.models.registry import MODEL_NAMES, build_model
+from fsframework.models.registry import MODEL_NAMES
+from tests.utils import tiny_model
 
 VOCAB, LENGTH, CHUNK = 61, 40, 8
-
-
-def _model(name: str) -> torch.nn.Module:
-    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
-                          impl="reference")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
-                                    attention=att)).eval()
-    if name == "fsb":
-        set_fsb_thresholds(model, [[1.0, 1.0]] * 2, source="test")
-    return model
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 @torch.inference_mode()
 def test_chunked_head_gives_the_whole_logits_loss_and_never_more_than_a_chunk(name):
-    model = _model(name)
+    model = tiny_model(name, VOCAB)
     tokens = torch.randint(0, VOCAB, (2, LENGTH + 1), generator=torch.Generator().manual_seed(1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     whole = F.cross_entropy(model(inputs).float().flatten(0, 1), targets.flatten(), reduction="sum").item()

@@ -8,27 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsframework.config import AttentionConfig, ModelConfig
 from fsframework.models.decode_cache import decode_cache, prefill
-from fsframework.models.freesolo_attention import set_fsb_thresholds
-from fsframework.models.registry import build_model
+from tests.utils import tiny_model
 from tests.work import WorkCounter
 
 VOCAB, CONTEXT, CHUNK = 64, 256, 32
 # every token reads every key (FS: every cell; FS-B: its cache grows linearly, its search logarithmically)
 PREFIX = ["tfpp", "alibi", "sinusoidal", "rewired", "fs", "fsb"]
 BOUNDED = ["swa", "fsl", "argrc"]  # a window, a bounded cell set, the scan's roots
-
-
-def _model(name: str) -> torch.nn.Module:
-    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
-                          impl="reference")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
-                                    attention=att)).eval()
-    if name == "fsb":  # both forests need thresholds (any will do: the test counts work)
-        set_fsb_thresholds(model, [[1.0, 1.0]] * 2, source="test")
-    return model
 
 
 def _work(model, context: int) -> tuple[int, int]:
@@ -45,7 +32,7 @@ def _work(model, context: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("name", PREFIX + BOUNDED)
 def test_decode_step_and_prefill_chunk_work(name):
-    model = _model(name)
+    model = tiny_model(name, VOCAB)
     (step, chunk), (step4, chunk4) = _work(model, CONTEXT), _work(model, 4 * CONTEXT)
     assert step > 0 and chunk > 0  # counted (tests/work.py)
     bound = 4.5 if name in PREFIX else 1.2
@@ -72,7 +59,7 @@ def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
     for module in (fsframework.models.attention, fsframework.models.freesolo_cache, fsframework.ops.local_attention,
                    fsframework.ops.offset_attention):
         monkeypatch.setattr(module, "rotate", counting)
-    model = _model(name)
+    model = tiny_model(name, VOCAB)
     tokens = torch.randint(0, VOCAB, (1, 101), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), decode_cache(model) as cache:
         cache.forward(tokens[:, :100])
@@ -85,7 +72,7 @@ def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
 def test_prefill_in_chunks_costs_no_more_than_a_forward(name):
     """A prompt prefilled in chunks through the cache does no more multiply-adds than one forward
     pass over it (docs/decoding.md): chunking bounds memory without adding work."""
-    model = _model(name)
+    model = tiny_model(name, VOCAB)
     tokens = torch.randint(0, VOCAB, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         with WorkCounter() as forward:
