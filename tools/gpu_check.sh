@@ -7,9 +7,10 @@
 #   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 170 s
 #   4. tools/bench_rewired.py and tools/bench_scan.py on the GPU: the rewired and GRC kernels
 #      inside whole models (training steps; forward passes against Transformers)       <= 2 x 80 s
+#   5. tools/profile_kernels.py: each call's device time, host time and synchronizations  <= 90 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
-# summary.txt.
+# profile.txt, summary.txt.
 # Needs only torch and triton (and pytest for step 2): the repository is put on PYTHONPATH, nothing
 # is installed. Without the training stack (omegaconf, streaming, deepspeed) the tests that train
 # through `fsf` are left out and the suite's top conftest (which sets up data) is not loaded.
@@ -74,5 +75,7 @@ echo "== kernels inside models"
 step "rewired training steps" 80 rewired.txt "$PY" tools/bench_rewired.py --device cuda --d-model 1024 \
   --layers 4 --heads 16 --lengths 1024 2048 4096 8192
 step "AR-GRC scan" 80 scan.txt "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536
+echo "== where the time goes"
+step "profile" 90 profile.txt "$PY" tools/profile_kernels.py
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"

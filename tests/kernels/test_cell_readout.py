@@ -121,6 +121,24 @@ def test_the_by_cell_backward_is_deterministic(device):
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
+@needs_cuda
+@pytest.mark.parametrize("dkdv", DKDV)
+def test_the_readout_never_waits_for_the_gpu(dkdv):
+    """No device-to-host synchronization in the forward or the backward: a wait drains the queue the
+    host keeps ahead of the GPU (a bincount in `selections_by_cell` once did it in every backward)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 512, 2, 64, generator=gen).cuda().requires_grad_() for _ in range(3))
+    cells = reference_select(q.detach(), k.detach(), top_k=4, impl="reference")
+    grad = torch.randn(1, 512, 2, 64, generator=gen).cuda()
+    torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), grad)  # compiled outside
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_an_unknown_dkdv_is_refused():
     x = torch.randn(1, 32, 2, 16)
     with pytest.raises(ValueError, match="dkdv"):

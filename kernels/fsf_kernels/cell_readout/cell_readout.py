@@ -258,7 +258,8 @@ def selections_by_cell(cells: torch.Tensor, num_cells: int) -> tuple[torch.Tenso
     cells `[B, n, H, K]` (ids `< num_cells`, -1 unused) -> rows int32 `[B n H K]` (the query row of
     each selection, unused ones last) and starts int64 `[B H num_cells + 1]`: the selections of
     segment `(b H + h) num_cells + c` are `rows[starts[seg]:starts[seg + 1]]`, rows ascending (a
-    stable sort: the same order on every run). O(B n H K) memory, one sort.
+    stable sort: the same order on every run). O(B n H K) memory, one sort and one search; nothing
+    waits for the GPU.
     """
     bsz, seq, heads, top_k = cells.shape
     segments = bsz * heads * num_cells
@@ -266,11 +267,13 @@ def selections_by_cell(cells: torch.Tensor, num_cells: int) -> tuple[torch.Tenso
     ids = torch.arange(bsz, device=cells.device, dtype=key_dtype).view(bsz, 1, 1, 1) * heads
     ids = (ids + torch.arange(heads, device=cells.device, dtype=key_dtype).view(1, 1, heads, 1)) * num_cells
     seg = torch.where(cells >= 0, ids + cells.to(key_dtype), segments).reshape(-1)
-    order = torch.sort(seg, stable=True).indices
+    sorted_seg, order = torch.sort(seg, stable=True)
     # flat selection index ((b n + i) H + h) K + slot -> its query row i
     rows = torch.div(order, heads * top_k, rounding_mode="floor").remainder(seq).to(torch.int32)
-    starts = torch.zeros(segments + 1, device=cells.device, dtype=torch.int64)
-    starts[1:] = torch.bincount(seg, minlength=segments + 1)[:segments].cumsum(0)
+    # segment c starts at the number of selections sorted before it; a search of the sorted keys
+    # rather than a bincount, whose output size depends on the data and so waits for the GPU
+    bounds = torch.arange(segments + 1, device=cells.device, dtype=key_dtype)
+    starts = torch.searchsorted(sorted_seg, bounds).to(torch.int64)
     return rows.contiguous(), starts
 
 
