@@ -19,8 +19,9 @@ from tests.utils import REPO, run_fsf, run_fsf_process
     ("train.nonfinite=ignore", "train.nonfinite"),
     ("train.nonfinite_max_skips=0", "train.nonfinite_max_skips"),
     ("train.preempt_signals=[SIGKILL]", "train.preempt_signals"),
+    ("train.loss_chunk=-4096", "train.loss_chunk"),
 ], ids=["unknown-key", "negative-lr", "wrong-type", "unknown-model", "bad-zero-stage", "nonfinite", "max-skips",
-        "preempt-signal"])
+        "preempt-signal", "loss-chunk"])
 def test_bad_override_names_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         load_config(None, [override])

@@ -8,8 +8,8 @@ runs PyTorch's fused SDPA. The table reports tokens per second, the rewired mode
 step-time overhead (`time_rewired / time_plain - 1`) and peak memory.
 
 Each (kind, N) runs in a fresh subprocess. Peak memory on a CPU is the growth of the
-process's maximum RSS over its value after the model and inputs exist; on a GPU it
-is `torch.cuda.max_memory_allocated`. Time is the fastest of `--repeats` steps
+process's maximum RSS over its value once the model and inputs exist (the warm-up step
+included); on a GPU it is `torch.cuda.max_memory_allocated`. Time is the fastest of `--repeats` steps
 after one warm-up step.
 
     python tools/bench_rewired.py --lengths 1024 2048 4096 8192
@@ -56,10 +56,12 @@ def worker(kind: str, seq: int, args) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
+    # the RSS baseline before any step: a CPU's maximum RSS never comes down, so after a warm-up
+    # step it would count only what a later step takes beyond the warm-up's own peak
+    base = _max_rss_bytes()
     step()  # warm-up: compile kernels, touch the allocator
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    base = _max_rss_bytes()
     best, peak = math.inf, 0
     for _ in range(args.repeats):
         start = time.perf_counter()

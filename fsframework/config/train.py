@@ -47,6 +47,10 @@ class TrainConfig:
     # recompute every block (AR-GRC: every cell call) in the backward pass instead of keeping
     # its activations: less memory, one more forward per step
     activation_checkpointing: bool = False
+    # run the output head and the loss this many positions at a time (recomputed in the backward),
+    # so the [B, T, V] logits never exist at once: less memory, one more forward matmul of the
+    # head per step; 0 = the whole logits at once
+    loss_chunk: int = 0
 
 
 @dataclass
@@ -74,6 +78,7 @@ def check_train(cfg: Config) -> None:
     positive("train.eval_every", t.eval_every, zero_ok=True)
     positive("train.eval_batches", t.eval_batches)
     positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
+    positive("train.loss_chunk", t.loss_chunk, zero_ok=True)
     if t.early_stop_patience and not t.eval_every:
         raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
                           "(early stopping counts validation evaluations)")

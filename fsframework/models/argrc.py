@@ -21,6 +21,7 @@ from torch import nn
 from fsf_kernels.common.support import scan_unsupported
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import dropout
+from fsframework.models.losses import head_output
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.scan import down_sweep, exclusive_scan, row_tiled, up_sweep
@@ -237,9 +238,11 @@ class ARGRCLanguageModel(nn.Module):
         """tokens `[B, T]` -> final hidden states `[B, T, E]`."""
         return self.readout(self.inclusive_prefixes(self.leaves(tokens)))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, T]` -> logits `[B, T, V]`."""
-        return self.lm_head(self.hidden_states(tokens))
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_chunk: int = 0) -> torch.Tensor:
+        """tokens `[B, T]` -> logits `[B, T, V]`; given `targets` `[B, T]`, their per-token losses
+        `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`)."""
+        return head_output(self.lm_head, self.hidden_states(tokens), targets, loss_chunk)
 
     def make_decode_cache(self, chunk: Optional[int] = None) -> "ScanDecodeCache":
         """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it);

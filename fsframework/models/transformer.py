@@ -6,7 +6,7 @@ Legend: B batch, T time, D model width, V vocab.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -14,6 +14,7 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.losses import head_output
 from fsframework.models.recompute import recomputed, wants_recompute
 
 
@@ -82,6 +83,8 @@ class TransformerLM(nn.Module):
             x = recomputed(layer, x, source) if recompute else layer(x, source)
         return self.norm(x)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, T]` -> logits `[B, T, V]`."""
-        return self.lm_head(self.hidden_states(tokens))
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_chunk: int = 0) -> torch.Tensor:
+        """tokens `[B, T]` -> logits `[B, T, V]`; given `targets` `[B, T]`, their per-token losses
+        `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`)."""
+        return head_output(self.lm_head, self.hidden_states(tokens), targets, loss_chunk)

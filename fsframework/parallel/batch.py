@@ -5,7 +5,8 @@ the inputs, the targets and the recall weights to this rank's runs in one place 
 torchtitan's context parallelism shards inputs and labels together) and returns them with
 the `SPContext` of this sequence length, whose runs are the positions the rank holds. The
 model's forward takes that context as an argument; the loss is `lm_losses` on the own
-targets, the same function as on one process.
+targets, the same function as on one process (`RankBatch.scored`: the model's forward scores
+the targets itself, so the output head can run in chunks).
 
 Each rank scores only its own targets but divides by the target count (or weight sum) of
 the WHOLE sequence, so the SP group's losses add up to the single-process loss. DeepSpeed
@@ -25,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from fsframework.models.losses import Denominators, lm_losses, loss_denominators
+from fsframework.models.losses import Denominators, lm_losses, loss_denominators, weighted_losses
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.sharding import shard_runs
 
@@ -48,6 +49,13 @@ class RankBatch:
     def losses(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to optimise, plain CE) of this rank's share (`fsframework.models.losses.lm_losses`)."""
         return lm_losses(logits, self.targets, self.weights, self.denominators)
+
+    def scored(self, model, loss_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """`losses` of this rank's share, the model scoring its own targets: its forward returns the
+        per-token losses, the output head run `loss_chunk` positions at a time (0: all at once)."""
+        args = (self.inputs,) if self.sp is None else (self.inputs, self.sp)
+        ce = model(*args, targets=self.targets, loss_chunk=loss_chunk)
+        return weighted_losses(ce, self.targets, self.weights, self.denominators)
 
 
 def shard_batch(sp: Optional[SPContext], inputs: torch.Tensor, targets: torch.Tensor,

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from fsframework.models.attention import QKVAttention
+from fsframework.models.losses import head_output
 from fsframework.models.registry import attention_kind
 from fsframework.models.transformer import TransformerLM
 from fsframework.parallel.attention import RunsAttention, SequenceParallelKeys, ZigzagRunsSource
@@ -41,22 +42,26 @@ def _sequence_context(model: nn.Module, sp: Optional[SPContext]) -> SPContext:
 class SPLanguageModel:
     """TransformerLM on the own tokens: embeddings, layers, head and positions of this rank's runs only."""
 
-    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None) -> torch.Tensor:
-        """tokens of this rank's runs `[B, n]`, `sp` the context of their sequence -> their logits `[B, n, V]`."""
+    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None, targets: Optional[torch.Tensor] = None,
+                loss_chunk: int = 0) -> torch.Tensor:
+        """tokens of this rank's runs `[B, n]`, `sp` the context of their sequence -> their logits `[B, n, V]`
+        (given their `targets`, the per-token losses `[B, n]`, as the plain model's forward)."""
         sp = _sequence_context(self, sp)
         source = SequenceParallelKeys(sp) if sp.layout == "contiguous" else ZigzagRunsSource(sp)
-        return self.lm_head(self.hidden_states(tokens, source))
+        return head_output(self.lm_head, self.hidden_states(tokens, source), targets, loss_chunk)
 
 
 class SPOwnLanguageModel(SPLanguageModel):
     """A language model with a sequence-parallel form of its own (`sharded_hidden_states`,
     e.g. AR-GRC's scan, docs/argrc.md §6): the model computes, this layer communicates."""
 
-    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, sp: Optional[SPContext] = None, targets: Optional[torch.Tensor] = None,
+                loss_chunk: int = 0) -> torch.Tensor:
         from fsframework.parallel.scan import root_gatherer
 
         sp = _sequence_context(self, sp)
-        return self.lm_head(self.sharded_hidden_states(tokens, sp.slices, sp.rank, root_gatherer(sp)))
+        hidden = self.sharded_hidden_states(tokens, sp.slices, sp.rank, root_gatherer(sp))
+        return head_output(self.lm_head, hidden, targets, loss_chunk)
 
 
 _SWAPPED: dict[tuple[type, type], type] = {}

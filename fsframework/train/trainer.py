@@ -3,8 +3,9 @@
 Loop state lives in `TrainState` (checkpointed with the engine, with the batch source's
 position); one optimizer step is `train_step`, which asks the batch source
 (`fsframework.data.sources`) for `grad_accum` micro-batches and runs `forward_backward` on each:
-this rank's part of the batch (`fsframework.parallel.batch.shard_batch`), the model's logits
-and the one loss (`fsframework.models.losses.lm_losses`).
+this rank's part of the batch (`fsframework.parallel.batch.shard_batch`), the model's per-token
+losses (its output head run `train.loss_chunk` positions at a time) and the one loss reduction
+(`fsframework.models.losses`).
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ class Trainer:
         the ranks' losses average to the batch's, `fsframework.parallel.batch`) through the engine."""
         dev = self.engine.device
         mine = shard_batch(self.sp, inputs.to(dev), targets.to(dev), None if weights is None else weights.to(dev))
-        return mine.losses(mine.logits(self.engine))
+        return mine.scored(self.engine, self.cfg.train.loss_chunk)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""

@@ -101,9 +101,15 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
     lengths = record_key_lengths(model) if kind in ("fs", "fsl") else []
     with CommCounter.counting() as traffic:
-        logits = mine.logits(model)
-        loss, _ = mine.losses(logits)
+        if weighted:  # the trainer's path: the model scores its own targets, the head in ragged chunks
+            loss, _ = mine.scored(model, loss_chunk=5)
+        else:
+            logits = mine.logits(model)
+            loss, _ = mine.losses(logits)
         loss.backward()
+    if weighted:
+        with torch.no_grad():
+            logits = mine.logits(model)
     errors = []
     ctx = mine.sp
     runs = ctx.runs

@@ -14,8 +14,9 @@ from tests.parallel.probed_fsf import PROBE_ENV, probe_batch
 from tests.utils import run_fsf
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
-# SP + ZeRO-3 runs recompute their blocks in backward: their losses still equal the single process's
-SP2_ZERO3 = ["parallel.sp=2", "parallel.zero_stage=3", "train.activation_checkpointing=true"]
+# SP + ZeRO-3 runs recompute their blocks, and their output head chunk by chunk (`train.loss_chunk`), in
+# backward: their losses still equal the single process's, which keeps its whole logits
+SP2_ZERO3 = ["parallel.sp=2", "parallel.zero_stage=3", "train.activation_checkpointing=true", "train.loss_chunk=24"]
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,8 @@ def test_argrc_sp2_zero3_losses_equal_single_process(tmp_path, data_cache):
     # AR-GRC's own sequence-parallel form (ranks exchange block roots) under ZeRO-3 and torchrun: the
     # two ranks' slices ([0, 32) and [32, 63)) apply the cell different numbers of times, so ZeRO-3
     # must gather the cell's weights once per scan (a leaf module), not once per application; with
-    # activation checkpointing the recomputed cells run inside the same gathered scan
+    # activation checkpointing the recomputed cells run inside the same gathered scan; the tied head
+    # runs in chunks (SP2_ZERO3's train.loss_chunk), gathered again for each chunk's recomputation
     argrc = ["model.name=argrc", "model.argrc.d_state=24", "model.tie_embeddings=true"]
     single_run, sp_run = tmp_path / "argrc_single", tmp_path / "argrc_sp2"
     run_fsf(*train_args(single_run, data_cache, *argrc))

@@ -22,8 +22,8 @@ class LossModule(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *args):
-        return self.model(*args)
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
 
 
 def train(run_dir: Path, data_cache: str, *extra: str) -> list[float]:
