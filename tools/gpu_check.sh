@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200
-# (about 4 in practice):
+# (about 5 in practice):
 #   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 60 s
 #   2. tests/kernels on the GPU, if pytest is installed: the GPU-marked tests (bf16/fp16, large
 #      shapes) and every test that takes the `device` fixture, which is CUDA there      <= 180 s
@@ -8,9 +8,10 @@
 #   4. tools/bench_rewired.py and tools/bench_scan.py on the GPU: the rewired and GRC kernels
 #      inside whole models (training steps; forward passes against Transformers)       <= 2 x 80 s
 #   5. tools/profile_kernels.py: each call's device time, host time and synchronizations  <= 90 s
+#   6. tools/bench_loss.py on the GPU: a training step with the output head in chunks      <= 120 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
-# profile.txt, summary.txt.
+# profile.txt, loss.txt, summary.txt.
 # Needs only torch and triton (and pytest for step 2): the repository is put on PYTHONPATH, nothing
 # is installed. Without the training stack (omegaconf, streaming, deepspeed) the tests that train
 # through `fsf` are left out and the suite's top conftest (which sets up data) is not loaded.
@@ -77,5 +78,8 @@ step "rewired training steps" 80 rewired.txt "$PY" tools/bench_rewired.py --devi
 step "AR-GRC scan" 80 scan.txt "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536
 echo "== where the time goes"
 step "profile" 90 profile.txt "$PY" tools/profile_kernels.py
+echo "== the output head in chunks"
+step "loss chunks" 120 loss.txt "$PY" tools/bench_loss.py --device cuda --batch 4 --d-model 1024 --layers 4 \
+  --heads 16 --vocab 32000 128256 --lengths 4096 --chunks 0 4096 1024
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"
