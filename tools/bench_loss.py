@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import resource
 import subprocess
 import sys
-import time
 
-
-def _max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+from step_timing import time_steps
 
 
 def worker(vocab: int, seq: int, chunk: int, args) -> dict:
@@ -50,19 +45,7 @@ def worker(vocab: int, seq: int, chunk: int, args) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
-    # the RSS baseline before any step (a CPU's maximum RSS never comes down, so a warm-up step
-    # would hide the peak); on a GPU the warm-up's peak is reset
-    base = _max_rss_bytes()
-    step()  # warm-up: touch the allocator, leave the gradients allocated
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    best, peak = math.inf, 0
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
-        peak = max(peak, torch.cuda.max_memory_allocated() if cuda else _max_rss_bytes() - base)
-    return {"time_s": best, "peak_bytes": peak}
+    return time_steps(step, args.repeats, cuda)
 
 
 def _run(vocab: int, seq: int, chunk: int, argv: list[str]) -> dict:

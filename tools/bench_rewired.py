@@ -20,17 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import resource
 import subprocess
 import sys
-import time
+
+from step_timing import time_steps
 
 KINDS = ("tfpp", "rewired")
-
-
-def _max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def worker(kind: str, seq: int, args) -> dict:
@@ -56,19 +51,7 @@ def worker(kind: str, seq: int, args) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
-    # the RSS baseline before any step: a CPU's maximum RSS never comes down, so after a warm-up
-    # step it would count only what a later step takes beyond the warm-up's own peak
-    base = _max_rss_bytes()
-    step()  # warm-up: compile kernels, touch the allocator
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    best, peak = math.inf, 0
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - start)
-        peak = max(peak, torch.cuda.max_memory_allocated() if cuda else _max_rss_bytes() - base)
-    return {"time_s": best, "peak_bytes": peak}
+    return time_steps(step, args.repeats, cuda)
 
 
 def _run(kind: str, seq: int, argv: list[str]) -> dict:
