@@ -7,7 +7,7 @@
 #   3. tools/bench_kernels.py: its own correctness pass, then timings per size               <= 170 s
 #   4. tools/bench_rewired.py and tools/bench_scan.py on the GPU: the rewired and GRC kernels
 #      inside whole models (training steps; forward passes against Transformers)       <= 2 x 80 s
-#   5. tools/profile_kernels.py: each call's device time, host time and synchronizations  <= 90 s
+#   5. tools/profile_kernels.py: device time, host time and syncs of each call and step   <= 150 s
 #   6. tools/bench_loss.py on the GPU: a training step with the output head in chunks      <= 120 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
@@ -77,7 +77,7 @@ step "rewired training steps" 80 rewired.txt "$PY" tools/bench_rewired.py --devi
   --layers 4 --heads 16 --lengths 1024 2048 4096 8192
 step "AR-GRC scan" 80 scan.txt "$PY" tools/bench_scan.py --impl triton --device cuda --lengths 1024 4096 16384 65536
 echo "== where the time goes"
-step "profile" 90 profile.txt "$PY" tools/profile_kernels.py
+step "profile" 150 profile.txt "$PY" tools/profile_kernels.py
 echo "== the output head in chunks"
 step "loss chunks" 120 loss.txt "$PY" tools/bench_loss.py --device cuda --batch 4 --d-model 1024 --layers 4 \
   --heads 16 --vocab 32000 128256 --lengths 4096 --chunks 0 4096 1024

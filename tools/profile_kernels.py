@@ -13,9 +13,12 @@ same shapes as bench_kernels) at each size it prints
 
 then each call's kernels by device time. Calls: sliding-window attention (swa), the
 selected-cell readout with dk/dv by cell and atomic, FS and FS-L routing, forward and
-forward+backward, and rewired attention against flash SDPA (`--rewired`).
+forward+backward, rewired attention against flash SDPA (`--rewired`), and whole training steps of
+a Transformer++, FS and FS-L model at batch 1 and 4 (`--models`, `--batches`): at which batch a
+step stops being bound by the host.
 
 Usage: python tools/profile_kernels.py [--sizes 4096,16384] [--top 8] [--rewired 4096,8192,16384]
+       [--models tfpp,fs,fsl] [--batches 1,4]
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ def parse_args():
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--top", type=int, default=8, help="kernels listed per call")
     p.add_argument("--rewired", default="4096,8192,16384", help="sizes for rewired vs SDPA ('' to skip)")
+    p.add_argument("--models", default="tfpp,fs,fsl", help="whole training steps of these kinds ('' to skip)")
+    p.add_argument("--batches", default="1,4")
+    p.add_argument("--model-len", type=int, default=4096)
+    p.add_argument("--d-model", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
     return p.parse_args()
 
 
@@ -157,6 +166,31 @@ def rewired_calls(n: int, args) -> dict:
             "rewired fwd+bwd": lambda: torch.autograd.grad(rewired(), (q, k, v, r, u), g)}
 
 
+def model_steps(args, device: str = "cuda") -> dict:
+    """One training step (forward, the per-token losses, backward) per `--models` kind and
+    `--batches` size at `--model-len` tokens, bf16 on a GPU: is a whole step bound by the host?"""
+    from fsframework.config import AttentionConfig, ModelConfig
+    from fsframework.models.registry import build_model
+    from fsframework.parallel.batch import RankBatch
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    calls = {}
+    for name in (m for m in args.models.split(",") if m):
+        cfg = ModelConfig(name=name, vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
+                          n_heads=args.heads, attention=AttentionConfig(impl="auto"))
+        model = build_model(cfg).to(device, dtype)
+        for batch in (int(b) for b in args.batches.split(",") if b):
+            tokens = torch.randint(0, args.vocab, (batch, args.model_len + 1), device=device)
+            mine = RankBatch(tokens[:, :-1], tokens[:, 1:])
+
+            def step(model=model, mine=mine):
+                model.zero_grad(set_to_none=True)
+                mine.scored(model)[0].backward()
+
+            calls[f"{name} B{batch} step"] = step
+    return calls
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -173,6 +207,12 @@ def main() -> int:
     for n in (int(s) for s in args.rewired.split(",") if s):
         print(f"\nrewired vs flash SDPA, N = {n}", flush=True)
         for label, fn in rewired_calls(n, args).items():
+            profile_call(label, fn, args.top)
+        torch.cuda.empty_cache()
+    if args.models:
+        print(f"\ntraining steps, d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
+              f"N = {args.model_len}, vocabulary {args.vocab}, bf16", flush=True)
+        for label, fn in model_steps(args).items():
             profile_call(label, fn, args.top)
         torch.cuda.empty_cache()
     print(f"\ntotal {time.time() - t0:.0f}s")
