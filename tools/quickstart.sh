@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
 .venv/bin/fsf run yamls/quickstart.yaml "$@"
-exec .venv/bin/fsf run yamls/mqar-cpu.yaml run_dir=runs/quickstart-mqar train.max_steps="${FSF_MQAR_STEPS:-1200}" \
+exec .venv/bin/fsf run yamls/mqar-cpu.yaml run_dir=runs/quickstart-mqar train.max_steps="${FSF_MQAR_STEPS:-2400}" \
     "eval.lengths=[128,256,512]"
