@@ -5,8 +5,9 @@ One training step = forward, the per-token losses the model returns given its ta
 `--d-model` x `--layers` at batch `--batch`. Each (vocabulary, length, loss_chunk) runs in a fresh
 subprocess; peak memory on a CPU is the growth of the process's maximum RSS over its value once
 the model and inputs exist (the warm-up step included, gradients too), on a GPU
-`torch.cuda.max_memory_allocated` (bf16 there, fp32 on a CPU). Time is the fastest of `--repeats` steps after a warm-up step. Chunk 0 is the whole
-`[B, T, V]` logits at once; the table gives each chunk's step time and memory beside it.
+`torch.cuda.max_memory_allocated` (bf16 there, fp32 on a CPU). Time is the fastest of
+`--repeats` steps after a warm-up step. Chunk 0 is the whole `[B, T, V]` logits at once; the
+table gives each chunk's step time and memory beside it.
 
     python tools/bench_loss.py --vocab 32000 128256 --lengths 4096 --chunks 0 2048 512
     python tools/bench_loss.py --device cuda --batch 8 --d-model 1024 --layers 4
@@ -16,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
-from step_timing import time_steps
+from step_timing import in_fresh_process, time_steps
 
 
 def worker(vocab: int, seq: int, chunk: int, args) -> dict:
@@ -42,18 +41,8 @@ def worker(vocab: int, seq: int, chunk: int, args) -> dict:
         model.zero_grad(set_to_none=True)
         loss, _ = batch.scored(model, chunk)
         loss.backward()
-        if cuda:
-            torch.cuda.synchronize()
 
     return time_steps(step, args.repeats, cuda)
-
-
-def _run(vocab: int, seq: int, chunk: int, argv: list[str]) -> dict:
-    done = subprocess.run([sys.executable, __file__, *argv, "--worker", str(vocab), str(seq), str(chunk)],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"vocabulary {vocab}, N={seq}, loss_chunk {chunk} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -74,7 +63,6 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(*args.worker, args)))
         return
-    argv = [a for a in sys.argv[1:]]
     print(f"training step, Transformer++ d_model {args.d_model}, {args.layers} layers, batch {args.batch}, "
           f"{args.device} ({'bf16' if args.device == 'cuda' else 'fp32'}, {args.threads} thread(s))", flush=True)
     print("| vocabulary | N | loss_chunk | step s | x whole | peak MiB | x whole |")
@@ -84,7 +72,8 @@ def main() -> None:
         for n in args.lengths:
             whole = None
             for chunk in args.chunks:
-                r = _run(vocab, n, chunk, argv)
+                r = in_fresh_process(__file__, [str(vocab), str(n), str(chunk)],
+                                     f"vocabulary {vocab}, N={n}, loss_chunk {chunk}")
                 whole = whole or r
                 rows.append({"vocab": vocab, "n": n, "loss_chunk": chunk, **r})
                 print(f"| {vocab:,} | {n} | {chunk or 'whole'} | {r['time_s']:.3f} | "

@@ -9,8 +9,8 @@ step-time overhead (`time_rewired / time_plain - 1`) and peak memory.
 
 Each (kind, N) runs in a fresh subprocess. Peak memory on a CPU is the growth of the
 process's maximum RSS over its value once the model and inputs exist (the warm-up step
-included); on a GPU it is `torch.cuda.max_memory_allocated`. Time is the fastest of `--repeats` steps
-after one warm-up step.
+included); on a GPU it is `torch.cuda.max_memory_allocated`. Time is the fastest of
+`--repeats` steps after one warm-up step.
 
     python tools/bench_rewired.py --lengths 1024 2048 4096 8192
     python tools/bench_rewired.py --device cuda --d-model 1024 --layers 4 --heads 16
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
-from step_timing import time_steps
+from step_timing import in_fresh_process, time_steps
 
 KINDS = ("tfpp", "rewired")
 
@@ -48,18 +46,8 @@ def worker(kind: str, seq: int, args) -> dict:
         model.zero_grad(set_to_none=True)
         loss, _ = lm_losses(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
-        if cuda:
-            torch.cuda.synchronize()
 
     return time_steps(step, args.repeats, cuda)
-
-
-def _run(kind: str, seq: int, argv: list[str]) -> dict:
-    done = subprocess.run([sys.executable, __file__, *argv, "--worker", kind, str(seq)], capture_output=True,
-                          text=True)
-    if done.returncode:
-        raise RuntimeError(f"{kind} at N={seq} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -78,11 +66,11 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args)))
         return
-    argv = [a for a in sys.argv[1:]]
     print(f"training step, batch 1, d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
           f"{args.device} ({'bf16, Triton kernel' if args.device == 'cuda' else 'fp32, reference'}, "
           f"{args.threads} thread(s)), runway {args.runway}", flush=True)
-    results = {(kind, n): _run(kind, n, argv) for n in sorted(args.lengths) for kind in KINDS}
+    results = {(kind, n): in_fresh_process(__file__, [kind, str(n)], f"{kind} at N={n}")
+               for n in sorted(args.lengths) for kind in KINDS}
     print("| N | plain tok/s | rewired tok/s | step-time overhead | plain peak MiB | rewired peak MiB |")
     print("|---|---|---|---|---|---|")
     for n in sorted(args.lengths):
