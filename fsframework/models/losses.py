@@ -96,4 +96,4 @@ def head_output(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tens
 
 
 def _chunk_losses(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(hidden).float(), targets, ignore_index=-100, reduction="none")
+    return token_losses(head(hidden), targets)
