@@ -19,6 +19,9 @@ CPU_CASES = [
     ("fsl", 1, 1000, 1, 128, 8, 24, 4, 6, 2, F32),
     ("fsl", 1, 130, 1, 32, 4, 12, 5, 0, 3, F32),
     ("fsl", 1, 130, 1, 32, 4, 12, 5, 7, 0, F32),
+    # several 64-cell tiles per query: far tiles take the kernel's erf-free prior, near ones do not
+    ("fs", 1, 400, 2, 16, 2, 16, 4, 64, 8, F32),
+    ("fsl", 1, 400, 2, 16, 2, 16, 4, 70, 4, F32),
     ("fs", 1, 200, 1, 48, 8, 32, 4, 64, 8, BF16),
     ("fsl", 1, 200, 1, 32, 8, 32, 4, 4, 2, F16),
 ]

@@ -95,7 +95,16 @@ def _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S:
     b_a = tl.load(a_bh + idx, mask=valid, other=0.0)
     content = tl.dot(b_q, tl.trans(b_kbar), input_precision=PREC) * scale
     center = (idx.to(tl.float32) + 0.5) * S
-    prior = (lam_h * b_a)[None, :] * tl.math.erf((pos[:, None] - center[None, :]) / two_sigma)
+    weight = (lam_h * b_a)[None, :]
+    # every query of the tile at least 5 widths (2 sigma) from every cell: erf is exactly 1 in fp32
+    # there (from 4 on: 1 - erf(4) = 1.5e-8 is below half an ulp of 1; 5 leaves a margin for
+    # libdevice's and torch's erf alike), so the prior is lam a and erf, most of a tile's arithmetic,
+    # is skipped. Far into a long prefix almost every tile is such a tile (sigma 4: 40 tokens).
+    nearest = tl.min(pos, 0) - tl.max(tl.where(valid, center, float("-inf")), 0)
+    if nearest >= 5.0 * two_sigma:
+        prior = weight + tl.zeros_like(content)
+    else:
+        prior = weight * tl.math.erf((pos[:, None] - center[None, :]) / two_sigma)
     return tl.where(valid[None, :], content + prior, float("-inf"))
 
 
@@ -195,16 +204,19 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
     out = torch.empty((bsz, seq, heads, top_k), device=q.device, dtype=torch.long)
     if seq == 0:
         return out
-    bm = max(16, min(64, next_pow2(block_size)))
-    tiles = triton.cdiv(block_size, bm)
+    meta = scorer_meta(q.dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
+                       pp=kept.shape[-1], arch=device_target(q.device))
+    tiles = triton.cdiv(block_size, meta["BM"])
     select_cells_fwd_kernel[(triton.cdiv(seq, block_size) * tiles, bsz * heads)](
         q, kbar, a, kept, sigma_h, lam_h, out,
         q.stride(0), q.stride(1), q.stride(2),
         seq, q_start // block_size, heads, kbar.shape[2], kept.shape[1], tiles, recent_cells, 1.0 / math.sqrt(dim),
-        **scorer_meta(q.dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                      pp=kept.shape[-1], arch=device_target(q.device)),
+        **meta,
     )
     return out
+
+
+SCORER_ROWS = 64  # most query rows a scorer program scores together (a block's rows share their cells)
 
 
 def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, block_size: int, top_k: int,
@@ -213,7 +225,7 @@ def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, b
     cells = routing_cell_tile(dim, arch)
     return dict(
         BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
-        BM=max(16, min(64, next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
+        BM=max(16, min(SCORER_ROWS, next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
         FSL=variant == "fsl",
         # routing math is fp32; half inputs accept tf32 products for speed
         **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),

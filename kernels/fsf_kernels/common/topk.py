@@ -22,14 +22,25 @@ def topk_init(BM: tl.constexpr, KP: tl.constexpr, K: tl.constexpr):
 
 @triton.jit
 def topk_merge(run_v, run_i, s, idx, K: tl.constexpr, KP: tl.constexpr):
-    """Merge score tile s `[BM, BC]` (-inf = unavailable) with cell ids idx into the running set."""
+    """Merge score tile s `[BM, BC]` (-inf = unavailable) with cell ids idx into the running set.
+
+    Each round moves every row's best remaining entry in if it beats the row's weakest kept one.
+    Rounds stop as soon as no row took an entry, or no row has an entry that could beat its
+    weakest: an entry that cannot enter now never can, since a row's best remaining only falls
+    and its weakest kept only rises. Far into a long prefix most tiles hold nothing that enters,
+    so most tiles cost one pass over s instead of K rounds of five (the scorer's time at 64k+
+    went mostly to these rounds). At most K rounds: at most K entries of a tile can enter.
+    """
     cols = tl.arange(0, KP)[None, :]
-    # at most K entries of a tile can enter the top-K. A loop, not unrolled: unrolling K rounds of
-    # reductions made the scorer's compile time grow with K (about 100 s at K = 16 on sm_80)
-    for _ in range(K):
-        best_v = tl.max(s, 1)
+    best_v = tl.max(s, 1)
+    worst_v = tl.min(run_v, 1)
+    # a row may take an entry only if its best is at least its weakest (ties are settled by id below)
+    go = tl.max(((best_v >= worst_v) & (best_v > float("-inf"))).to(tl.int32), 0)
+    rounds = 0
+    # a loop, not unrolled: unrolling K rounds of reductions made the scorer's compile time grow
+    # with K (about 100 s at K = 16 on sm_80)
+    while go > 0:
         best_i = tl.min(tl.where(s == best_v[:, None], idx, BIG), 1)
-        worst_v = tl.min(run_v, 1)
         worst_i = tl.max(tl.where(run_v == worst_v[:, None], run_i, -1), 1)
         take = (best_v > float("-inf")) & ((best_v > worst_v) | ((best_v == worst_v) & (best_i < worst_i)))
         # empty slots tie with each other: replace only the first of them
@@ -39,6 +50,12 @@ def topk_merge(run_v, run_i, s, idx, K: tl.constexpr, KP: tl.constexpr):
         run_v = tl.where(put, best_v[:, None], run_v)
         run_i = tl.where(put, best_i[:, None], run_i)
         s = tl.where(take[:, None] & (idx == best_i[:, None]), float("-inf"), s)
+        rounds += 1
+        took = tl.max(take.to(tl.int32), 0)
+        best_v = tl.max(s, 1)
+        worst_v = tl.min(run_v, 1)
+        could = tl.max(((best_v >= worst_v) & (best_v > float("-inf"))).to(tl.int32), 0)
+        go = took * could * (rounds < K).to(tl.int32)
     return run_v, run_i
 
 
