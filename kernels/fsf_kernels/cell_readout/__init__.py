@@ -8,7 +8,8 @@ from fsf_kernels.cell_readout.cell_readout import (
     cell_readout_fwd,
     selections_by_cell,
     unique_cells,
+    unique_cells_reference,
 )
 
 __all__ = ["DKDV", "CellReadoutFunction", "cell_readout", "cell_readout_bwd", "cell_readout_fwd", "selections_by_cell",
-           "unique_cells"]
+           "unique_cells", "unique_cells_reference"]

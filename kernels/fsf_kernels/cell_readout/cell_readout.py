@@ -1,7 +1,8 @@
 """FreeSolo selected-cell readout (docs/freesolo.md §1.6, Eq. 9) in Triton, forward and backward.
 
 Work is grouped by cell: a program owns a tile of BM queries of one head and
-walks the sorted, de-duplicated list of cells that any of them selected. Each
+walks the sorted, de-duplicated list of cells that any of them selected
+(`unique_cells`, one launch of `unique_cells_kernel` for all the lists). Each
 cell's K/V tile is loaded once and serves every query of the tile that chose
 it (rows that did not are masked), with an online softmax in registers.
 
@@ -15,7 +16,8 @@ dk/dv atomically into fp32 buffers instead (docs/kernels.md has both timed).
 RMSNorm is fused into the forward epilogue and its backward into a row pre-pass.
 
 Legend: B batch, N tokens, H heads, D head dim, S cell size, K cells per
-query, NT = ceil(N / BM) query tiles, U = BM * K list slots per tile.
+query, NT = ceil(N / BM) query tiles, U = BM * K list slots per tile
+(UP = U rounded up to a power of two).
 Row statistics (lse in base 2, rstd, delta) are fp32 `[B, H, N]`.
 """
 
@@ -36,6 +38,7 @@ from fsf_kernels.common.utils import dot_args, next_pow2
 _LOG2E = 1.4426950408889634
 _BM = 16
 _NONE = 2147483647  # sorts after every cell id
+_NONE_JIT = tl.constexpr(_NONE)  # the same, for the kernels (a plain global is refused inside @triton.jit)
 DKDV = ("by_cell", "atomic")
 
 
@@ -232,8 +235,89 @@ def cell_readout_bwd_dkdv_kernel(
     tl.store(dv + kv_off, b_dv.to(dv.dtype.element_ty), mask=kv_mask)
 
 
+@triton.jit
+def _tile_slots(cells, o_u, pid_t, b, h, s_b, s_n, s_h, s_k, n, K: tl.constexpr, BM: tl.constexpr):
+    """The ids in slots `o_u` (slot = row * K + k) of query tile pid_t, in cells' dtype (int64 or
+    int32); unused ones (-1, rows past n, slots past BM K) read as _NONE."""
+    row = pid_t * BM + o_u // K
+    m_u = (o_u < BM * K) & (row < n)
+    # cells may be any view (strides); B N H K can pass 2^31, so the offsets are int64
+    off = b * s_b + row.to(tl.int64) * s_n + h * s_h + (o_u % K).to(tl.int64) * s_k
+    c = tl.load(cells + off, mask=m_u, other=-1)
+    return tl.where(c < 0, _NONE_JIT, c)
+
+
+@triton.jit
+def unique_cells_kernel(
+    cells, ucells, ucount, s_b, s_n, s_h, s_k, n, H, NT,
+    K: tl.constexpr, BM: tl.constexpr, UP: tl.constexpr, BJ: tl.constexpr,
+):
+    """The list of one query tile of one head (`unique_cells`): its distinct cells ascending, then
+    `_NONE`, and their count. Every slot is compared with every other in registers, no sort: a slot
+    is first if no earlier slot holds its id, and a first slot's place in the list is the number of
+    first slots with a smaller id. The comparisons run BJ slots at a time, `[UP, BJ]` tiles (one
+    `[UP, UP]` tile up to UP = 64), so that registers do not grow as UP^2 (`_unique_meta`)."""
+    pid_t, pid_bh = tl.program_id(0), tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    U: tl.constexpr = BM * K
+    o_u = tl.arange(0, UP)
+    # ids stay in cells' dtype until stored: an int64 id compares as the reference's int64 sort does
+    c = _tile_slots(cells, o_u, pid_t, b, h, s_b, s_n, s_h, s_k, n, K, BM)
+    seen = tl.zeros([UP], tl.int32)  # earlier slots that hold the same id
+    pos = tl.zeros([UP], tl.int32)  # first slots that hold a smaller id
+    for j0 in range(0, UP, BJ):
+        # a register tensor cannot be sliced: the BJ slots compared with all are read again (L1-hot)
+        o_j = j0 + tl.arange(0, BJ)
+        c_j = _tile_slots(cells, o_j, pid_t, b, h, s_b, s_n, s_h, s_k, n, K, BM)
+        same = c[:, None] == c_j[None, :]  # [UP, BJ]
+        seen += tl.sum((same & (o_j[None, :] < o_u[:, None])).to(tl.int32), 1)
+        first_j = (c_j != _NONE_JIT) & (tl.sum((same & (o_u[:, None] < o_j[None, :])).to(tl.int32), 0) == 0)
+        pos += tl.sum(((c_j[None, :] < c[:, None]) & first_j[None, :]).to(tl.int32), 1)
+    first = (c != _NONE_JIT) & (seen == 0)
+    count = tl.sum(first.to(tl.int32), 0)
+    # the reference sorts _NONE before ids above it (int64 ids >= 2^31 - 1, never a real cell): its
+    # U - count pads then sit between the ids below _NONE and those above, and so do ours
+    below = tl.sum((first & (c < _NONE_JIT)).to(tl.int32), 0)
+    pos = tl.where(c > _NONE_JIT, pos + (U - count), pos)
+    lst = (b * H + h) * NT + pid_t
+    out = ucells + lst * U
+    tl.store(out + pos, c.to(tl.int32), mask=first)
+    tl.store(out + o_u, tl.full([UP], _NONE_JIT, tl.int32), mask=(o_u >= below) & (o_u < below + U - count))
+    tl.store(ucount + lst, count)
+
+
+def _unique_meta(top_k: int, block_m: int) -> tuple[dict, int]:
+    """`unique_cells_kernel`'s constexprs and warps (shared with the compile check, `launches`):
+    comparison tiles of at most 32 pairs a thread, which ptxas fits in registers without spilling
+    for int64 ids up to K = MAX_TOP_K (one `[64, 64]` tile at K = 4, `[1024, 8]` tiles at K = 64)."""
+    up = next_pow2(block_m * top_k)
+    warps = 4 if up <= 128 else 8
+    return dict(K=top_k, BM=block_m, UP=up, BJ=min(up, 32 * 32 * warps // up)), warps
+
+
 def unique_cells(cells: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per (batch, head, query tile): the sorted distinct cells its queries chose.
+    """Per (batch, head, query tile): the sorted distinct cells its queries chose, in one launch
+    (`unique_cells_kernel`); bit-identical to `unique_cells_reference`.
+
+    cells `[B, N, H, K]` (int64 or int32, any strides) -> ucells int32 `[B, H, NT, BM*K]` (ids
+    first, then padding) and ucount int32 `[B, H, NT]`. O(N K) memory, no sort, no wait for the GPU.
+    """
+    bsz, seq, heads, top_k = cells.shape
+    num_tiles = triton.cdiv(seq, block_m)
+    ucells = torch.empty((bsz, heads, num_tiles, block_m * top_k), device=cells.device, dtype=torch.int32)
+    ucount = torch.empty((bsz, heads, num_tiles), device=cells.device, dtype=torch.int32)
+    if not ucells.numel():  # no tile, or K = 0: every list is empty
+        return ucells, ucount.zero_()
+    meta, warps = _unique_meta(top_k, block_m)
+    unique_cells_kernel[(num_tiles, bsz * heads)](
+        cells, ucells, ucount, *cells.stride(), seq, heads, num_tiles, **meta, num_warps=warps,
+    )
+    return ucells, ucount
+
+
+def unique_cells_reference(cells: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`unique_cells` in plain PyTorch (two sorts), the reference the kernel is tested against.
 
     cells `[B, N, H, K]` -> ucells int32 `[B, H, NT, BM*K]` (ids first, then
     padding) and ucount int32 `[B, H, NT]`. O(N K) memory, two sorts.
@@ -383,7 +467,9 @@ def launches(dtype: torch.dtype, dim: int, cell_size: int, top_k: int, arch: int
     meta, prec_dy = _meta(dtype, dim, cell_size, top_k, gpu=True)
     stages = readout_stages(dtype, dim, cell_size, arch)
     p, f32, i32 = ptr(dtype), "*fp32", "*i32"
-    out = []
+    unique_meta, unique_warps = _unique_meta(top_k, _BM)
+    out = [launch("readout unique cells", unique_cells_kernel, dict(cells="*i64", ucells=i32, ucount=i32),
+                  unique_meta, num_warps=unique_warps)]
     for has_g in (False, True):
         out.append(launch(f"readout fwd{' gain' if has_g else ''}", cell_readout_fwd_kernel,
                           dict(q=p, k=p, v=p, cells="*i64", ucells=i32, ucount=i32, g=p, out=p, y=f32, lse=f32,
