@@ -216,7 +216,12 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
     return out
 
 
-SCORER_ROWS = 64  # most query rows a scorer program scores together (a block's rows share their cells)
+def scorer_rows(block_dim: int) -> int:
+    """Most query rows a scorer program scores together (a block's rows share their cells): 128 at
+    d <= 64, where the larger tile reads each cell summary for twice the rows (FS routing 28.1 against
+    32.6 ms at 256k on an H200, docs/kernels.md), 64 beyond, where a 128-row fp32 query tile would not
+    fit in registers."""
+    return 128 if block_dim <= 64 else 64
 
 
 def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, block_size: int, top_k: int,
@@ -225,7 +230,7 @@ def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, b
     cells = routing_cell_tile(dim, arch)
     return dict(
         BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
-        BM=max(16, min(SCORER_ROWS, next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
+        BM=max(16, min(scorer_rows(max(16, next_pow2(dim))), next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
         FSL=variant == "fsl",
         # routing math is fp32; half inputs accept tf32 products for speed
         **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),
