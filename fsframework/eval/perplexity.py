@@ -25,27 +25,23 @@ def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
     return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
 
 
-# output-head positions per step: a step's logits are [B, LOGIT_CHUNK, V] at any evaluation length
+# output-head positions per row and step: a step's logits are [B LOGIT_CHUNK, V] at any evaluation length
 LOGIT_CHUNK = 4096
 
 
 def sequence_nll(model, inputs: torch.Tensor, targets: torch.Tensor, chunk: int = LOGIT_CHUNK) -> float:
     """Summed next-token cross-entropy of `targets` `[B, T]` given `inputs` `[B, T]`.
 
-    For models exposing `hidden_states` and `lm_head` (TransformerLM, AR-GRC) the output head
-    runs `chunk` positions at a time, so memory holds `[B, chunk, V]` logits instead of
-    `[B, T, V]`: at 256k tokens and a 32k vocabulary those would be 34 GB in fp32, more than
-    the model's own activations.
+    The framework's models score their targets themselves (`forward(tokens, targets=...,
+    loss_chunk=...)`, `fsframework.models.losses.head_output`, the training loss's own path), the
+    output head run on `chunk` positions of every row at a time, so memory holds `[B chunk, V]`
+    logits instead of `[B, T, V]`: at 256k tokens and a 32k vocabulary those would be 34 GB in
+    fp32, more than the model's own activations. Any other model is scored from its logits.
     """
     if not (hasattr(model, "hidden_states") and hasattr(model, "lm_head")):
         logits = model(inputs).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
-    hidden = model.hidden_states(inputs)
-    total = 0.0
-    for at in range(0, hidden.shape[1], chunk):
-        logits = model.lm_head(hidden[:, at:at + chunk]).float()
-        total += F.cross_entropy(logits.flatten(0, 1), targets[:, at:at + chunk].flatten(), reduction="sum").item()
-    return total
+    return model(inputs, targets=targets, loss_chunk=chunk * inputs.shape[0]).double().sum().item()
 
 
 @torch.inference_mode()
