@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fsf_kernels.common.rope_tables import rope_cos_sin
+from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rows
 
 __all__ = ["apply_rope", "rope_cos_sin", "rotate"]
 
@@ -22,7 +22,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def rotate(x: torch.Tensor, theta: float = 10000.0, start: int = 0) -> torch.Tensor:
-    """Apply RoPE to `x` `[B, T, H, D]` at absolute positions `start .. start+T-1`."""
-    pos = torch.arange(start, start + x.shape[1], device=x.device)
-    cos, sin = rope_cos_sin(pos, x.shape[-1], theta, torch.promote_types(x.dtype, torch.float32))
+    """Apply RoPE to `x` `[B, T, H, D]` at absolute positions `start .. start+T-1` (the tables' rows
+    from the cache of `fsf_kernels.common.rope_tables.rope_rows`)."""
+    cos, sin = rope_rows(start, x.shape[1], x.shape[-1], theta, torch.promote_types(x.dtype, torch.float32), x.device)
     return apply_rope(x, cos, sin)

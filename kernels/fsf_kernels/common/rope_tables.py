@@ -2,6 +2,14 @@
 
 Torch only (no Triton import). Angles are computed in fp64 and rounded to the
 requested dtype, so long positions keep their accuracy.
+
+`rope_rows` serves the rows of consecutive positions from one table per (head dim, base,
+dtype, device), grown by doubling when a call reaches past its end, instead of building
+the rows again on every call: building them is ten small ops (two aranges, the
+frequencies, the fp64 angles, cos, sin, two casts), which a decoded token paid in every
+layer and a training step in every attention call (at batch 1 on a GPU, a step's time is
+the host's time to issue its ops). A row depends only on its position, so the served rows
+equal freshly built ones bit for bit.
 """
 
 from __future__ import annotations
@@ -20,8 +28,36 @@ def rope_cos_sin(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+# (dim, theta, dtype, device) -> (cos, sin) `[capacity, dim/2]` for positions 0 .. capacity-1
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_FIRST_CAPACITY = 4096
+
+
+def rope_rows(start: int, length: int, dim: int, theta: float, dtype: torch.dtype,
+              device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin `[length, dim/2]` for positions `start .. start+length-1`: contiguous views of the
+    cached table (read-only: callers must not write into them), equal to `rope_cos_sin`'s rows."""
+    if length < 0:
+        raise ValueError(f"RoPE rows need length >= 0, got {length}")
+    device = torch.device(device)
+    if start < 0:  # positions before 0 are no table's rows: built as asked
+        return rope_cos_sin(torch.arange(start, start + length, device=device), dim, theta, dtype)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (dim, float(theta), dtype, device)
+    end = start + length
+    table = _TABLES.get(key)
+    if table is None or table[0].shape[0] < end:
+        capacity = max(end, _FIRST_CAPACITY, 2 * table[0].shape[0] if table is not None else 0)
+        # built outside inference mode: a table first asked for by an evaluation or a decode must
+        # still be savable for a later training step's backward
+        with torch.inference_mode(False), torch.no_grad():
+            table = rope_cos_sin(torch.arange(capacity, device=device), dim, theta, dtype)
+        _TABLES[key] = table
+    cos, sin = table
+    return cos[start:end], sin[start:end]
+
+
 def rope_tables(seq: int, dim: int, theta: float, start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous fp32 cos/sin tables `[T, D/2]` for positions start .. start+T-1."""
-    pos = torch.arange(start, start + seq, device=device)
-    cos, sin = rope_cos_sin(pos, dim, theta, torch.float32)
-    return cos.contiguous(), sin.contiguous()
+    return rope_rows(start, seq, dim, theta, torch.float32, device)
