@@ -36,6 +36,17 @@ def test_freesolo_relations_are_checked():
         load_config(None, ["model.d_model=100", "model.n_heads=3"])
 
 
+@pytest.mark.parametrize("overrides, fragment", [
+    (["model.name=argrc"], "model.name=argrc has none"),
+    (["parallel.sp=2"], "parallel.sp=2"),
+    (["parallel.zero_stage=3"], "parallel.zero_stage=3"),
+], ids=["argrc", "sequence-parallel", "zero-3"])
+def test_what_compile_does_not_cover_is_refused(overrides, fragment):
+    load_config(None, overrides)  # each is a valid job without train.compile
+    with pytest.raises(ConfigError, match=r"train\.compile=true .*" + re.escape(fragment)):
+        load_config(None, ["train.compile=true", *overrides])
+
+
 def test_unknown_key_in_yaml_file(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("model:\n  name: tfpp\n  layers: 3\n")

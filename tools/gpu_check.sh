@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200
-# (about 5 in practice):
+# (about 6 in practice):
 #   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 60 s
 #   2. tests/kernels on the GPU, if pytest is installed: the GPU-marked tests (bf16/fp16, large
 #      shapes) and every test that takes the `device` fixture, which is CUDA there      <= 180 s
@@ -9,9 +9,10 @@
 #      inside whole models (training steps; forward passes against Transformers)       <= 2 x 80 s
 #   5. tools/profile_kernels.py: device time, host time and syncs of each call and step   <= 150 s
 #   6. tools/bench_loss.py on the GPU: a training step with the output head in chunks      <= 120 s
+#   7. tools/bench_compile.py on the GPU: a training step with compiled blocks vs eager     <= 150 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
-# profile.txt, loss.txt, summary.txt.
+# profile.txt, loss.txt, compile.txt, summary.txt.
 # Needs only torch and triton (and pytest for step 2): the repository is put on PYTHONPATH, nothing
 # is installed. Without the training stack (omegaconf, streaming, deepspeed) the tests that train
 # through `fsf` are left out and the suite's top conftest (which sets up data) is not loaded.
@@ -81,5 +82,8 @@ step "profile" 150 profile.txt "$PY" tools/profile_kernels.py
 echo "== the output head in chunks"
 step "loss chunks" 120 loss.txt "$PY" tools/bench_loss.py --device cuda --batch 4 --d-model 1024 --layers 4 \
   --heads 16 --vocab 32000 128256 --lengths 4096 --chunks 0 4096 1024
+echo "== compiled blocks"
+step "compiled blocks" 150 compile.txt "$PY" tools/bench_compile.py --device cuda --kinds tfpp fsl --d-model 1024 \
+  --layers 4 --heads 16 --vocab 32000 --length 4096 --repeats 5
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"

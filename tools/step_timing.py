@@ -28,7 +28,8 @@ def max_rss_bytes() -> int:
 
 
 def time_steps(step: Callable[[], None], repeats: int, cuda: bool) -> dict:
-    """{"time_s": the fastest of `repeats` calls of `step` after one warm-up call, "peak_bytes"}.
+    """{"time_s": the fastest of `repeats` calls of `step` after one warm-up call, "peak_bytes",
+    "first_s": the warm-up call's time (kernels or graphs compiled in it included)}.
 
     Peak memory on a GPU is `torch.cuda.max_memory_allocated` after the warm-up's peak is reset
     (what the warm-up left allocated, such as gradients, counts); on a CPU it is the growth of the
@@ -46,7 +47,9 @@ def time_steps(step: Callable[[], None], repeats: int, cuda: bool) -> dict:
             torch.cuda.synchronize()
 
     base = max_rss_bytes()
+    start = time.perf_counter()
     finished_step()  # warm-up: compile kernels, touch the allocator
+    first = time.perf_counter() - start
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     best, peak = math.inf, 0
@@ -55,4 +58,4 @@ def time_steps(step: Callable[[], None], repeats: int, cuda: bool) -> dict:
         finished_step()
         best = min(best, time.perf_counter() - start)
         peak = max(peak, torch.cuda.max_memory_allocated() if cuda else max_rss_bytes() - base)
-    return {"time_s": best, "peak_bytes": peak}
+    return {"time_s": best, "peak_bytes": peak, "first_s": first}

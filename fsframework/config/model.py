@@ -47,6 +47,13 @@ def is_freesolo(name: str) -> bool:
     return name in KINDS and KINDS[name].freesolo
 
 
+def has_decoder_blocks(name: str) -> bool:
+    """Whether model `name` is a TransformerLM of decoder blocks (not a language model of its own)."""
+    from fsframework.models.registry import KINDS
+
+    return name in KINDS and KINDS[name].language_model is None
+
+
 def check_model(m: ModelConfig) -> None:
     from fsframework.models.registry import MODEL_NAMES
 

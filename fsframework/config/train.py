@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from fsframework.config.checks import ConfigError, choice, positive, positive_fields
-from fsframework.config.model import is_freesolo
+from fsframework.config.model import has_decoder_blocks, is_freesolo
 
 if TYPE_CHECKING:
     from fsframework.config.job import Config
@@ -51,6 +51,9 @@ class TrainConfig:
     # so the [B, T, V] logits never exist at once: less memory, one more forward matmul of the
     # head per step; 0 = the whole logits at once
     loss_chunk: int = 0
+    # run each decoder block through torch.compile (fsframework.models.compile): fewer, fused ops
+    # per step; not for AR-GRC, parallel.sp > 1 or ZeRO-3
+    compile: bool = False
 
 
 @dataclass
@@ -82,10 +85,25 @@ def check_train(cfg: Config) -> None:
     if t.early_stop_patience and not t.eval_every:
         raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
                           "(early stopping counts validation evaluations)")
+    _check_compile(cfg)
     choice("train.nonfinite", t.nonfinite, ("stop", "skip"))
     positive("train.nonfinite_max_skips", t.nonfinite_max_skips)
     for name in t.preempt_signals:
         choice("train.preempt_signals", name, PREEMPT_SIGNALS)
+
+
+def _check_compile(cfg: Config) -> None:
+    """What `train.compile` does not cover (fsframework.models.compile) is refused by name."""
+    if not cfg.train.compile:
+        return
+    if not has_decoder_blocks(cfg.model.name):
+        raise ConfigError(f"train.compile=true needs a model of decoder blocks; model.name={cfg.model.name} has none")
+    if cfg.parallel.sp > 1:
+        raise ConfigError(f"train.compile=true is not supported with parallel.sp={cfg.parallel.sp}: the blocks' "
+                          "attention exchanges keys between ranks; use parallel.sp=1 or train.compile=false")
+    if cfg.parallel.zero_stage == 3:
+        raise ConfigError("train.compile=true is not supported with parallel.zero_stage=3 (ZeRO-3 gathers each "
+                          "module's parameters inside the block); use zero_stage 0-2 or train.compile=false")
 
 
 def check_research(cfg: Config) -> None:

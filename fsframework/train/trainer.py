@@ -131,6 +131,11 @@ class Trainer:
             from fsframework.models.recompute import enable_activation_checkpointing
 
             enable_activation_checkpointing(model)
+        if cfg.train.compile:
+            from fsframework.models.compile import compile_blocks
+
+            compile_blocks(model)
+            self.log("decoder blocks compiled (train.compile): the first step compiles them")
         # only FreeSolo models have readout gains; every other kind gets the two usual groups
         groups = param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.model.attention.readout_gain_lr)
         optimizer = SkippableAdamW(groups, lr=cfg.optim.lr,
