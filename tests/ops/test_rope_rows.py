@@ -11,8 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsf_kernels.common import rope_tables
-from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rows
-from fsframework.ops.rope import rotate
+from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rotation_rows, rope_rows
+from fsframework.ops.rope import apply_rope, rotate
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,35 @@ def test_rows_equal_fresh_tables_across_growth(dtype):
         want_cos, want_sin = rope_cos_sin(torch.arange(start, start + length), 64, theta, dtype)
         assert cos.dtype == sin.dtype == dtype and cos.is_contiguous() and sin.is_contiguous()
         assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), (start, length, theta)
-    assert rope_tables._TABLES[(64, 1e4, dtype, torch.device("cpu"))][0].shape[0] >= 5 * first + 44
+    assert rope_tables._TABLES[("half", 64, 1e4, dtype, torch.device("cpu"))][0].shape[0] >= 5 * first + 44
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_rotate_equals_the_four_products_bit_for_bit(dtype):
+    """`rotate`'s one multiply-add over (cos, cos) and (-sin, sin) is `apply_rope`'s arithmetic exactly."""
+    gen = torch.Generator().manual_seed(0)
+    first = rope_tables._FIRST_CAPACITY
+    for start, length in ((0, 37), (first - 5, 11), (3 * first, 2), (-4, 9)):
+        x = (torch.randn(2, length, 3, 32, generator=gen) * 3).to(dtype)
+        want = apply_rope(x, *rope_cos_sin(torch.arange(start, start + length), 32, 1e4,
+                                           torch.promote_types(dtype, torch.float32)))
+        got = rotate(x, 1e4, start)
+        assert got.dtype == dtype and torch.equal(got, want), (dtype, start, length)
+        # gradients too, where x has another use whose gradient meets the rotation's (as FreeSolo's q)
+        for form in ("rotate", "apply_rope"):
+            leaf = x.detach().requires_grad_()
+            y = rotate(leaf, 1e4, start) if form == "rotate" else apply_rope(
+                leaf, *rope_cos_sin(torch.arange(start, start + length), 32, 1e4,
+                                    torch.promote_types(dtype, torch.float32)))
+            (y * 1.7 + leaf.tanh()).float().square().sum().backward()
+            grads = grads + [leaf.grad] if form == "apply_rope" else [leaf.grad]
+        assert torch.equal(grads[0], grads[1]), (dtype, start, length)
+    with pytest.raises(ValueError, match="even head dim"):
+        rotate(torch.randn(1, 3, 2, 5))
+    cos2, sin2 = rope_rotation_rows(9, 4, 8, 1e4, torch.float32, "cpu")
+    cos, sin = rope_cos_sin(torch.arange(9, 13), 8)
+    assert cos2.shape == (4, 1, 8) and torch.equal(sin2[:, 0], torch.cat((-sin, sin), -1))
+    assert torch.equal(cos2[:, 0], torch.cat((cos, cos), -1))
 
 
 class _SavesTable(torch.autograd.Function):
