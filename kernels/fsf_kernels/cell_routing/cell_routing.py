@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from fsf_kernels.common.args import check_head_dim, check_routing_args, check_summaries, prior_per_head
-from fsf_kernels.common.support import device_target, routing_cell_tile, routing_unsupported
+from fsf_kernels.common.support import (device_target, padded_dim, routing_cell_tile, routing_query_rows,
+                                        routing_unsupported)
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
 
@@ -216,21 +217,13 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
     return out
 
 
-def scorer_rows(block_dim: int) -> int:
-    """Most query rows a scorer program scores together (a block's rows share their cells): 128 at
-    d <= 64, where the larger tile reads each cell summary for twice the rows (FS routing 28.1 against
-    32.6 ms at 256k on an H200, docs/kernels.md), 64 beyond, where a 128-row fp32 query tile would not
-    fit in registers."""
-    return 128 if block_dim <= 64 else 64
-
-
 def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, block_size: int, top_k: int,
                 pp: int, arch: int) -> dict:
     """The scorer's constexprs for a launch on target `arch` (shared with the compile check)."""
     cells = routing_cell_tile(dim, arch)
     return dict(
-        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=max(16, next_pow2(dim)),
-        BM=max(16, min(scorer_rows(max(16, next_pow2(dim))), next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
+        BLK=block_size, S=cell_size, K=top_k, KP=next_pow2(top_k), D=dim, BD=padded_dim(dim),
+        BM=max(16, min(routing_query_rows(dim), next_pow2(block_size))), BC=cells, PP=pp, BCK=min(pp, cells),
         FSL=variant == "fsl",
         # routing math is fp32; half inputs accept tf32 products for speed
         **dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32"),

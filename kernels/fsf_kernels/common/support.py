@@ -177,6 +177,14 @@ def routing_cell_tile(dim: int, arch: int) -> int:
     return 64 if bd <= 128 else 32
 
 
+def routing_query_rows(dim: int) -> int:
+    """Most query rows a routing scorer program scores together (a block's rows share their cells):
+    128 at d <= 64, where the larger tile reads each cell summary for twice the rows (FS routing 28.1
+    against 32.6 ms at 256k on an H200, docs/kernels.md), 64 beyond, where a 128-row fp32 query tile
+    would not fit in registers."""
+    return 128 if padded_dim(dim) <= 64 else 64
+
+
 def window_tiles(dtype: torch.dtype, dim: int, arch: int) -> tuple[int, int, int]:
     """(query rows, key rows, pipeline stages) of the window-attention kernels on target `arch`.
 
