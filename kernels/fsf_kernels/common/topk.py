@@ -34,8 +34,7 @@ def topk_merge(run_v, run_i, s, idx, K: tl.constexpr, KP: tl.constexpr):
     cols = tl.arange(0, KP)[None, :]
     best_v = tl.max(s, 1)
     worst_v = tl.min(run_v, 1)
-    # a row may take an entry only if its best is at least its weakest (ties are settled by id below)
-    go = tl.max(((best_v >= worst_v) & (best_v > float("-inf"))).to(tl.int32), 0)
+    go = _any_may_enter(best_v, worst_v)
     rounds = 0
     # a loop, not unrolled: unrolling K rounds of reductions made the scorer's compile time grow
     # with K (about 100 s at K = 16 on sm_80)
@@ -54,9 +53,15 @@ def topk_merge(run_v, run_i, s, idx, K: tl.constexpr, KP: tl.constexpr):
         took = tl.max(take.to(tl.int32), 0)
         best_v = tl.max(s, 1)
         worst_v = tl.min(run_v, 1)
-        could = tl.max(((best_v >= worst_v) & (best_v > float("-inf"))).to(tl.int32), 0)
-        go = took * could * (rounds < K).to(tl.int32)
+        go = took * _any_may_enter(best_v, worst_v) * (rounds < K).to(tl.int32)
     return run_v, run_i
+
+
+@triton.jit
+def _any_may_enter(best_v, worst_v):
+    """1 if some row's best remaining entry is at least its weakest kept one (ties are settled by
+    id in the round), else 0."""
+    return tl.max(((best_v >= worst_v) & (best_v > float("-inf"))).to(tl.int32), 0)
 
 
 @triton.jit
