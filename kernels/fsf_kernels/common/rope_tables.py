@@ -38,7 +38,12 @@ _FIRST_CAPACITY = 4096
 
 def _cached_rows(layout: str, start: int, length: int, dim: int, theta: float, dtype: torch.dtype,
                  device: torch.device | str, build) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows `start .. start+length-1` of the cached tables `build(positions)` of `layout`, grown by doubling."""
+    """Rows `start .. start+length-1` of the tables `build(positions)` of `layout`, served from the
+    cached tables of positions 0 .. capacity-1, grown by doubling."""
+    if length < 0:
+        raise ValueError(f"RoPE rows need length >= 0, got {length}")
+    if start < 0:  # positions before 0 are no table's rows: built as asked
+        return build(torch.arange(start, start + length, device=device))
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -60,10 +65,6 @@ def rope_rows(start: int, length: int, dim: int, theta: float, dtype: torch.dtyp
               device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin `[length, dim/2]` for positions `start .. start+length-1`: contiguous views of the
     cached table (read-only: callers must not write into them), equal to `rope_cos_sin`'s rows."""
-    if length < 0:
-        raise ValueError(f"RoPE rows need length >= 0, got {length}")
-    if start < 0:  # positions before 0 are no table's rows: built as asked
-        return rope_cos_sin(torch.arange(start, start + length, device=device), dim, theta, dtype)
     return _cached_rows("half", start, length, dim, theta, dtype, device,
                         lambda pos: rope_cos_sin(pos, dim, theta, dtype))
 
@@ -80,10 +81,6 @@ def rope_rotation_rows(start: int, length: int, dim: int, theta: float, dtype: t
     `start .. start+length-1`: `(cos, cos)` and `(-sin, sin)` side by side, so that
     `x * cos2 + swap_halves(x) * sin2` is `(x1 cos - x2 sin, x1 sin + x2 cos)` exactly (negation is
     exact and addition commutes), in half the ops of the four products and a concatenation."""
-    if length < 0:
-        raise ValueError(f"RoPE rows need length >= 0, got {length}")
-    if start < 0:
-        return _rotation_tables(torch.arange(start, start + length, device=device), dim, theta, dtype)
     return _cached_rows("rotation", start, length, dim, theta, dtype, device,
                         lambda pos: _rotation_tables(pos, dim, theta, dtype))
 
