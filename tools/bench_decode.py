@@ -11,6 +11,9 @@ then `--new-tokens` tokens are decoded greedily, one forward pass each.
   tokens_per_s   decoded tokens per second (after the prefill); the table also prints them
                  per second of the process's CPU time, steadier on a shared machine
   prefill_s      the prompt's prefill
+  ops_per_token  (--count-ops) aten ops one decoded token dispatches, counted with a dispatch mode
+                 on a second cache (under no_grad: inference mode hides ops from Python modes);
+                 machine-independent, so a change to a cache or an op is compared exactly
 
     python tools/bench_decode.py --models fsl tfpp --contexts 4096 16384 65536 --json decode.json
     python tools/bench_decode.py --models all --contexts 4096 16384 65536 --new-tokens 16
@@ -19,7 +22,8 @@ then `--new-tokens` tokens are decoded greedily, one forward pass each.
 the random model itself, as `fsf calibrate` would (the lower median of `a_c` over one random
 window of `--calibration-tokens`), since random weights have no calibration file.
 
-`--json` writes one JSON list of {"model", "context", "cache_bytes", "tokens_per_s", "prefill_s"}.
+`--json` writes one JSON list of {"model", "context", "cache_bytes", "tokens_per_s", "prefill_s"} (and
+"ops_per_token" with `--count-ops`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,28 @@ def measure(model, context: int, new_tokens: int, seed: int) -> dict:
         # the CPU-time rate is printed beside the wall-clock one: steadier on a shared machine
         return {"context": context, "cache_bytes": cache_bytes(cache), "tokens_per_s": new_tokens / decode_s,
                 "prefill_s": prefill_s, "tokens_per_cpu_s": new_tokens / decode_cpu_s}
+
+
+def ops_per_token(model, context: int, seed: int) -> int:
+    """Aten ops dispatched by one decoded token after a prompt of `context` tokens (and one token more)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fsframework.models.decode_cache import decode_cache, prefill
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context + 2), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad(), decode_cache(model) as cache:
+        prefill(cache, prompt[:, :context + 1])
+        with Count() as count:
+            prefill(cache, prompt[:, context + 1:])
+    return count.ops
 
 
 def calibrate_on_random_tokens(model, tokens: int, seed: int) -> None:
@@ -89,6 +115,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--calibration-tokens", type=int, default=2048,
                         help="FS-B: the random window its thresholds are taken from")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="also count the aten ops of one decoded token (a second prefill per row)")
     parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
     args = parser.parse_args(argv)
@@ -103,7 +131,8 @@ def main(argv=None) -> int:
     models = list(MODEL_NAMES) if "all" in args.models else args.models
     torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'model':>10} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} {'prefill s':>10}")
+    print(f"{'model':>10} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} {'prefill s':>10}"
+          + (f" {'ops/token':>10}" if args.count_ops else ""))
     for name in models:
         try:
             cfg = load_config(args.config, [*args.overrides, f"model.name={name}"])
@@ -117,9 +146,12 @@ def main(argv=None) -> int:
         for context in args.contexts:
             row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}
             cpu_rate = row.pop("tokens_per_cpu_s")
+            if args.count_ops:
+                row["ops_per_token"] = ops_per_token(model, context, args.seed)
             rows.append(row)
             print(f"{name:>10} {context:>8} {row['cache_bytes'] / 2**20:>10.3f} {row['tokens_per_s']:>9.1f} "
-                  f"{cpu_rate:>13.1f} {row['prefill_s']:>10.2f}", flush=True)
+                  f"{cpu_rate:>13.1f} {row['prefill_s']:>10.2f}"
+                  + (f" {row['ops_per_token']:>10}" if args.count_ops else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

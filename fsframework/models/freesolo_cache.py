@@ -21,8 +21,9 @@ largest key norm `a`) are computed once, from their raw keys.
   keys/values and summaries. Its size, the keys and values of `w + Bq + (P + W) s`
   positions, does not depend on the context.
 
-The caches hold tensors and call the ops of the whole-sequence path: `route_candidates`
-scores a block's queries, `admit_fsl` / `admit_fsb` advance FS-L's candidate set and FS-B's
+The caches hold tensors and call the ops of the whole-sequence path: `block_candidates`
+prepares what a block's queries are scored against (once per block, at its first token) and its
+`route` scores them, `admit_fsl` / `admit_fsb` advance FS-L's candidate set and FS-B's
 forests at a boundary, `cell_readout_kept` is `cell_readout` over the kept cells. So all give
 the logits of a full forward pass (tests/models/test_decode_cache.py).
 """
@@ -34,7 +35,7 @@ from torch import nn
 
 from fsframework.models.kv_cache import GrowingBuffer, WindowKV, tensor_bytes
 from fsframework.ops.freesolo import cell_readout_kept
-from fsframework.ops.freesolo_routing import FSLState, admit_fsl, cell_summaries, route_candidates
+from fsframework.ops.freesolo_routing import BlockCandidates, FSLState, admit_fsl, block_candidates, cell_summaries
 from fsframework.ops.offset_attention import window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -48,7 +49,10 @@ class _FreeSoloLayerCache:
         self.num_cells = 0  # cells eligible for the current block: c < num_cells
         self.length = 0
         self.top_k = a.top_k
-        self.selected: torch.Tensor | None = None
+        # the current block's prepared candidates (FS, FS-L): built by its first token, dropped at a boundary
+        self.candidates: BlockCandidates | None = None
+        # the last piece's choice and what maps it to cell ids (`selected`)
+        self._selection: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def branches(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,16 +78,29 @@ class _FreeSoloLayerCache:
         block = start - start % self.block_size
         if block // self.cell_size > self.num_cells:
             self._admit(block // self.cell_size)  # a new block: its eligible prefix moves
+            self.candidates = None
         a = module.cfg.attention
         local = self._local(q, k, v, start, a)
         self.length += n
         if self.num_cells == 0:  # the first block reads nothing long range: exactly 0, as in the full form
-            self.selected = torch.full((*q.shape[:3], self.top_k), -1, dtype=torch.long, device=q.device)
+            self._selection = (torch.full((*q.shape[:3], self.top_k), -1, dtype=torch.long, device=q.device), None)
             return local, torch.zeros_like(q)
         choice, cells_k, cells_v, ids = self._route(module, q, start)
-        # the piece's selected cells `[B, n, H, K]` (-1 = none), kept for diagnostics and the tests
-        self.selected = ids
+        self._selection = (choice, ids)
         return local, cell_readout_kept(q, cells_k, cells_v, choice, rms_weight=module.readout_gain())
+
+    @property
+    def selected(self) -> torch.Tensor | None:
+        """The last piece's selected cells `[B, n, H, K]` (-1 = none), for diagnostics and the tests: a
+        choice indexes the candidates, `ids` `[B, H, M]` (None: the choice is already cell ids) maps it,
+        when asked rather than on every token."""
+        if self._selection is None:
+            return None
+        choice, ids = self._selection
+        if ids is None:
+            return choice
+        chosen = ids[:, None].expand(-1, choice.shape[1], -1, -1).gather(-1, choice.clamp_min(0))
+        return torch.where(choice >= 0, chosen, -1)
 
     def _local(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, a) -> torch.Tensor:
         """Cache the piece's keys; its local branch (docs/freesolo.md §1.2) over the cached window."""
@@ -122,14 +139,16 @@ class FSCache(_FreeSoloLayerCache):
         return x.view(bsz, heads, capacity // self.cell_size, self.cell_size, dim)
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):
-        """Eq. 7 over every eligible cell: the choice `[B, n, H, K]` (cell ids), the archive cell-major."""
-        kbar, a = self.summaries.view()
-        a = a.transpose(1, 2)  # B H C
-        centers = self._centers(torch.arange(self.num_cells, device=a.device), a)
-        choice = route_candidates(q, start, kbar.transpose(1, 2), a, centers, None, top_k=self.top_k,
-                                  sigma=module.sigma, lam=module.lam)
+        """Eq. 7 over every eligible cell: the choice `[B, n, H, K]` (cell ids), the archive cell-major,
+        None (the choice is the cell ids)."""
+        if self.candidates is None:
+            kbar, a = self.summaries.view()
+            a = a.transpose(1, 2)  # B H C
+            centers = self._centers(torch.arange(self.num_cells, device=a.device), a)
+            self.candidates = block_candidates(kbar.transpose(1, 2), a, centers, None, sigma=module.sigma,
+                                               lam=module.lam)
         keys, values = self.archive.tensors
-        return choice, self.cells(keys), self.cells(values), choice
+        return self.candidates.route(q, start, self.top_k), self.cells(keys), self.cells(values), None
 
     @property
     def nbytes(self) -> int:
@@ -183,13 +202,13 @@ class FSLCache(_FreeSoloLayerCache):
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):
         """Eq. 7 over the candidates: the choice `[B, n, H, K]` (positions into them), their raw keys and
-        values `[B, H, M, s, d]`, and the chosen cell ids."""
+        values `[B, H, M, s, d]`, and their cell ids `[B, H, M]`."""
         st = self.state
-        choice = route_candidates(q, start, st.kbar, st.a, self._centers(st.cells, st.a),
-                                  st.valid(self.num_cells, self.recent), top_k=self.top_k, sigma=module.sigma,
-                                  lam=module.lam)
-        ids = st.cells[:, None].expand(-1, q.shape[1], -1, -1).gather(-1, choice.clamp_min(0))
-        return choice, st.keys, st.values, torch.where(choice >= 0, ids, -1)
+        if self.candidates is None:
+            self.candidates = block_candidates(st.kbar, st.a, self._centers(st.cells, st.a),
+                                               st.valid(self.num_cells, self.recent), sigma=module.sigma,
+                                               lam=module.lam)
+        return self.candidates.route(q, start, self.top_k), st.keys, st.values, st.cells
 
     @property
     def nbytes(self) -> int:

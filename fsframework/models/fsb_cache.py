@@ -58,7 +58,7 @@ class FSBCache(FSCache):
                                      self._centers(torch.arange(cells, device=q.device), a), lam=lam, sigma=sigma,
                                      beam_width=self.beam_width, bound_c=self.bound_c, top_k=self.top_k)
         choice = choice.view(bsz, heads, num, self.top_k).transpose(1, 2)
-        return choice, keys, values, choice
+        return choice, keys, values, None  # the choice is cell ids
 
     @property
     def nbytes(self) -> int:

@@ -24,6 +24,7 @@ against keys `[Bt, H, G, L, d]` (union: G = 1, m = n; gather: G = n, m = 1).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -64,8 +65,7 @@ def _plan(cells: torch.Tensor, num_cells: int):
     """
     bsz, num, heads, top_k = cells.shape
     cells = cells.permute(0, 2, 1, 3).long()  # Bt H n K
-    base = (torch.arange(bsz, device=cells.device)[:, None] * heads
-            + torch.arange(heads, device=cells.device)[None, :]) * num_cells  # Bt H
+    base = torch.arange(bsz * heads, device=cells.device).view(bsz, heads) * num_cells  # Bt H: (b H + h) C
     if num == 1:  # one query (a decoded token): its own cells are the union, no need to find it
         return base[:, :, None, None] + cells.clamp_min(0), (cells >= 0)[:, :, :, None], None
     flat = cells.reshape(bsz, heads, num * top_k).sort(dim=-1).values
@@ -129,23 +129,34 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
     """
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
+    chunks = _chunks(cells, num_cells, cell_size, dim) if num_cells else iter(())
+    first = next(chunks, None)
+    if first is not None and first[:2] == (0, seq):  # one chunk holds every query (a decoded token)
+        return _attend_chunk(q, k_rows, v_rows, *first, cell_size=cell_size, acc=acc, with_lse=with_lse)
     y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
     lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device) if with_lse else None
-    if num_cells == 0:
-        return y, lse
-    for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
-        q_g = _group(q[:, start:end].to(acc), rows)
-        logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
-        # rows without any key keep a finite max and a zero sum: y = 0, no NaN
-        row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
-        row_max = row_max.clamp_min(torch.finfo(acc).min)
-        p = _probs(logits, skip, row_max)
-        total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
-        values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim).to(acc)
-        y[:, start:end] = _ungroup(torch.matmul(p / total, values))
+    for start, end, *plan in itertools.chain(() if first is None else (first,), chunks):
+        y[:, start:end], lse_chunk = _attend_chunk(q, k_rows, v_rows, start, end, *plan, cell_size=cell_size,
+                                                   acc=acc, with_lse=with_lse)
         if with_lse:
-            lse[:, start:end] = _ungroup(row_max + torch.log(total)).squeeze(-1)
+            lse[:, start:end] = lse_chunk
     return y, lse
+
+
+def _attend_chunk(q, k_rows, v_rows, start, end, rows, member, bias, *, cell_size, acc, with_lse):
+    """`attend_cell_rows` for the queries `[start, end)` of one chunk and its plan (`_chunks`): y `[Bt, n, H, d]`
+    and the log-sum-exp `[Bt, n, H]` (None unless `with_lse`)."""
+    dim = q.shape[-1]
+    q_g = _group(q[:, start:end].to(acc), rows)
+    logits, skip, _ = _logits(q_g, k_rows, rows, member, bias, cell_size, 1.0 / math.sqrt(dim))
+    # rows without any key keep a finite max and a zero sum: y = 0, no NaN
+    row_max = logits.masked_fill(skip, float("-inf")).amax(dim=-1, keepdim=True)
+    row_max = row_max.clamp_min(torch.finfo(acc).min)
+    p = _probs(logits, skip, row_max)
+    total = p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(acc).tiny)
+    values = F.embedding(rows, v_rows).view(*rows.shape[:3], -1, dim).to(acc)
+    y = _ungroup(torch.matmul(p / total, values))
+    return y, _ungroup(row_max + torch.log(total)).squeeze(-1) if with_lse else None
 
 
 class SelectedCellAttention(torch.autograd.Function):

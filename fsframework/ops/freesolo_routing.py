@@ -12,8 +12,9 @@ block into the previous top-P, so its routing is `O(N)` in time and memory.
 No `N x N` or `N x N/s` tensor is ever built.
 
 The per-block steps are ops of their own, which a decode cache calls as well
-(`fsframework.models.freesolo_cache`): `route_candidates` scores one block's queries over
-its available cells, and `admit_fsl` takes FS-L's candidate set (an `FSLState`) at a block
+(`fsframework.models.freesolo_cache`): `block_candidates` prepares what Eq. 7 reads of one block's
+available cells and its `route` scores the block's queries over them (`route_candidates` does
+both), and `admit_fsl` takes FS-L's candidate set (an `FSLState`) at a block
 boundary and returns the next one.
 
 [choice]s implemented here (docs/freesolo.md §1.5, §1.6): ties in the FS-L priority `a_c`
@@ -26,12 +27,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, check_summaries, prior_per_head
 
-__all__ = ["FSLState", "VARIANTS", "admit_fsl", "cell_summaries", "check_query_offset", "check_routing_args",
-           "prior_per_head", "route_candidates", "select_cells_from_summaries_reference", "select_cells_reference",
-           "summaries_by_head", "top_k_earliest"]
+__all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_summaries",
+           "check_query_offset", "check_routing_args", "prior_per_head", "route_candidates",
+           "select_cells_from_summaries_reference", "select_cells_reference", "summaries_by_head", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,18 +50,26 @@ def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch
     return kc.mean(dim=2), torch.linalg.vector_norm(kc, dim=-1).amax(dim=2)
 
 
+# at most this many scores, a stable sort is the cheaper exact top-K (one op instead of ~20: a
+# decoded token's few candidates); above it `topk` plus the tie pass wins (measured on CPU)
+_SORT_MAX_SCORES = 4096
+
+
 def top_k_earliest(scores: torch.Tensor, valid: torch.Tensor | None, top_k: int) -> torch.Tensor:
     """Positions of the `top_k` largest `scores` along the last axis, best first.
 
     scores `[..., M]`, ordered so that position order is cell order among the
     valid entries; valid: bool, broadcastable to scores, or None (all valid).
     Returns `[..., top_k]` long positions, -1 where fewer than `top_k` are valid.
-    Ties are won by the lower position, exactly: `torch.topk` only supplies the
-    K-th value; everything above it is taken, and equal values are taken in
-    position order (cumulative count) until K are chosen.
+    Ties are won by the lower position, exactly: a small call sorts stably; a
+    large one takes only the K-th value from `torch.topk`, everything above it,
+    and equal values in position order (cumulative count) until K are chosen.
     """
     lead, num = scores.shape[:-1], scores.shape[-1]
     kt = min(top_k, num)
+    if kt > 0 and scores.numel() <= _SORT_MAX_SCORES:
+        taken = _top_k_by_sort(scores, valid, kt)
+        return taken if kt == top_k else F.pad(taken, (0, top_k - kt), value=-1)
     out = torch.full((*lead, top_k), -1, dtype=torch.long, device=scores.device)
     if kt == 0:
         return out
@@ -85,14 +95,13 @@ def top_k_earliest(scores: torch.Tensor, valid: torch.Tensor | None, top_k: int)
     return out
 
 
-def _prior(a: torch.Tensor, centers: torch.Tensor, queries: torch.Tensor, lam: torch.Tensor,
-           sigma: torch.Tensor) -> torch.Tensor:
-    """`lam_h * a_c * erf((i - p_c) / (2 sigma_h))` -> `[Bt, Bq, H, M]`.
-
-    a, centers: `[Bt, H, M]` (centers may broadcast over Bt and H); queries: `[Bq]` positions.
-    """
-    dist = queries.to(a.dtype)[None, :, None, None] - centers[:, None]  # Bt Bq H M
-    return (lam[:, None] * a)[:, None] * torch.erf(dist / (2.0 * sigma)[:, None])
+def _top_k_by_sort(scores: torch.Tensor, valid: torch.Tensor | None, kt: int) -> torch.Tensor:
+    """`top_k_earliest`'s first `kt` slots by one stable sort: ascending on the negated scores, so equal
+    scores keep position order and invalid entries, set to NaN (which an ascending sort puts last),
+    come after every valid one, even a valid -inf."""
+    keys = scores.neg() if valid is None else torch.where(valid, scores.neg(), float("nan"))
+    taken = keys.sort(dim=-1, stable=True).indices[..., :kt]
+    return taken if valid is None else torch.where(valid.expand_as(scores).gather(-1, taken), taken, -1)
 
 
 def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
@@ -144,26 +153,55 @@ def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a
     return out
 
 
+@dataclass(frozen=True)
+class BlockCandidates:
+    """What Eq. 7 reads of one query block's candidate cells (docs/freesolo.md §1.4), prepared once per
+    block: whole-sequence routing builds one per block, a decode cache keeps its block's for every token
+    of it. Shapes broadcast against the scores `[Bt, n, H, M]`; the summaries' dtype is the score dtype."""
+
+    kbar: torch.Tensor  # [Bt, H, M, d] mean keys
+    amplitude: torch.Tensor  # [Bt, 1, H, M] lam_h * a_c
+    centers: torch.Tensor  # [Bt, 1, H, M] p_c = (c + 1/2) s
+    width: torch.Tensor  # [H, 1] 2 sigma_h
+    valid: torch.Tensor | None  # [Bt, 1, H, M] bool, or None (all valid)
+
+    def route(self, q: torch.Tensor, q_start: int, top_k: int) -> torch.Tensor:
+        """Eq. 7 and top-K for queries q `[Bt, n, H, d]` (unrotated) at positions `[q_start, q_start + n)`,
+        inside the block -> `[Bt, n, H, K]` positions into M, best first, -1 where fewer are valid."""
+        num, dim = q.shape[1], q.shape[3]
+        with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
+            content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(self.kbar.dtype), self.kbar)
+            content = content * (1.0 / math.sqrt(dim))
+            pos = torch.arange(q_start, q_start + num, device=q.device).to(self.amplitude.dtype)
+            prior = self.amplitude * torch.erf((pos[None, :, None, None] - self.centers) / self.width)
+            return top_k_earliest(content + prior, self.valid, top_k)
+
+
+def block_candidates(kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, valid: torch.Tensor | None, *,
+                     sigma: float | torch.Tensor, lam: float | torch.Tensor) -> BlockCandidates:
+    """A block's `BlockCandidates` from its candidates' summaries: kbar `[Bt, H, M, d]`, a `[Bt, H, M]`,
+    centers `(c + 1/2) s` broadcastable to `[Bt, H, M]`, valid bool `[Bt, H, M]` or None; sigma (> 0) and
+    lam (>= 0) floats or `[H]` tensors. Candidates are listed in cell order among the valid ones, so
+    ties go to the earlier cell."""
+    like = torch.empty((), dtype=kbar.dtype, device=kbar.device)
+    sigma_h, lam_h = prior_per_head(sigma, lam, kbar.shape[1], like=like)
+    return BlockCandidates(kbar=kbar, amplitude=(lam_h[:, None] * a)[:, None],
+                           centers=centers.expand_as(a)[:, None], width=(2.0 * sigma_h)[:, None],
+                           valid=None if valid is None else valid[:, None])
+
+
 def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
                      valid: torch.Tensor | None, *, top_k: int, sigma: float | torch.Tensor,
                      lam: float | torch.Tensor) -> torch.Tensor:
     """Eq. 7 and top-K for the queries of one query block over its available cells -> `[Bt, n, H, K]`
-    positions into M, best first, -1 where fewer are valid. Whole-sequence routing and a decode cache
-    both score a block with it.
+    positions into M, best first, -1 where fewer are valid: `block_candidates(...).route(q, q_start, top_k)`.
 
     q: unrotated `[Bt, n, H, d]` at positions `[q_start, q_start + n)` (inside one block); kbar
     `[Bt, H, M, d]`, a `[Bt, H, M]` (the summaries' dtype is the score dtype); centers `(c + 1/2) s`,
     broadcastable to `[Bt, H, M]`; valid: bool `[Bt, H, M]` or None. Candidates are listed in cell
     order among the valid ones, so ties go to the earlier cell.
     """
-    bsz, num, heads, dim = q.shape
-    like = torch.empty((), dtype=kbar.dtype, device=q.device)
-    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
-    with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
-        content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(kbar.dtype), kbar) * (1.0 / math.sqrt(dim))
-        pos = torch.arange(q_start, q_start + num, device=q.device)
-        scores = content + _prior(a, centers.expand_as(a), pos, lam_h, sigma_h)
-        return top_k_earliest(scores, None if valid is None else valid[:, None], top_k)
+    return block_candidates(kbar, a, centers, valid, sigma=sigma, lam=lam).route(q, q_start, top_k)
 
 
 @dataclass(frozen=True)

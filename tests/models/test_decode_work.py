@@ -80,3 +80,27 @@ def test_prefill_in_chunks_costs_no_more_than_a_forward(name):
         with decode_cache(model, chunk=CHUNK * 2) as cache, WorkCounter() as chunked:  # 4 chunks
             prefill(cache, tokens)
     assert 0 < chunked.macs <= 1.02 * forward.macs, (forward.macs, chunked.macs)
+
+
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_a_query_block_prepares_its_candidates_once(name, monkeypatch):
+    """What Eq. 7 reads of a block's candidates (prior weights, centers, FS-L's valid mask) changes only at
+    a block boundary (docs/decoding.md): the cache prepares it at the block's first token and its other
+    tokens reuse it."""
+    import fsframework.models.freesolo_cache as caches
+
+    prepared, prepare = [], caches.block_candidates
+
+    def counting(*args, **kwargs):
+        prepared.append(1)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(caches, "block_candidates", counting)
+    model = tiny_model(name, VOCAB)  # blocks of 8
+    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), decode_cache(model) as cache:
+        cache.forward(tokens[:, :16])  # blocks 0 and 1 (block 0 reads no cell)
+        prepared.clear()
+        for pos in range(16, 40):  # three blocks of 8 tokens, one token at a time
+            cache.forward(tokens[:, pos:pos + 1])
+    assert len(prepared) == 3 * len(model.layers), len(prepared)
