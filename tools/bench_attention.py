@@ -3,6 +3,7 @@
 Cases (one attention op, no projections, batch 1, fp32, reference ops):
   dense   causal softmax attention (torch SDPA)
   swa     sliding-window attention with RoPE, window 512 (FreeSolo's local branch)
+  swa-fused  the same through PyTorch's fused attention (`impl="auto"` on the CPU)
   fs-lr   FreeSolo long-range branch only, FS (s=32, B=128, K=4)
   fsl-lr  FreeSolo long-range branch only, FS-L (s=32, B=128, K=4, P=64, W=8)
   fs      local + long-range branch (the whole FreeSolo attention op), FS
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("dense", "swa", "fs-lr", "fsl-lr", "fs", "fsl")
+CASES = ("dense", "swa", "swa-fused", "fs-lr", "fsl-lr", "fs", "fsl")
 WINDOW = 512
 FREESOLO = dict(cell_size=32, block_size=128, top_k=4, sigma=4.0, lam=1.0, recent_cells=8, retained_cells=64)
 
@@ -47,6 +48,9 @@ def _op(case: str):
     def swa(q, k, v):
         return sliding_window_attention(q, k, v, window=WINDOW, impl="reference")
 
+    def swa_fused(q, k, v):
+        return sliding_window_attention(q, k, v, window=WINDOW, impl="auto")
+
     def long_range(variant):
         return lambda q, k, v: long_range_attention(q, k, v, variant=variant, impl="reference", **FREESOLO)
 
@@ -54,7 +58,7 @@ def _op(case: str):
         lr = long_range(variant)
         return lambda q, k, v: swa(q, k, v) + lr(q, k, v)
 
-    return {"dense": dense, "swa": swa, "fs-lr": long_range("fs"), "fsl-lr": long_range("fsl"),
+    return {"dense": dense, "swa": swa, "swa-fused": swa_fused, "fs-lr": long_range("fs"), "fsl-lr": long_range("fsl"),
             "fs": both("fs"), "fsl": both("fsl")}[case]
 
 

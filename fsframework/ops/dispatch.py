@@ -1,15 +1,17 @@
-"""Which implementation an op runs: the PyTorch reference or a Triton kernel of `fsf_kernels`.
+"""Which implementation an op runs: PyTorch or a Triton kernel of `fsf_kernels`.
 
-Every op with an `impl` argument asks `kernel_for` and runs the reference when
-it answers None:
+Every op with an `impl` argument asks `kernel_for` and runs PyTorch when it
+answers None: its reference, or, under "auto", the fused PyTorch form an op may
+have beside it (the sliding window's `window_attention_sdpa`, tested against
+the reference; the reference stays what the kernels are judged by):
 
     "reference"  always the reference;
     "triton"     the kernel; RuntimeError naming why it cannot be imported, or
                  ValueError naming what of the call it does not support;
     "auto"       the kernel on CUDA tensors when it imports and supports the call
                  (dtype, head dim, K, P, the device's shared memory:
-                 `fsf_kernels.common.support`), the
-                 reference elsewhere. A kernel that fails to import on CUDA, or
+                 `fsf_kernels.common.support`), PyTorch
+                 elsewhere. A kernel that fails to import on CUDA, or
                  a call it cannot run, is reported once (a RuntimeWarning naming
                  the reason), never silently.
 
@@ -56,7 +58,7 @@ def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
             raise ValueError(f"impl='triton': {target} does not support {unsupported}; use impl='reference' or "
                              "'auto' (which runs the reference for it)")
         _warn_once(f"{target}: {unsupported}", f"impl='auto': {target} does not support {unsupported}; running "
-                   "the PyTorch reference for such calls")
+                   "PyTorch (the reference or the op's fused form) for such calls")
         return None
     try:
         return getattr(importlib.import_module(f"fsf_kernels.{module}"), name)
@@ -66,6 +68,6 @@ def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
         if impl == "triton":
             raise RuntimeError(f"impl='triton' requested but {target} is unavailable ({reason}); "
                                "use impl='reference' or 'auto'") from exc
-        _warn_once(target, f"impl='auto': {target} is unavailable ({reason}); running the PyTorch reference "
-                   "instead")
+        _warn_once(target, f"impl='auto': {target} is unavailable ({reason}); running PyTorch (the "
+                   "reference or the op's fused form) instead")
         return None

@@ -13,7 +13,8 @@ import torch
 from fsframework.ops import dispatch
 from fsframework.ops.dispatch import IMPLS, kernel_for
 from fsframework.ops.freesolo import cell_readout, select_cells
-from fsframework.ops.local_attention import sliding_window_attention
+from fsframework.ops.local_attention import sliding_window_attention, window_attention_sdpa
+from fsframework.ops.rope import rotate
 
 FAKE = "fsf_kernels.fake_op"  # a stand-in kernel module, put into sys.modules by the tests
 
@@ -101,7 +102,7 @@ def test_triton_raises_on_a_missing_function(fake_kernel):
 
 
 def test_auto_on_cuda_warns_once_then_falls_back(broken_kernel):
-    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*fsf_kernels\.fake_op\.op.*ModuleNotFoundError.*reference"):
+    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*fsf_kernels\.fake_op\.op.*ModuleNotFoundError.*PyTorch"):
         assert kernel_for("fake_op", "op", "auto", CudaLike()) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second report would raise here
@@ -111,8 +112,9 @@ def test_auto_on_cuda_warns_once_then_falls_back(broken_kernel):
         assert kernel_for("fake_op", "other", "auto", CudaLike()) is None
 
 
-def test_an_op_on_cuda_falls_back_to_the_reference_with_a_warning(monkeypatch):
-    """The whole path of an op: "auto" on a (pretend) CUDA tensor whose kernel fails to import."""
+def test_an_op_on_cuda_falls_back_to_pytorch_with_a_warning(monkeypatch):
+    """The whole path of an op: "auto" on a (pretend) CUDA tensor whose kernel fails to import runs the
+    window's fused PyTorch form, as on the CPU."""
     monkeypatch.setitem(sys.modules, "fsf_kernels.window_attention", None)
     monkeypatch.setattr(dispatch, "_warned", set())
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -121,7 +123,8 @@ def test_an_op_on_cuda_falls_back_to_the_reference_with_a_warning(monkeypatch):
     assert q.is_cuda
     with pytest.warns(RuntimeWarning, match="fsf_kernels.window_attention.sliding_window_attention"):
         got = sliding_window_attention(q, k, v, window=3, impl="auto")
-    assert torch.equal(got, sliding_window_attention(q, k, v, window=3, impl="reference"))
+    assert torch.equal(got, window_attention_sdpa(rotate(q, 10000.0), rotate(k, 10000.0), v, window=3))
+    torch.testing.assert_close(got, sliding_window_attention(q, k, v, window=3, impl="reference"))
 
 
 def test_a_call_the_kernel_does_not_support(fake_kernel, monkeypatch):
@@ -130,7 +133,7 @@ def test_a_call_the_kernel_does_not_support(fake_kernel, monkeypatch):
     why = "head dim 300 (the kernels take 1..256)"
     with pytest.raises(ValueError, match=r"impl='triton'.*fake_op\.op does not support head dim 300"):
         kernel_for("fake_op", "op", "triton", torch.zeros(1), why)
-    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*does not support head dim 300.*reference"):
+    with pytest.warns(RuntimeWarning, match=r"impl='auto'.*does not support head dim 300.*PyTorch"):
         assert kernel_for("fake_op", "op", "auto", CudaLike(), why) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
