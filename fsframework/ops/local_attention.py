@@ -23,31 +23,35 @@ from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.rope import rotate
 
 
-def window_attention_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, chunk: int = 256
-) -> torch.Tensor:
-    """Banded causal softmax attention on already-rotated q/k, chunked over queries.
+def _banded_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, size: int):
+    """Query chunks of `size` tokens with the keys and values that cover their band: yields `qc, kc, vc`
+    `[B, H, *, D]` in fp32 (fp64 kept for tests) and `band` `[n, m]` (True: query i reads key j).
 
-    Inputs are split once into chunks of `max(chunk, window)` tokens; query chunk c
-    reads key chunks c-1 and c, which cover its whole band. (Slicing a full tensor per
-    chunk instead would make each chunk's backward allocate a full-size gradient.)
+    Inputs are split once; query chunk c reads key chunks c-1 and c (`size >= window`). (Slicing a
+    full tensor per chunk instead would make each chunk's backward allocate a full-size gradient.)
     """
-    bsz, seq, heads, dim = q.shape
-    scale = 1.0 / math.sqrt(dim)
-    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math, fp64 kept for tests
-    size = max(chunk, window)
+    acc = torch.promote_types(q.dtype, torch.float32)
     # B T H D -> B H T D, split along T
     qs, ks, vs = (x.transpose(1, 2).to(acc).split(size, dim=2) for x in (q, k, v))
-    outs = []
     for c, qc in enumerate(qs):
         start = c * size
         kstart = max(0, start - size)
         kc = torch.cat(ks[max(0, c - 1):c + 1], dim=2)
         vc = torch.cat(vs[max(0, c - 1):c + 1], dim=2)
-        logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
         qi = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
         kj = torch.arange(kstart, kstart + kc.shape[2], device=q.device)[None, :]
-        band = (qi - kj >= 0) & (qi - kj <= window)
+        yield qc, kc, vc, (qi - kj >= 0) & (qi - kj <= window)
+
+
+def window_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, chunk: int = 256
+) -> torch.Tensor:
+    """Banded causal softmax attention on already-rotated q/k, chunked over queries (chunks of
+    `max(chunk, window)` tokens, `_banded_chunks`), as an explicit masked softmax."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    outs = []
+    for qc, kc, vc, band in _banded_chunks(q, k, v, window=window, size=max(chunk, window)):
+        logits = torch.matmul(qc, kc.transpose(-1, -2)) * scale
         probs = torch.softmax(logits.masked_fill(~band, float("-inf")), dim=-1)
         outs.append(torch.matmul(probs, vc))
     return torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype)
@@ -57,26 +61,15 @@ def window_attention_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, window: int, chunk: int = 128
 ) -> torch.Tensor:
     """`window_attention_reference` through PyTorch's fused attention: what `impl="auto"` runs where no
-    kernel does (the CPU). Query chunk c of `max(chunk, window)` tokens reads key chunks c-1 and c
-    with the band as a boolean mask (every query sees itself, so no row is empty). The fused CPU
-    kernel keeps only each chunk's output and log-sum-exp for the backward pass, not its
-    probabilities: ~3x faster than the reference at the quickstart's shapes, in less memory
-    (`tools/bench_attention.py`). Its gradients round differently: with `window=0` the true dq is 0
-    and this one is rounding noise, so the reference, not this, is what kernels are judged by.
+    kernel does (the CPU). Each chunk of `max(chunk, window)` queries reads its band with the band as
+    a boolean mask (every query sees itself, so no row is empty). The fused CPU kernel keeps only
+    each chunk's output and log-sum-exp for the backward pass, not its probabilities: ~3x faster than
+    the reference at the quickstart's shapes, in less memory (`tools/bench_attention.py`). Its
+    gradients round differently: with `window=0` the true dq is 0 and this one is rounding noise, so
+    the reference, not this, is what kernels are judged by.
     """
-    acc = torch.promote_types(q.dtype, torch.float32)
-    size = max(chunk, window)
-    qs, ks, vs = (x.transpose(1, 2).to(acc).split(size, dim=2) for x in (q, k, v))  # B H T D chunks
-    outs = []
-    for c, qc in enumerate(qs):
-        start = c * size
-        kstart = max(0, start - size)
-        kc = torch.cat(ks[max(0, c - 1):c + 1], dim=2)
-        vc = torch.cat(vs[max(0, c - 1):c + 1], dim=2)
-        qi = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
-        kj = torch.arange(kstart, kstart + kc.shape[2], device=q.device)[None, :]
-        band = (qi - kj >= 0) & (qi - kj <= window)
-        outs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=band))
+    outs = [F.scaled_dot_product_attention(qc, kc, vc, attn_mask=band)
+            for qc, kc, vc, band in _banded_chunks(q, k, v, window=window, size=max(chunk, window))]
     return torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype)
 
 
