@@ -89,6 +89,22 @@ def test_a_windowed_query_block_costs_its_rows():
     assert _window(8, 4096, 32) <= B * H * 8 * 40 * 2 * D
 
 
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_a_whole_sequence_window_is_linear_in_its_length(impl):
+    """Training's window (the reference, and on the CPU `impl="auto"`'s fused form): chunks of queries
+    over two chunks of keys, so each query costs a bounded band, whatever N is."""
+    from fsframework.ops.local_attention import sliding_window_attention
+
+    def work(n):
+        q, k, v = randn(B, n, H, D), randn(B, n, H, D, seed=1), randn(B, n, H, D, seed=2)
+        return count(sliding_window_attention, q, k, v, window=128, impl=impl)
+
+    small, large = work(1024), work(4096)
+    assert 0 < large.macs <= LINEAR * small.macs, (small.macs, large.macs)
+    assert large.macs <= B * H * 4096 * 2 * 256 * 2 * D  # at most two chunks of keys per query
+    assert large.largest < 4096 * 4096 // 4, large.largest  # no N x N score or mask
+
+
 S, BLOCK, K, P, W = 4, 16, 2, 4, 2
 
 
