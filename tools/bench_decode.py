@@ -1,8 +1,10 @@
-"""Streaming decode on CPU: the decode cache's allocated bytes, decoding speed and prefill time
-against the context length, per model kind (docs/decoding.md).
+"""Streaming decode on the CPU (or `--device cuda`): the decode cache's allocated bytes, decoding
+speed and prefill time against the context length, per model kind (docs/decoding.md).
 
 No checkpoint: random weights of the model of `yamls/quickstart.yaml` (or `--config`), with
-`model.name` set to each of `--models` (and any dotted `overrides`). For each (model,
+`model.name` set to each of `--models` (and any dotted `overrides`); or, with `--d-model`, a model
+of that width, `--layers` and `--heads` with the papers' attention defaults, built without the
+YAML reader (a GPU machine with torch alone: tools/gpu_check.sh step 8). For each (model,
 context): a random prompt of `context` tokens is prefilled through the cache (in chunks),
 then `--new-tokens` tokens are decoded greedily, one forward pass each.
 
@@ -42,16 +44,22 @@ def measure(model, context: int, new_tokens: int, seed: int) -> dict:
 
     from fsframework.models.decode_cache import cache_bytes, decode_cache, prefill
 
+    device = model.lm_head.weight.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # GPU work is queued
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen)
+    prompt = torch.randint(0, model.cfg.vocab_size, (1, context), generator=gen).to(device)
     with torch.inference_mode(), decode_cache(model) as cache:
+        sync()
         begin = time.perf_counter()
         hidden = prefill(cache, prompt)
+        sync()
         prefill_s = time.perf_counter() - begin
         token = model.lm_head(hidden).argmax(dim=-1)
+        sync()
         begin, begin_cpu = time.perf_counter(), time.process_time()
         for _ in range(new_tokens):
             token = model.lm_head(prefill(cache, token[:, None])).argmax(dim=-1)
+        sync()
         decode_s, decode_cpu_s = time.perf_counter() - begin, time.process_time() - begin_cpu
         # the CPU-time rate is printed beside the wall-clock one: steadier on a shared machine
         return {"context": context, "cache_bytes": cache_bytes(cache), "tokens_per_s": new_tokens / decode_s,
@@ -73,6 +81,7 @@ def ops_per_token(model, context: int, seed: int) -> int:
             return func(*args, **(kwargs or {}))
 
     prompt = torch.randint(0, model.cfg.vocab_size, (1, context + 2), generator=torch.Generator().manual_seed(seed))
+    prompt = prompt.to(model.lm_head.weight.device)
     with torch.no_grad(), decode_cache(model) as cache:
         prefill(cache, prompt[:, :context + 1])
         with Count() as count:
@@ -104,12 +113,34 @@ def calibrate_on_random_tokens(model, tokens: int, seed: int) -> None:
     set_fsb_thresholds(model, [lower_median(v).tolist() for v in values], source="random-window calibration")
 
 
+def model_config(args, name: str):
+    """The benchmarked model's config: `--config` (+ overrides) read through the YAML reader, or, with
+    `--d-model`, built directly (the attention's defaults are the papers' settings)."""
+    if args.d_model is None:
+        from fsframework.config import load_config
+
+        return load_config(args.config, [*args.overrides, f"model.name={name}"]).model
+    from fsframework.config import AttentionConfig, ModelConfig
+
+    if args.overrides:
+        raise ValueError("overrides apply to --config; with --d-model the model is --layers x --heads")
+    return ModelConfig(name=name, vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers,
+                       n_heads=args.heads, attention=AttentionConfig(impl="auto"))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["fsl", "tfpp"], help="registry kinds, or all")
     parser.add_argument("--contexts", nargs="+", type=int, default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--config", default=str(REPO / "yamls" / "quickstart.yaml"),
                         help="a job YAML whose model is benchmarked (random weights)")
+    parser.add_argument("--d-model", type=int, default=None,
+                        help="instead of --config: a model of this width with the papers' attention defaults "
+                             "(no YAML reader needed, as on a GPU machine with torch alone); with --layers, --heads")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens decoded after each prefill")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -125,7 +156,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from fsframework.config import ConfigError, load_config
     from fsframework.models.registry import MODEL_NAMES, build_model
 
     models = list(MODEL_NAMES) if "all" in args.models else args.models
@@ -135,13 +165,13 @@ def main(argv=None) -> int:
           + (f" {'ops/token':>10}" if args.count_ops else ""))
     for name in models:
         try:
-            cfg = load_config(args.config, [*args.overrides, f"model.name={name}"])
-        except ConfigError as exc:
+            model_cfg = model_config(args, name)
+        except ValueError as exc:  # ConfigError is a ValueError
             print(f"error: {exc}", file=sys.stderr)
             return 2
         torch.manual_seed(args.seed)
-        model = build_model(cfg.model).eval()
-        if name == "fsb" and cfg.model.attention.fsb.forests != "f0":
+        model = build_model(model_cfg).to(args.device).eval()
+        if name == "fsb" and model_cfg.attention.fsb.forests != "f0":
             calibrate_on_random_tokens(model, args.calibration_tokens, args.seed)
         for context in args.contexts:
             row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}
