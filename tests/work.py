@@ -1,7 +1,8 @@
 """Counting work, not time (tests/ops/test_work_counts.py, tests/models/test_decode_work.py).
 
 `WorkCounter` is a `__torch_dispatch__` mode that sums the multiply-adds of every matrix
-product and attention call that runs under it, and notes the largest tensor produced.
+product and attention call that runs under it, notes the largest tensor produced, and counts
+the aten ops dispatched, by name (a decoded token's host work).
 `torch.utils.flop_counter.FlopCounterMode` is no use here: it does not count the CPU's
 fused SDPA (`aten._scaled_dot_product_flash_attention_for_cpu`), which is where the
 attention of the prefix kinds runs. Counts are exact and machine-independent, so a
@@ -12,6 +13,7 @@ would be counted).
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -59,16 +61,23 @@ def multiply_adds(func, args, kwargs) -> int:
 
 class WorkCounter(TorchDispatchMode):
     """`with WorkCounter() as work: ...` -> `work.macs` (multiply-adds), `work.largest` (elements of
-    the largest tensor any op produced)."""
+    the largest tensor any op produced), `work.ops` (aten ops dispatched, a Counter by op name) and
+    `work.dispatched` (their total)."""
 
     def __init__(self):
         super().__init__()
         self.macs = 0
         self.largest = 0
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    @property
+    def dispatched(self) -> int:
+        return sum(self.ops.values())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.ops[func.overloadpacket.__name__] += 1
         self.macs += multiply_adds(func, args, kwargs)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsframework.models.decode_cache import decode_cache, prefill
 from tests.utils import tiny_model
@@ -107,23 +106,13 @@ def test_a_query_block_prepares_its_candidates_once(name, monkeypatch):
     assert len(prepared) == 3 * len(model.layers), len(prepared)
 
 
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched under it: a token's host work, machine-independent."""
-
-    ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _ops_per_token(model, context: int) -> int:
     tokens = torch.randint(0, VOCAB, (1, context + 2), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), decode_cache(model) as cache:
         cache.forward(tokens[:, :context + 1])
-        with _Ops() as counted:
+        with WorkCounter() as counted:  # aten ops dispatched: a token's host work, machine-independent
             cache.forward(tokens[:, context + 1:])
-    return counted.ops
+    return counted.dispatched
 
 
 @pytest.mark.parametrize("name", ["swa", "fsl", "fs", "tfpp", "alibi", "sinusoidal", "rewired"])

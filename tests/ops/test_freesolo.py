@@ -10,10 +10,10 @@ import types
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsframework.ops import freesolo_readout
 from fsframework.ops.freesolo import cell_readout, long_range_attention, select_cells
+from tests.work import WorkCounter
 
 F64 = torch.float64
 
@@ -286,27 +286,14 @@ def test_low_precision_routing_and_readout():
     assert rel_rms(out.float(), ref) < 1e-2
 
 
-class _MaxNumel(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.max = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.max = max(self.max, t.numel())
-        return out
-
-
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
 def test_no_quadratic_tensor(variant):
     seq, s = 2048, 4
     q, k, v = (randn(1, seq, 1, 4, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
-    with _MaxNumel() as mode:
+    with WorkCounter() as mode:
         long_range_attention(q, k, v, variant=variant, cell_size=s, block_size=16, top_k=2, recent_cells=2,
                              retained_cells=4).sum().backward()
-    assert mode.max < seq * seq // s // 4  # far below N x N / s
+    assert mode.largest < seq * seq // s // 4  # far below N x N / s
 
 
 @pytest.mark.parametrize("call,match", [

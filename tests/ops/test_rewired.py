@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fsframework.ops.rewired import rewired_attention
+from tests.work import WorkCounter
 
 
 def dense(q, k, v, u, runway="last", bmat=None):
@@ -107,22 +108,10 @@ def test_bad_input_names_the_problem(change, match):
 
 def test_reference_never_forms_an_n_by_n_tensor():
     """Forward and backward at N = 600 with 128-query tiles: no intermediate reaches N x N / 2 elements."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class LargestTensor(TorchDispatchMode):
-        largest = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    LargestTensor.largest = max(LargestTensor.largest, t.numel())
-            return out
-
     n = 600
     q, k, v, u, bmat = _inputs(1, n, 1, 4, True)
-    with LargestTensor():
+    with WorkCounter() as work:
         out = rewired_attention(q, k, v, u, runway="mean", bmat=bmat, impl="reference")
         torch.autograd.grad(out.sum(), (q, k, v, u, bmat))
     # the largest is one tile's logits: 128 queries over the 512 keys of the fourth tile
-    assert LargestTensor.largest == 128 * 512 < n * n // 2
+    assert work.largest == 128 * 512 < n * n // 2

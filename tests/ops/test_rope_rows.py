@@ -4,15 +4,13 @@ table grows; usable by training after an evaluation built them; and built once, 
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsf_kernels.common import rope_tables
 from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rotation_rows, rope_rows
 from fsframework.ops.rope import apply_rope, rotate
+from tests.work import WorkCounter
 
 
 @pytest.fixture(autouse=True)
@@ -86,20 +84,10 @@ def test_a_table_built_during_inference_serves_a_later_backward():
     assert torch.allclose(x.grad, cos.sum().expand(3))
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_a_rotation_builds_no_table_once_one_covers_its_positions():
     x = torch.randn(1, 1, 2, 32)
     rotate(x, start=3000)
-    with _Ops() as counted:
+    with WorkCounter() as counted:
         for position in range(3001, 3011):  # ten decoded tokens
             y = rotate(x, start=position)
     table_ops = {"arange", "cos", "sin", "pow", "reciprocal"} & set(counted.ops)

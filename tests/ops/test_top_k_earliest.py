@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import fsframework.ops.freesolo_routing as routing
 from fsframework.ops.freesolo_routing import top_k_earliest
+from tests.work import WorkCounter
 
 
 def _ranked(scores: torch.Tensor, valid: torch.Tensor | None, top_k: int) -> torch.Tensor:
@@ -49,23 +49,13 @@ def test_both_ways_give_the_ranking_of_the_definition(way, dtype, monkeypatch):
         assert torch.equal(got, _ranked(scores, valid, top_k)), (scores, valid, top_k, got)
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("cells,way", [(72, "sort"), (4096, "topk")])
 def test_a_decoded_tokens_candidates_take_one_sort(cells, way):
     """A decoded token's few candidates (FS-L: P + W per head) are ranked by one stable sort, a whole
     block's many scores by `topk` (which the sort would cost more than at that size, docs/decoding.md)."""
     scores, valid = torch.randn(1, 1, 4, cells), torch.ones(1, 1, 4, cells, dtype=torch.bool)
-    with _Ops() as ops:
+    with WorkCounter() as work:
         top_k_earliest(scores, valid, 4)
-    assert ("topk" in ops.names) == (way == "topk"), ops.names
+    assert ("topk" in work.ops) == (way == "topk"), work.ops
     if way == "sort":
-        assert ops.names.count("sort") == 1 and len(ops.names) <= 10, ops.names
+        assert work.ops["sort"] == 1 and work.dispatched <= 10, work.ops
