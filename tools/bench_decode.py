@@ -24,13 +24,18 @@ then `--new-tokens` tokens are decoded greedily, one forward pass each.
 the random model itself, as `fsf calibrate` would (the lower median of `a_c` over one random
 window of `--calibration-tokens`), since random weights have no calibration file.
 
-`--json` writes one JSON list of {"model", "context", "cache_bytes", "tokens_per_s", "prefill_s"} (and
-"ops_per_token" with `--count-ops`).
+`--impls` runs each model under each `model.attention.impl` (default: the config's own; with `--d-model`,
+"auto"): `--impls reference auto` on a GPU measures the kernels against the PyTorch ops side by side, in
+one process (FS-B's search kernel against its per-level PyTorch search: tools/gpu_check.sh step 9).
+
+`--json` writes one JSON list of {"model", "impl", "context", "cache_bytes", "tokens_per_s", "prefill_s"}
+(and "ops_per_token" with `--count-ops`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -93,8 +98,6 @@ def calibrate_on_random_tokens(model, tokens: int, seed: int) -> None:
     """FS-B thresholds for random weights: the lower median of every layer and head's `a_c` over one
     random window (`fsframework.eval.calibrate`'s statistic, without a checkpoint or data), recorded
     from the same weights read as FS (FS-B cannot run before it has thresholds)."""
-    import dataclasses
-
     import torch
 
     from fsframework.eval.calibrate import KeyNormRecorder, lower_median
@@ -148,6 +151,8 @@ def main(argv=None) -> int:
                         help="FS-B: the random window its thresholds are taken from")
     parser.add_argument("--count-ops", action="store_true",
                         help="also count the aten ops of one decoded token (a second prefill per row)")
+    parser.add_argument("--impls", nargs="+", default=None, choices=("reference", "triton", "auto"),
+                        help="model.attention.impl values to run each model under, side by side")
     parser.add_argument("--json", default=None, help="write the rows to this JSON file")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. model.n_layers=2")
     args = parser.parse_args(argv)
@@ -161,27 +166,29 @@ def main(argv=None) -> int:
     models = list(MODEL_NAMES) if "all" in args.models else args.models
     torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'model':>10} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} {'prefill s':>10}"
-          + (f" {'ops/token':>10}" if args.count_ops else ""))
+    print(f"{'model':>10} {'impl':>9} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} "
+          f"{'prefill s':>10}" + (f" {'ops/token':>10}" if args.count_ops else ""))
     for name in models:
         try:
-            model_cfg = model_config(args, name)
+            base_cfg = model_config(args, name)
         except ValueError as exc:  # ConfigError is a ValueError
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        torch.manual_seed(args.seed)
-        model = build_model(model_cfg).to(args.device).eval()
-        if name == "fsb" and model_cfg.attention.fsb.forests != "f0":
-            calibrate_on_random_tokens(model, args.calibration_tokens, args.seed)
-        for context in args.contexts:
-            row = {"model": name, **measure(model, context, args.new_tokens, args.seed)}
-            cpu_rate = row.pop("tokens_per_cpu_s")
-            if args.count_ops:
-                row["ops_per_token"] = ops_per_token(model, context, args.seed)
-            rows.append(row)
-            print(f"{name:>10} {context:>8} {row['cache_bytes'] / 2**20:>10.3f} {row['tokens_per_s']:>9.1f} "
-                  f"{cpu_rate:>13.1f} {row['prefill_s']:>10.2f}"
-                  + (f" {row['ops_per_token']:>10}" if args.count_ops else ""), flush=True)
+        for impl in args.impls or [base_cfg.attention.impl]:
+            model_cfg = dataclasses.replace(base_cfg, attention=dataclasses.replace(base_cfg.attention, impl=impl))
+            torch.manual_seed(args.seed)  # the same weights under every impl
+            model = build_model(model_cfg).to(args.device).eval()
+            if name == "fsb" and model_cfg.attention.fsb.forests != "f0":
+                calibrate_on_random_tokens(model, args.calibration_tokens, args.seed)
+            for context in args.contexts:
+                row = {"model": name, "impl": impl, **measure(model, context, args.new_tokens, args.seed)}
+                cpu_rate = row.pop("tokens_per_cpu_s")
+                if args.count_ops:
+                    row["ops_per_token"] = ops_per_token(model, context, args.seed)
+                rows.append(row)
+                print(f"{name:>10} {impl:>9} {context:>8} {row['cache_bytes'] / 2**20:>10.3f} "
+                      f"{row['tokens_per_s']:>9.1f} {cpu_rate:>13.1f} {row['prefill_s']:>10.2f}"
+                      + (f" {row['ops_per_token']:>10}" if args.count_ops else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU check for the fsf_kernels Triton kernels, within 10 minutes on one H200
-# (about 7-8 in practice):
+# (about 8 in practice):
 #   1. the toolchain: versions, the GPU, one tiny kernel compiled and launched (as `fsf info`)  <= 60 s
 #   2. tests/kernels on the GPU, if pytest is installed: the GPU-marked tests (bf16/fp16, large
 #      shapes) and every test that takes the `device` fixture, which is CUDA there      <= 180 s
@@ -11,9 +11,10 @@
 #   6. tools/bench_loss.py on the GPU: a training step with the output head in chunks      <= 120 s
 #   7. tools/bench_compile.py on the GPU: a training step with compiled blocks vs eager     <= 150 s
 #   8. tools/bench_decode.py on the GPU: cached decoding (host-bound at batch 1?), prefill    <= 120 s
+#   9. the same for FS-B, its search in PyTorch against its kernel, side by side            <=  90 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
-# profile.txt, loss.txt, compile.txt, decode.txt, summary.txt.
+# profile.txt, loss.txt, compile.txt, decode.txt, fsb.txt, summary.txt.
 # Needs only torch and triton (and pytest for step 2): the repository is put on PYTHONPATH, nothing
 # is installed. Without the training stack (omegaconf, streaming, deepspeed) the tests that train
 # through `fsf` are left out and the suite's top conftest (which sets up data) is not loaded.
@@ -89,5 +90,8 @@ step "compiled blocks" 150 compile.txt "$PY" tools/bench_compile.py --device cud
 echo "== cached decoding"
 step "decoding" 120 decode.txt "$PY" tools/bench_decode.py --device cuda --d-model 1024 --layers 4 --heads 16 \
   --models swa fsl fs tfpp --contexts 4096 16384 --new-tokens 64
+echo "== FS-B: the forest search in PyTorch and as one kernel"
+step "FS-B search" 90 fsb.txt "$PY" tools/bench_decode.py --device cuda --d-model 1024 --layers 4 --heads 16 \
+  --models fsb --impls reference auto --contexts 4096 16384 --new-tokens 32
 note "gpu_check: exit $status after $(( $(date +%s) - started )) s; results in $RESULTS"
 exit "$status"

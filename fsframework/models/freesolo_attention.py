@@ -130,7 +130,7 @@ class FreeSoloAttention(QKVAttention):
         a = self.cfg.attention
         return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb.top_k,
                             sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb.beam_width,
-                            bound_c=a.fsb.bound_c, forests=a.fsb.forests, tau=self.fsb_tau())
+                            bound_c=a.fsb.bound_c, forests=a.fsb.forests, tau=self.fsb_tau(), impl=a.impl)
 
     def fsb_tau(self) -> Optional[torch.Tensor]:
         """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""

@@ -56,7 +56,8 @@ class FSBCache(FSCache):
         with torch.no_grad():
             choice = route_fsb_block(self.state, q_g, pos, keys.flatten(0, 1), a.transpose(1, 2).reshape(-1, cells),
                                      self._centers(torch.arange(cells, device=q.device), a), lam=lam, sigma=sigma,
-                                     beam_width=self.beam_width, bound_c=self.bound_c, top_k=self.top_k)
+                                     beam_width=self.beam_width, bound_c=self.bound_c, top_k=self.top_k,
+                                     impl=module.cfg.attention.impl)
         choice = choice.view(bsz, heads, num, self.top_k).transpose(1, 2)
         return choice, keys, values, None  # the choice is cell ids
 

@@ -53,7 +53,7 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
     eligible cells of largest `a_c`. sigma (> 0), lam (>= 0): floats or `[H]`
     tensors. [choice] ties in `a_c` and in `r_ic` go to the earlier cell.
 
-    variant "fsb" (inference only, reference only, docs/freesolo.md §1.8): per head, a beam
+    variant "fsb" (inference only, docs/freesolo.md §1.8; `impl` picks the search's kernel): per head, a beam
     of `beam_width` searches two forests of the eligible cells (`F0`: all; `Ftau`: those
     with `a_c >= tau_h`, tau a `[H]` tensor; `forests` "both", "f0" or "ftau") by the
     bound `U_v` (`bound_c` = c), and the found cells are rescored by Eq. 12 (log-sum-exp
@@ -70,7 +70,7 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_
     if variant == "fsb":
         return select_cells_fsb(q, k, tau=tau, beam_width=beam_width, bound_c=bound_c, forests=forests,
                                 cell_size=cell_size, block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
-                                q_start=q_start)
+                                q_start=q_start, impl=impl)
     kernel = kernel_for("cell_routing", "select_cells", impl, q,
                         routing_unsupported(q.dtype, q.shape[-1], top_k=top_k, variant=variant,
                                             retained_cells=retained_cells, recent_cells=recent_cells,

@@ -1,6 +1,9 @@
 """FS-B routing (docs/freesolo.md §1.8): beam search over two forests, then Eq. 12 rescoring.
 
-Reference implementation in plain PyTorch; inference only (no gradient, no kernel).
+Reference implementation in plain PyTorch; inference only (no gradient). The search (`beam_search`)
+has a Triton kernel (`fsf_kernels.fsb_search`: one launch per block of queries instead of tens of
+small ops per tree level), picked by `impl` as every op's (`fsframework.ops.dispatch`); the forests'
+growth and the rescoring stay in PyTorch.
 Legend: Bt batch, N tokens, H heads, d head width, Q queries of one block, Wb beam
 width, K top_k, s cell size.
 
@@ -41,6 +44,8 @@ from typing import NamedTuple
 import torch
 
 from fsf_kernels.common.args import check_routing_args, prior_per_head
+from fsf_kernels.common.support import fsb_search_unsupported
+from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
 from fsframework.ops.fsb_forest import Forests, NodeStore
 
@@ -172,8 +177,10 @@ def _all_fit(leaf: torch.Tensor, children: torch.Tensor, beam_width: int) -> boo
 
 
 def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
-                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
+                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float, impl: str = "reference") -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
+    With `impl` picking the kernel (`fsf_kernels.fsb_search`), the same cells per (row, query),
+    in slots of its own (the slots are storage: the rescoring sorts them).
 
     roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, lam, sigma `[G]`. A step keeps
     the beam's leaves in their slots and fills its other slots with the children of its inner
@@ -182,6 +189,12 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     While every child fits (the upper levels) the beam takes them all whatever the query, so
     those levels are walked once per forest, not once per query.
     """
+    kernel = kernel_for("fsb_search", "beam_search", impl, q,
+                        fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=beam_width))
+    if kernel is not None:
+        buffers = store.buffers
+        return kernel(buffers["mu"], buffers["stats"], buffers["links"], roots, q, pos, beam_width=beam_width,
+                      lam=lam, sigma=sigma, bound_c=bound_c)
     links = store.buffers["links"]
     groups, num_q = q.shape[:2]
     beam = torch.full((groups, 1, beam_width), -1, dtype=torch.long, device=q.device)
@@ -284,19 +297,20 @@ def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: tor
 
 def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor,
                     centers: torch.Tensor, *, lam: torch.Tensor, sigma: torch.Tensor, beam_width: int,
-                    bound_c: float, top_k: int) -> torch.Tensor:
+                    bound_c: float, top_k: int, impl: str = "reference") -> torch.Tensor:
     """FS-B's cells for the queries of one block -> `[G, Q, K]` cell ids, -1 = none.
 
     q `[G, Q, d]` at positions `pos [Q]`, one row per (batch row, head) g; keys cell-major
     `[G, C', s, d]` (C' >= C: read in place), a `[G, C]`, centers `[C]` of the C eligible cells;
     lam, sigma `[G]`. A beam per query searches every forest of its row (`beam_search`), and the
-    union of what they found is rescored by Eq. 12 (`rescore`).
+    union of what they found is rescored by Eq. 12 (`rescore`). `impl` picks the search's
+    implementation (`beam_search`).
     """
     groups, num_q = q.shape[:2]
     kinds = state.forests.rows // groups
     found = beam_search(state.forests.store, state.forests.root, q.repeat_interleave(kinds, dim=0), pos,
                         beam_width=beam_width, lam=lam.repeat_interleave(kinds),
-                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c)  # [G kinds, Q, Wb]
+                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c, impl=impl)  # [G kinds, Q, Wb]
     cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
     return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
 
@@ -304,13 +318,14 @@ def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: t
 def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | None = None, beam_width: int = 16,
                      bound_c: float = 8.0, forests: str = "both", cell_size: int = 32, block_size: int = 128,
                      top_k: int = 4, sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
-                     q_start: int = 0) -> torch.Tensor:
+                     q_start: int = 0, impl: str = "reference") -> torch.Tensor:
     """FS-B selected cells `[Bt, n, H, top_k]` (descending Eq. 12 score, -1 = none); see module docstring.
 
     q, k unrotated `[Bt, N, H, d]` (or q of positions `[q_start, q_start + n)` over k of
     `[0, q_start + n)`); tau `[H]` (needed unless forests="f0"). The forests are built from
     the first block on, whatever `q_start`; only the queries of q are searched. Every batch
-    row, head and forest is searched at once (one node store, one beam tensor).
+    row, head and forest is searched at once (one node store, one beam tensor); `impl` picks the
+    search's implementation (`beam_search`).
     """
     check_routing_args(q, k, variant="fs", cell_size=cell_size, block_size=block_size, top_k=top_k,
                        recent_cells=0, retained_cells=0, q_start=q_start)
@@ -345,5 +360,6 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
             rows = slice(start - q_start, min(start + block_size, seq) - q_start)
             pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
             out[:, rows] = route_fsb_block(state, q_bh[:, rows], pos, k_cells, a_bh, centers, lam=lam_g,
-                                           sigma=sigma_g, beam_width=beam_width, bound_c=bound_c, top_k=top_k)
+                                           sigma=sigma_g, beam_width=beam_width, bound_c=bound_c, top_k=top_k,
+                                           impl=impl)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

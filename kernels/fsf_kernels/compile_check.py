@@ -27,8 +27,8 @@ import torch
 from fsf_kernels.common import support
 from fsf_kernels.common.targets import TARGETS, compile_for, launch, ptr
 
-F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
+F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
+_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16", F64: "fp64"}
 DIMS = (16, 32, 64, 128, 256)
 
 
@@ -124,6 +124,13 @@ def _grc_scan(arch, dtype, width):
     return out
 
 
+def _fsb_search(arch, dtype, dim, beam_width):
+    import importlib
+
+    # the package exports the function `beam_search`: fetch the module of that name
+    return importlib.import_module("fsf_kernels.fsb_search.beam_search").launches(dtype, dim, beam_width, arch)
+
+
 def _common(arch, dtype, dim):
     from fsf_kernels.common import rope, softmax_bwd
     from fsf_kernels.common.utils import next_pow2
@@ -139,7 +146,7 @@ def _common(arch, dtype, dim):
 
 
 BUILDERS = {"window": _window, "routing": _routing, "readout": _readout, "rewired": _rewired,
-            "grc_scan": _grc_scan, "common": _common}
+            "grc_scan": _grc_scan, "fsb_search": _fsb_search, "common": _common}
 
 
 def configurations(full: bool = False) -> list[Config]:
@@ -159,6 +166,9 @@ def configurations(full: bool = False) -> list[Config]:
                                     block_size=128))
                     for s in (8, 32, min(smax, support.MAX_CELL_TILE // d)):
                         out.append(_cfg("readout", dtype=dt, dim=d, top_k=k, cell_size=s))
+                if dt == F32:  # the search runs in its summaries' dtype: fp32 or fp64
+                    out += [_cfg("fsb_search", dtype=sdt, dim=d, beam_width=wb)
+                            for sdt in (F32, F64) for wb in (1, 16, support.MAX_BEAM_WIDTH)]
             for width in (64, 512, 1536, support.MAX_SCAN_WIDTH):
                 out.append(_cfg("grc_scan", dtype=dt, width=width))
             for p, s, blk in ((64, 32, 128), (16, 4, 256), (pmax, 8, 8 * support.MAX_NEW_CELLS)):
@@ -188,6 +198,8 @@ def configurations(full: bool = False) -> list[Config]:
     # 4,096 B at the widest rows): one matmul stands for them here
     out.append(_cfg("grc_scan", dtype=BF16, width=support.MAX_SCAN_WIDTH, only="W1"))
     out.append(_cfg("common", dtype=BF16, dim=256, only="delta"))
+    # FS-B's search holds its beam and the children's mean keys in registers, no shared-memory tile
+    out.append(_cfg("fsb_search", dtype=F32, dim=256, beam_width=support.MAX_BEAM_WIDTH))
     return out
 
 

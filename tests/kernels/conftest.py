@@ -33,6 +33,7 @@ _KERNEL_MODULES = (
     "fsf_kernels.cell_readout.cell_readout",
     "fsf_kernels.rewired_attention.rewired_attention",
     "fsf_kernels.grc_scan.cell",
+    "fsf_kernels.fsb_search.beam_search",
 )
 
 

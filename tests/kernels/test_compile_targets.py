@@ -54,7 +54,8 @@ def test_the_representative_set_covers_every_kernel_and_the_extremes():
     from fsf_kernels.common import support
 
     configs = configurations()
-    assert {c.kernel for c in configs} == {"window", "routing", "readout", "rewired", "grc_scan", "common"}
+    assert {c.kernel for c in configs} == {"window", "routing", "readout", "rewired", "grc_scan", "fsb_search",
+                                           "common"}
     params = [dict(c.params) for c in configs]
     assert max(p.get("dim", 0) for p in params) == support.MAX_HEAD_DIM
     routing = [p for c, p in zip(configs, params) if c.kernel == "routing"]
@@ -64,3 +65,4 @@ def test_the_representative_set_covers_every_kernel_and_the_extremes():
     assert max(p["top_k"] for p in readout) == support.MAX_TOP_K
     assert max(p["cell_size"] for p in readout) == support.MAX_CELL_SIZE
     assert max(support.padded_dim(p["cell_size"]) * p["dim"] for p in readout) == support.MAX_CELL_TILE
+    assert max(p["beam_width"] for c, p in zip(configs, params) if c.kernel == "fsb_search") == support.MAX_BEAM_WIDTH

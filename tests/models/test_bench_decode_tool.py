@@ -38,3 +38,12 @@ def test_from_a_model_size_without_the_yaml_reader(tmp_path):
 def test_from_a_job_yaml_with_overrides(tmp_path):
     rows = _run(tmp_path, "--models", "fs", "--contexts", "200", "--new-tokens", "2", "model.n_layers=1")
     assert len(rows) == 1 and rows[0]["model"] == "fs" and "ops_per_token" not in rows[0]
+
+
+def test_impls_side_by_side(tmp_path):
+    """`--impls`: each model under each implementation, the same weights (FS-B, calibrated on them)."""
+    rows = _run(tmp_path, "--models", "fsb", "--impls", "reference", "auto", "--contexts", "200", "--new-tokens", "2",
+                "--d-model", "32", "--layers", "1", "--heads", "2", "--count-ops")
+    assert [(r["model"], r["impl"]) for r in rows] == [("fsb", "reference"), ("fsb", "auto")]
+    assert rows[0]["cache_bytes"] == rows[1]["cache_bytes"]
+    assert rows[0]["ops_per_token"] == rows[1]["ops_per_token"]  # on the CPU "auto" runs the same PyTorch ops

@@ -13,9 +13,8 @@ from fsframework.models.registry import build_model, check_trainable
 from tests.utils import REPO
 
 
-def _model(name: str, **fsb):
-    att = AttentionConfig(window=12, cell_size=4, block_size=8, top_k=2, sigma=2.0, impl="reference",
-                          fsb=FsbConfig(**fsb))
+def _model(name: str, impl: str = "reference", **fsb):
+    att = AttentionConfig(window=12, cell_size=4, block_size=8, top_k=2, sigma=2.0, impl=impl, fsb=FsbConfig(**fsb))
     torch.manual_seed(0)
     return build_model(ModelConfig(name=name, vocab_size=64, d_model=32, n_layers=2, n_heads=2, attention=att))
 
@@ -31,6 +30,34 @@ def test_fs_weights_load_into_fsb_and_read_fsb_top_k_cells():
     tokens = torch.randint(0, 64, (2, 40))
     with torch.no_grad():
         assert torch.isfinite(fsb(tokens)).all()
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_the_search_runs_the_configured_impl(impl, monkeypatch):
+    """The whole-sequence forward and the decode cache hand `model.attention.impl` to FS-B's search
+    (which runs its kernel where the dispatcher picks it: tests/kernels/test_fsb_search.py)."""
+    import fsframework.ops.fsb_search as search
+    from fsframework.models.decode_cache import decode_cache
+
+    asked = []
+    real = search.kernel_for
+
+    def recording(module, name, impl_, tensor, unsupported=None):
+        asked.append((module, name, impl_))
+        return real(module, name, impl_, tensor, unsupported)
+
+    monkeypatch.setattr(search, "kernel_for", recording)
+    model = _model("fsb", impl=impl, beam_width=4).eval()
+    set_fsb_thresholds(model, [[0.1, 0.2], [0.3, 0.4]], "test thresholds")
+    tokens = torch.randint(0, 64, (1, 30))
+    with torch.no_grad():
+        model(tokens)
+        whole = len(asked)
+        with decode_cache(model, chunk=8) as cache:
+            cache.forward(tokens[:, :20])
+            cache.forward(tokens[:, 20:21])
+    assert whole > 0 and len(asked) > whole  # both paths searched
+    assert set(asked) == {("fsb_search", "beam_search", impl)}
 
 
 def test_fsb_without_calibration_names_fsf_calibrate():

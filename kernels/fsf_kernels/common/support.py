@@ -34,6 +34,8 @@ MAX_NEW_CELLS = 64  # block_size / cell_size: cells that become eligible at once
 MAX_CELL_SIZE = 128  # the readout's K/V tile rows
 MAX_CELL_TILE = 8192  # the readout's K/V tile elements, cell size x padded head dim (32 x 256, 128 x 64)
 MAX_SCAN_WIDTH = 2048  # GRC tree scan: the gates/LayerNorm kernels hold whole rows
+MAX_BEAM_WIDTH = 64  # FS-B search: a program ranks 2 Wb children by [Wb, Wb] comparisons in registers
+SEARCH_DTYPES = (torch.float32, torch.float64)  # FS-B searches in its summaries' dtype, fp32 or wider
 
 
 def target_for_shared_memory(per_block: int) -> int | None:
@@ -128,6 +130,17 @@ def window_unsupported(dtype: torch.dtype, dim: int, *, rope: bool) -> str | Non
 def rewired_unsupported(dtype: torch.dtype, dim: int) -> str | None:
     """Runway-rewired attention (`fsf_kernels.rewired_attention`)."""
     return _common(dtype, dim)
+
+
+def fsb_search_unsupported(dtype: torch.dtype, dim: int, *, beam_width: int) -> str | None:
+    """FS-B's forest beam search (`fsf_kernels.fsb_search`)."""
+    if dtype not in SEARCH_DTYPES:
+        return f"dtype {dtype} (the search takes float32 and float64, the summaries' dtypes)"
+    if not 1 <= dim <= MAX_HEAD_DIM:
+        return f"head dim {dim} (the kernels take 1..{MAX_HEAD_DIM})"
+    if not 1 <= beam_width <= MAX_BEAM_WIDTH:
+        return f"beam_width={beam_width} (the kernel's beam holds 1..{MAX_BEAM_WIDTH} nodes)"
+    return None
 
 
 def scan_unsupported(dtype: torch.dtype, width: int) -> str | None:
