@@ -76,11 +76,18 @@ def check_fsb_args(tau: torch.Tensor | None, heads: int, *, beam_width: int, top
         raise ValueError(f"tau must be finite, got {tau.tolist()}")
 
 
-def _take(buffer: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-    """`buffer [G, cap, ...]` at node ids `nodes [G, Q, m]` (entries < 0 read node 0: mask them)."""
+def _take(buffer: torch.Tensor, nodes: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+    """`buffer [G, cap, ...]` at node ids `nodes [G, Q, m]` (entries < 0 read node 0: mask them);
+    `starts`: each row's first flat index, `[G, 1, 1]` (`_row_starts`), when the caller keeps it."""
     groups, capacity, *rest = buffer.shape
-    flat = torch.arange(groups, device=nodes.device)[:, None, None] * capacity + nodes.clamp_min(0)
+    if starts is None:
+        starts = _row_starts(groups, capacity, nodes.device)
+    flat = starts + nodes.clamp_min(0)
     return buffer.reshape(groups * capacity, *rest).index_select(0, flat.flatten()).view(*nodes.shape, *rest)
+
+
+def _row_starts(groups: int, capacity: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(0, groups * capacity, capacity, device=device)[:, None, None]
 
 
 def forest_thresholds(tau: torch.Tensor | None, heads: int, batch: int, kinds: tuple, *,
@@ -108,7 +115,7 @@ def admit_cells(forests: Forests, kbar: torch.Tensor, a: torch.Tensor, centers: 
 DISTINCT_NODES_PER_CHILD = 2
 
 
-def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor, starts: torch.Tensor | None = None):
     """`q . mu_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (entries < 0 give garbage)."""
     groups, num_q, width = nodes.shape
     capacity = mu.shape[1]
@@ -122,39 +129,56 @@ def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor) -> torch.
             ids = torch.zeros(groups, distinct + 1, dtype=torch.long, device=nodes.device)
             ids.scatter_(1, torch.where(present, slot, distinct), torch.arange(capacity, device=nodes.device)
                          .expand(groups, -1))
-            dots = torch.bmm(q, _take(mu, ids[:, None, :distinct])[:, 0].transpose(1, 2))  # G Q distinct
+            dots = torch.bmm(q, _take(mu, ids[:, None, :distinct], starts)[:, 0].transpose(1, 2))  # G Q distinct
             return dots.gather(2, slot.gather(1, nodes.clamp_min(0).flatten(1)).clamp_min(0).view_as(nodes))
-    return torch.einsum("gqd,gqmd->gqm", q, _take(mu, nodes))
+    return torch.matmul(_take(mu, nodes, starts), q[..., None])[..., 0]
 
 
-def _bounds_and_pmin(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *,
-                     lam: torch.Tensor, sigma: torch.Tensor, bound_c: float,
-                     qnorm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    stats = _take(store.buffers["stats"], nodes)  # G Q m 3: rho, amax, pmin
-    rho, amax, pmin = stats.unbind(-1)
-    if qnorm is None:
-        qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
-    content = _node_dots(store.buffers["mu"], q, nodes) + bound_c * rho * qnorm
-    gate = torch.erf((pos[:, None] - pmin) / (2.0 * sigma[:, None, None]))
-    return content / math.sqrt(q.shape[-1]) + lam[:, None, None] * amax * gate, pmin
+class _Terms(NamedTuple):
+    """What `U_v` reads of the queries and rows, computed once per search: q `[G, Q, d]`, pos
+    `[1, Q, 1]`, `c ||q||` `[G, Q, 1]`, lam and `2 sigma` `[G, 1, 1]`, `sqrt(d)`, and the rows'
+    first flat node indices (`_row_starts`)."""
+
+    q: torch.Tensor
+    pos: torch.Tensor
+    c_qnorm: torch.Tensor
+    lam: torch.Tensor
+    two_sigma: torch.Tensor
+    scale: float
+    starts: torch.Tensor
+
+
+def _terms(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, lam: torch.Tensor, sigma: torch.Tensor,
+           bound_c: float) -> _Terms:
+    c_qnorm = bound_c * torch.linalg.vector_norm(q, dim=-1, keepdim=True)
+    return _Terms(q, pos[None, :, None], c_qnorm, lam[:, None, None], 2.0 * sigma[:, None, None],
+                  math.sqrt(q.shape[-1]), _row_starts(store.rows, store.capacity, q.device))
+
+
+def _bounds_and_pmin(store: NodeStore, terms: _Terms, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rho, amax, pmin = _take(store.buffers["stats"], nodes, terms.starts).unbind(-1)  # G Q m each
+    content = _node_dots(store.buffers["mu"], terms.q, nodes, terms.starts) + rho * terms.c_qnorm
+    gate = torch.erf((terms.pos - pmin) / terms.two_sigma)
+    return content / terms.scale + terms.lam * amax * gate, pmin
 
 
 def node_bounds(store: NodeStore, q: torch.Tensor, pos: torch.Tensor, nodes: torch.Tensor, *, lam: torch.Tensor,
                 sigma: torch.Tensor, bound_c: float) -> torch.Tensor:
     """`U_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (one forest per row of `store`; entries < 0
     give garbage: mask them) for queries q `[G, Q, d]` at positions `pos [Q]`; lam, sigma `[G]`."""
-    return _bounds_and_pmin(store, q, pos, nodes, lam=lam, sigma=sigma, bound_c=bound_c)[0]
+    return _bounds_and_pmin(store, _terms(store, q, pos, lam, sigma, bound_c), nodes)[0]
 
 
-def _expand(links: torch.Tensor, beam: torch.Tensor):
+def _expand(links: torch.Tensor, beam: torch.Tensor, starts: torch.Tensor | None = None):
     """The beam's leaves `[..., Wb]` bool, its cells (-1 inside) and its inner nodes' children
     `[..., 2 Wb]` (-1 = none); None for the children once every node is a leaf."""
-    node = _take(links, beam)  # ... Wb 3: left, right, cell
-    leaf = (beam >= 0) & (node[..., 2] >= 0)
-    inner = (beam >= 0) & ~leaf
+    node = _take(links, beam, starts)  # ... Wb 3: left, right, cell
+    held, cells = beam >= 0, node[..., 2]
+    leaf = held & (cells >= 0)
+    inner = held & (cells < 0)
     if not bool(inner.any()):
-        return leaf, node[..., 2], None
-    return leaf, node[..., 2], torch.where(inner[..., None], node[..., :2], -1).flatten(-2)
+        return leaf, cells, None
+    return leaf, cells, torch.where(inner[..., None], node[..., :2], -1).flatten(-2)
 
 
 def _fill(beam: torch.Tensor, leaf: torch.Tensor, ranked: torch.Tensor) -> torch.Tensor:
@@ -176,8 +200,23 @@ def _all_fit(leaf: torch.Tensor, children: torch.Tensor, beam_width: int) -> boo
     return bool(((children >= 0).sum(dim=-1) <= beam_width - leaf.sum(dim=-1)).all())
 
 
+def shared_walk(links: torch.Tensor, roots: torch.Tensor, beam_width: int) -> tuple:
+    """The upper levels of every forest row, where every child fits and the beam takes them all
+    whatever the query: (beam, leaf, cells, children) `[G, 1, ...]` where they stop (children
+    None once every node is a leaf), for `beam_search` to go on from."""
+    beam = torch.full((roots.shape[0], 1, beam_width), -1, dtype=torch.long, device=roots.device)
+    beam[..., 0] = roots[:, None]
+    starts = _row_starts(*links.shape[:2], roots.device)
+    leaf, cells, children = _expand(links, beam, starts)
+    while children is not None and _all_fit(leaf, children, beam_width):
+        beam = _fill(beam, leaf, _valid_first(children))
+        leaf, cells, children = _expand(links, beam, starts)
+    return beam, leaf, cells, children
+
+
 def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
-                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float, impl: str = "reference") -> torch.Tensor:
+                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float, impl: str = "reference",
+                walks: dict | None = None) -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
     With `impl` picking the kernel (`fsf_kernels.fsb_search`), the same cells per (row, query),
     in slots of its own (the slots are storage: the rescoring sorts them).
@@ -187,7 +226,9 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     nodes in order of `U_v` (ties: smaller `pmin_v`). The nodes a beam holds are disjoint
     subtrees, so their `pmin_v` differ and the order is total: slots are only storage.
     While every child fits (the upper levels) the beam takes them all whatever the query, so
-    those levels are walked once per forest, not once per query.
+    those levels are walked once per forest, not once per query (`shared_walk`), and once per
+    state of the forests where `walks` keeps them (a dict per forests' state, keyed by beam width:
+    a decoded block's tokens search the same forests).
     """
     kernel = kernel_for("fsb_search", "beam_search", impl, q,
                         fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=beam_width))
@@ -197,31 +238,25 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
                       lam=lam, sigma=sigma, bound_c=bound_c)
     links = store.buffers["links"]
     groups, num_q = q.shape[:2]
-    beam = torch.full((groups, 1, beam_width), -1, dtype=torch.long, device=q.device)
-    beam[..., 0] = roots[:, None]
-    leaf, cells, children = _expand(links, beam)
-    while children is not None and _all_fit(leaf, children, beam_width):
-        beam = _fill(beam, leaf, _valid_first(children))
-        leaf, cells, children = _expand(links, beam)
+    walk = None if walks is None else walks.get(beam_width)
+    if walk is None:
+        walk = shared_walk(links, roots, beam_width)
+        if walks is not None:
+            walks[beam_width] = walk
+    beam, leaf, cells, children = walk  # never written in place below: a kept walk stays valid
     if children is None:
         return torch.where(leaf, cells, -1).expand(groups, num_q, beam_width)
     beam, leaf, children = (x.expand(groups, num_q, x.shape[-1]) for x in (beam, leaf, children))
-    qnorm = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # G Q 1
+    terms = _terms(store, q, pos, lam, sigma, bound_c)
     while True:
-        if _all_fit(leaf, children, beam_width):
-            ranked = _valid_first(children)
-        else:
-            key, pmin = _bounds_and_pmin(store, q, pos, children, lam=lam, sigma=sigma, bound_c=bound_c,
-                                         qnorm=qnorm)
-            key = key.masked_fill(children < 0, float("-inf"))
-            ranked_key, order = key.sort(dim=-1, descending=True, stable=True)
-            if bool(((ranked_key[..., 1:] == ranked_key[..., :-1]) & (ranked_key[..., 1:] > float("-inf"))).any()):
-                # equal bounds (rare): rank by pmin first, so that the stable sort by U_v breaks ties by pmin
-                by_pmin = pmin.sort(dim=-1, stable=True).indices
-                order = by_pmin.gather(-1, key.gather(-1, by_pmin).sort(dim=-1, descending=True, stable=True).indices)
-            ranked = children.gather(-1, order)  # the invalid ones last (-1)
-        beam = _fill(beam, leaf, ranked)
-        leaf, cells, children = _expand(links, beam)
+        # every level is ranked, also one whose children all fit: the free slots then take them all
+        key, pmin = _bounds_and_pmin(store, terms, children)
+        key = key.masked_fill(children < 0, float("-inf"))
+        # by U_v, equal bounds by pmin: a stable sort by U_v of the children in pmin order
+        by_pmin = pmin.sort(dim=-1, stable=True).indices
+        order = by_pmin.gather(-1, key.gather(-1, by_pmin).sort(dim=-1, descending=True, stable=True).indices)
+        beam = _fill(beam, leaf, children.gather(-1, order))  # the invalid children last (-1)
+        leaf, cells, children = _expand(links, beam, terms.starts)
         if children is None:
             return torch.where(leaf, cells, -1)
 
@@ -272,11 +307,13 @@ class FSBState(NamedTuple):
     """FS-B's routing state of one layer (docs/freesolo.md §1.8): tensors only.
 
     forests: one forest row per (batch row, head, kind), as `forest_thresholds` orders them;
-    thresholds `[G * kinds]`: each row's admission threshold. `start_fsb` makes an empty one,
-    `admit_fsb` grows it at a block boundary, `route_fsb_block` reads it."""
+    thresholds `[G * kinds]`: each row's admission threshold; walks: the search's query-independent
+    upper levels per beam width (`shared_walk`), kept for the forests as they are. `start_fsb`
+    makes an empty one, `admit_fsb` grows it at a block boundary, `route_fsb_block` reads it."""
 
     forests: Forests
     thresholds: torch.Tensor
+    walks: dict
 
 
 def start_fsb(tau: torch.Tensor | None, forests: str, batch: int, heads: int, dim: int, *,
@@ -284,7 +321,7 @@ def start_fsb(tau: torch.Tensor | None, forests: str, batch: int, heads: int, di
     """An FS-B state with no cell admitted; `like` gives the summaries' dtype and device."""
     kinds = FOREST_KINDS[forests]
     return FSBState(Forests(batch * heads * len(kinds), dim, dtype=like.dtype, device=like.device),
-                    forest_thresholds(tau, heads, batch, kinds, like=like))
+                    forest_thresholds(tau, heads, batch, kinds, like=like), {})
 
 
 def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
@@ -292,7 +329,7 @@ def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: tor
     """The state after a block boundary: the newly eligible cells `ids [n]` with their summaries,
     kbar `[G, n, d]`, a `[G, n]` per (batch row, head) g, centers `[n]` (`admit_cells`)."""
     admit_cells(state.forests, kbar, a, centers, ids, state.thresholds)
-    return state
+    return state._replace(walks={})  # the forests have grown: their upper levels are walked again
 
 
 def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor,
@@ -310,7 +347,8 @@ def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: t
     kinds = state.forests.rows // groups
     found = beam_search(state.forests.store, state.forests.root, q.repeat_interleave(kinds, dim=0), pos,
                         beam_width=beam_width, lam=lam.repeat_interleave(kinds),
-                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c, impl=impl)  # [G kinds, Q, Wb]
+                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c, impl=impl,
+                        walks=state.walks)  # [G kinds, Q, Wb]
     cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
     return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
 

@@ -106,6 +106,28 @@ def test_a_query_block_prepares_its_candidates_once(name, monkeypatch):
     assert len(prepared) == 3 * len(model.layers), len(prepared)
 
 
+def test_fsb_walks_the_upper_levels_of_its_forests_once_per_block(monkeypatch):
+    """The levels of FS-B's search where every child fits are the same for every query; the forests
+    change only at a block boundary, so a decoded block's tokens walk them once (docs/decoding.md)."""
+    import fsframework.ops.fsb_search as search
+
+    walked, walk = [], search.shared_walk
+
+    def counting(*args, **kwargs):
+        walked.append(1)
+        return walk(*args, **kwargs)
+
+    monkeypatch.setattr(search, "shared_walk", counting)
+    model = tiny_model("fsb", VOCAB)  # blocks of 8
+    tokens = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), decode_cache(model) as cache:
+        cache.forward(tokens[:, :16])
+        walked.clear()
+        for pos in range(16, 40):  # three blocks of 8 tokens, one token at a time
+            cache.forward(tokens[:, pos:pos + 1])
+    assert len(walked) == 3 * len(model.layers), len(walked)
+
+
 def _ops_per_token(model, context: int) -> int:
     tokens = torch.randint(0, VOCAB, (1, context + 2), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), decode_cache(model) as cache:

@@ -32,7 +32,7 @@ from fsf_kernels.common.utils import next_pow2
 
 
 @triton.jit
-def _bounds(mu, stats, nodes, valid, qv, qn, offs_d, dmask, pos_i, lam_g, two_sigma, bound_c, sqrt_d, s_mu_n):
+def _bounds(mu, stats, nodes, valid, qv, c_qn, offs_d, dmask, pos_i, lam_g, two_sigma, sqrt_d, s_mu_n):
     """`U_v` and `pmin_v` of `nodes [WBP]` (`-inf` where not `valid`); `mu`, `stats` point at the row."""
     rows = tl.load(mu + nodes[:, None] * s_mu_n + offs_d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
     dots = tl.sum(rows * qv[None, :], axis=1)
@@ -40,7 +40,7 @@ def _bounds(mu, stats, nodes, valid, qv, qn, offs_d, dmask, pos_i, lam_g, two_si
     amax = tl.load(stats + nodes * 3 + 1, mask=valid, other=0.0)
     pmin = tl.load(stats + nodes * 3 + 2, mask=valid, other=0.0)
     gate = tl.math.erf((pos_i - pmin) / two_sigma)
-    bound = (dots + bound_c * rho * qn) / sqrt_d + lam_g * amax * gate
+    bound = (dots + rho * c_qn) / sqrt_d + lam_g * amax * gate  # c_qn = c ||q||, as the reference groups it
     return tl.where(valid, bound, float("-inf")), pmin
 
 
@@ -70,7 +70,7 @@ def fsb_beam_kernel(mu, stats, links, roots, q, pos, lam, sigma, out, dim, bound
     offs_d = tl.arange(0, BD)
     dmask = offs_d < dim
     qv = tl.load(q + g * s_q_g + i * s_q_q + offs_d, mask=dmask, other=0.0)
-    qn = tl.sqrt(tl.sum(qv * qv, axis=0))
+    c_qn = bound_c * tl.sqrt(tl.sum(qv * qv, axis=0))
     pos_i = tl.load(pos + i)
     lam_g = tl.load(lam + g)
     two_sigma = 2.0 * tl.load(sigma + g)
@@ -85,10 +85,8 @@ def fsb_beam_kernel(mu, stats, links, roots, q, pos, lam, sigma, out, dim, bound
         left = tl.load(links + beam * 3, mask=inner, other=-1)
         right = tl.load(links + beam * 3 + 1, mask=inner, other=-1)
         ok_l, ok_r = left >= 0, right >= 0
-        u_l, p_l = _bounds(mu, stats, left, ok_l, qv, qn, offs_d, dmask, pos_i, lam_g, two_sigma, bound_c, sqrt_d,
-                           s_mu_n)
-        u_r, p_r = _bounds(mu, stats, right, ok_r, qv, qn, offs_d, dmask, pos_i, lam_g, two_sigma, bound_c, sqrt_d,
-                           s_mu_n)
+        u_l, p_l = _bounds(mu, stats, left, ok_l, qv, c_qn, offs_d, dmask, pos_i, lam_g, two_sigma, sqrt_d, s_mu_n)
+        u_r, p_r = _bounds(mu, stats, right, ok_r, qv, c_qn, offs_d, dmask, pos_i, lam_g, two_sigma, sqrt_d, s_mu_n)
         rank_l = _beaten_by(u_l, p_l, u_l, p_l, ok_l) + _beaten_by(u_l, p_l, u_r, p_r, ok_r)
         rank_r = _beaten_by(u_r, p_r, u_l, p_l, ok_l) + _beaten_by(u_r, p_r, u_r, p_r, ok_r)
         free = WB - tl.sum(leaf.to(tl.int32), axis=0)
