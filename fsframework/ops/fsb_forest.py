@@ -42,7 +42,7 @@ def power_iteration(x: torch.Tensor, u: torch.Tensor, steps: int = 2) -> torch.T
     cells give a zero direction and a split in arrival order, never a NaN.
     """
     for _ in range(steps):
-        w = torch.einsum("...md,...m->...d", x, torch.einsum("...md,...d->...m", x, u))
+        w = torch.matmul(x.transpose(-1, -2), torch.matmul(x, u[..., None]))[..., 0]  # X^T (X u)
         norm = torch.linalg.vector_norm(w, dim=-1, keepdim=True)
         u = torch.where(norm > 0, w / torch.where(norm > 0, norm, 1.0), u)
     return u
@@ -61,28 +61,27 @@ def build_chunk_trees(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
     if num & (num - 1):
         raise ValueError(f"a chunk holds a power of two cells, got {num}")
     nodes = 2 * num - 1
-    out = {"mu": kbar.new_zeros(groups, nodes, dim), "rho": kbar.new_zeros(groups, nodes),
-           "amax": kbar.new_zeros(groups, nodes), "pmin": kbar.new_zeros(groups, nodes),
-           "cell": torch.full((groups, nodes), -1, dtype=torch.long, device=kbar.device)}
-    x, a, p, ids = kbar[:, None], a[:, None], p[:, None], cells[:, None]  # [G, S segments, m, ...]
-    level = 0
+    # a level's nodes follow the previous level's in heap order: collected per level, joined at the end
+    levels: dict[str, list[torch.Tensor]] = {"mu": [], "rho": [], "amax": [], "pmin": []}
+    # [G, S segments, m, ...]; a and p travel together (one scatter per level)
+    x, ap, ids = kbar[:, None], torch.stack((a, p.to(a.dtype)), dim=-1)[:, None], cells[:, None]
     while True:
         segs, width = x.shape[1], x.shape[2]
-        first = (1 << level) - 1
         mu = x.mean(dim=2)
         centered = x - mu[:, :, None]
         dist = torch.linalg.vector_norm(centered, dim=-1)  # G S m
-        out["mu"][:, first:first + segs] = mu
-        out["rho"][:, first:first + segs] = dist.amax(dim=-1)
-        out["amax"][:, first:first + segs] = a.amax(dim=-1)
-        out["pmin"][:, first:first + segs] = p.amin(dim=-1)
+        levels["mu"].append(mu)
+        levels["rho"].append(dist.amax(dim=-1))
+        levels["amax"].append(ap[..., 0].amax(dim=-1))
+        levels["pmin"].append(ap[..., 1].amin(dim=-1))
         if width == 1:
-            out["cell"][:, first:first + segs] = ids[..., 0]
+            out = {name: torch.cat(parts, dim=1) for name, parts in levels.items()}
+            out["cell"] = torch.cat((ids.new_full((groups, nodes - num), -1), ids[..., 0]), dim=1)
             return out
         # the farthest cell starts the power iteration (argmax: the earliest among equals)
         far = dist.argmax(dim=-1)
         u0 = centered.gather(2, far[:, :, None, None].expand(-1, -1, 1, dim))[:, :, 0]
-        proj = torch.einsum("gsmd,gsd->gsm", centered, power_iteration(centered, u0))
+        proj = torch.matmul(centered, power_iteration(centered, u0)[..., None])[..., 0]  # G S m
         half = width // 2  # ceil(m/2) = m/2 for a power of two
         kth = proj.kthvalue(half, dim=-1, keepdim=True).values
         below, tied = proj < kth, proj == kth
@@ -91,10 +90,11 @@ def build_chunk_trees(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
         # stable partition: left cells first, each side in arrival order
         dest = torch.where(left, left.cumsum(dim=-1) - 1, half + (~left).cumsum(dim=-1) - 1)
         x = torch.empty_like(x).scatter_(2, dest[..., None].expand(-1, -1, -1, dim), x)
-        a, p, ids = (torch.empty_like(t).scatter_(2, dest, t) for t in (a, p, ids))
+        ap = torch.empty_like(ap).scatter_(2, dest[..., None].expand(-1, -1, -1, 2), ap)
+        ids = torch.empty_like(ids).scatter_(2, dest, ids)
         x = x.reshape(groups, 2 * segs, half, dim)
-        a, p, ids = (t.reshape(groups, 2 * segs, half) for t in (a, p, ids))
-        level += 1
+        ap = ap.reshape(groups, 2 * segs, half, 2)
+        ids = ids.reshape(groups, 2 * segs, half)
 
 
 NODE_FIELDS = ("mu", "rho", "amax", "pmin", "left", "right", "cell")
@@ -206,25 +206,20 @@ class Forests:
         has = (new[:, None] >> bits) & 1 == 1
         kept = ((old[:, None] >> bits) & 1 == 1) & ((old[:, None] >> (bits + 1)) == (new[:, None] >> (bits + 1)))
         build = has & ~kept & changed[:, None]
+        offsets, trees_end = _chunk_offsets(new, most.bit_length())
         for bit in build.any(dim=0).nonzero().flatten().tolist():
-            self._write_chunk_trees(bit, build[:, bit].nonzero().squeeze(1), new)
-        self._write_join_chains(new, changed)
+            self._write_chunk_trees(bit, build[:, bit].nonzero().squeeze(1), new, offsets)
+        self._write_join_chains(new, changed, offsets, trees_end)
 
-    @staticmethod
-    def _chunk_offset(count: torch.Tensor, bit: int | torch.Tensor) -> torch.Tensor:
-        """First node slot of the chunk of `2^bit` cells (`bit` an int or one per row) in a row of
-        `count` cells: the trees of the larger chunks before it take `2 size - 1` slots each."""
-        higher = count >> (bit + 1)
-        return 2 * (higher << (bit + 1)) - _popcount(higher)
-
-    def _write_chunk_trees(self, bit: int, rows: torch.Tensor, count: torch.Tensor) -> None:
-        """Build the chunk of `2^bit` cells of each of `rows` (rows of `count` cells)."""
+    def _write_chunk_trees(self, bit: int, rows: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Build the chunk of `2^bit` cells of each of `rows` (rows of `count` cells; `offsets`:
+        `_chunk_offsets`)."""
         size, nodes = 1 << bit, (2 << bit) - 1
         first = (count[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
         cells = first[:, None] + torch.arange(size, device=rows.device)
         r = rows[:, None]
         tree = build_chunk_trees(self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells])
-        offset = self._chunk_offset(count[rows], bit)[:, None]
+        offset = offsets[rows, bit][:, None]
         heap = torch.arange(nodes, device=rows.device)
         slots = offset + heap
         t = self.store.tensors
@@ -234,19 +229,22 @@ class Forests:
         t["left"][r, slots] = torch.where(internal, offset + 2 * heap + 1, -1)
         t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
 
-    def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor) -> None:
+    def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
+                           trees_end: torch.Tensor) -> None:
         """J_r = root(G_r); J_t joins root(G_t) and J_{t+1}, smallest chunk first; J_1 is the root
-        (triangle-bound radius). The join nodes follow the last tree, in the order they are made."""
+        (triangle-bound radius). The join nodes follow the last tree (`trees_end`), in the order they
+        are made."""
         t = self.store.tensors
         low = _lowest_bit(count)  # the last (smallest) chunk's size, as a bit
-        below = torch.where(count > 0, self._chunk_offset(count, low.clamp_min(0)), -1)
+        below = torch.where(count > 0, offsets.gather(1, low.clamp_min(0)[:, None])[:, 0], -1)
         below_count = torch.where(count > 0, 1 << low.clamp_min(0), 0)
-        slot = 2 * count - _popcount(count)  # after every chunk tree
-        for bit in range(int(count.max()).bit_length()):
-            rows = (changed & ((count >> bit) & 1 == 1) & (low < bit)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            chunk, under, node = self._chunk_offset(count[rows], bit), below[rows], slot[rows]
+        slot = trees_end.clone()
+        bits = torch.arange(offsets.shape[1], device=count.device)
+        # rows whose chain joins a chunk of 2^bit cells: the bit is set above the smallest chunk's
+        joins = changed[:, None] & ((count[:, None] >> bits) & 1 == 1) & (low[:, None] < bits)
+        for bit in joins.any(dim=0).nonzero().flatten().tolist():
+            rows = joins[:, bit].nonzero().squeeze(1)
+            chunk, under, node = offsets[rows, bit], below[rows], slot[rows]
             na, nb = float(1 << bit), below_count[rows].to(t["mu"].dtype)
             mu_a, mu_b = t["mu"][rows, chunk], t["mu"][rows, under]
             mu = (na * mu_a + nb[:, None] * mu_b) / (na + nb[:, None])
@@ -261,13 +259,26 @@ class Forests:
         self.root = torch.where(changed, below, self.root)
 
 
+def _chunk_offsets(count: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows of `count` cells: the first node slot of the chunk of `2^bit` cells, `[R, bits]`
+    (the trees of the larger chunks before it take `2 size - 1` slots each; meaningless where the
+    row has no such chunk), and the slot after every chunk tree, `[R]`; one popcount for all."""
+    shifts = torch.arange(bits + 1, device=count.device)
+    higher = count[:, None] >> shifts  # [R, bits + 1]: count >> (bit + 1) is column bit + 1
+    ones = _popcount(higher)
+    return 2 * (higher[:, 1:] << shifts[1:]) - ones[:, 1:], 2 * count - ones[:, 0]
+
+
 def _popcount(x: torch.Tensor) -> torch.Tensor:
-    """Set bits of each entry of a non-negative integer tensor."""
-    count = torch.zeros_like(x)
-    for _ in range(int(x.max()).bit_length() if x.numel() else 0):
-        count += x & 1
-        x = x >> 1
-    return count
+    """Set bits of each entry of a non-negative int64 tensor: bit counts of pairs, nibbles and bytes
+    summed in place (no loop over the bits, no multiply that could overflow)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    x = x + (x >> 8)
+    x = x + (x >> 16)
+    x = x + (x >> 32)
+    return x & 0x7F
 
 
 def _lowest_bit(x: torch.Tensor) -> torch.Tensor:

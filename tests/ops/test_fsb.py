@@ -9,7 +9,8 @@ import torch
 
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import top_k_earliest
-from fsframework.ops.fsb_forest import Forest, build_chunk_trees, chunk_sizes, power_iteration
+from fsframework.ops.fsb_forest import (Forest, _chunk_offsets, _popcount, build_chunk_trees, chunk_sizes,
+                                        power_iteration)
 
 F64 = torch.float64
 S, BLK = 4, 16  # small cells and blocks: many cells at a small N
@@ -65,6 +66,20 @@ def test_chunks_follow_the_binary_expansion_and_height_is_log2():
         assert forest.height() == math.ceil(math.log2(num))
         assert sorted(forest.leaves_below(forest.root)) == list(range(num))
         assert forest.size == 2 * num - 1
+
+
+def test_chunk_offsets_count_the_larger_chunks_trees():
+    """A row's chunk of 2^bit cells starts after the trees of its larger chunks (2 size - 1 nodes each),
+    and the join nodes after every tree: the slots `Forests` writes, from one vectorised popcount."""
+    counts = [0, 1, 2, 3, 13, 64, 100, 255, 4097, 2**40 + 2**33 + 5]
+    offsets, trees_end = _chunk_offsets(torch.tensor(counts), 41)
+    for row, count in enumerate(counts):
+        sizes = chunk_sizes(count)
+        assert int(trees_end[row]) == sum(2 * size - 1 for size in sizes)
+        for i, size in enumerate(sizes):
+            assert int(offsets[row, size.bit_length() - 1]) == sum(2 * big - 1 for big in sizes[:i])
+    values = torch.tensor([0, 1, 6, 2**31 - 1, 2**62 + 3, 2**63 - 1])
+    assert _popcount(values).tolist() == [bin(int(v)).count("1") for v in values]
 
 
 def test_incremental_forest_equals_rebuilt():
