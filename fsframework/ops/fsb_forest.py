@@ -214,20 +214,12 @@ class Forests:
     def _write_chunk_trees(self, bit: int, rows: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor) -> None:
         """Build the chunk of `2^bit` cells of each of `rows` (rows of `count` cells; `offsets`:
         `_chunk_offsets`)."""
-        size, nodes = 1 << bit, (2 << bit) - 1
+        size = 1 << bit
         first = (count[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
         cells = first[:, None] + torch.arange(size, device=rows.device)
         r = rows[:, None]
         tree = build_chunk_trees(self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells])
-        offset = offsets[rows, bit][:, None]
-        heap = torch.arange(nodes, device=rows.device)
-        slots = offset + heap
-        t = self.store.tensors
-        for name in ("mu", "rho", "amax", "pmin", "cell"):
-            t[name][r, slots] = tree[name]
-        internal = heap < size - 1
-        t["left"][r, slots] = torch.where(internal, offset + 2 * heap + 1, -1)
-        t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
+        write_trees(self.store.tensors, rows, offsets[rows, bit], tree)
 
     def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
                            trees_end: torch.Tensor) -> None:
@@ -244,19 +236,40 @@ class Forests:
         joins = changed[:, None] & ((count[:, None] >> bits) & 1 == 1) & (low[:, None] < bits)
         for bit in joins.any(dim=0).nonzero().flatten().tolist():
             rows = joins[:, bit].nonzero().squeeze(1)
-            chunk, under, node = offsets[rows, bit], below[rows], slot[rows]
-            na, nb = float(1 << bit), below_count[rows].to(t["mu"].dtype)
-            mu_a, mu_b = t["mu"][rows, chunk], t["mu"][rows, under]
-            mu = (na * mu_a + nb[:, None] * mu_b) / (na + nb[:, None])
-            t["mu"][rows, node] = mu
-            t["rho"][rows, node] = torch.maximum(
-                torch.linalg.vector_norm(mu_a - mu, dim=-1) + t["rho"][rows, chunk],
-                torch.linalg.vector_norm(mu_b - mu, dim=-1) + t["rho"][rows, under])
-            t["amax"][rows, node] = torch.maximum(t["amax"][rows, chunk], t["amax"][rows, under])
-            t["pmin"][rows, node] = torch.minimum(t["pmin"][rows, chunk], t["pmin"][rows, under])
-            t["left"][rows, node], t["right"][rows, node], t["cell"][rows, node] = chunk, under, -1
+            node = slot[rows]
+            write_joins(t, rows, offsets[rows, bit], below[rows], node, 1 << bit, below_count[rows])
             below[rows], below_count[rows], slot[rows] = node, below_count[rows] + (1 << bit), node + 1
         self.root = torch.where(changed, below, self.root)
+
+
+def write_trees(t: dict[str, torch.Tensor], rows: torch.Tensor, offset: torch.Tensor, tree: dict) -> None:
+    """Store chunk trees (`build_chunk_trees`, one per entry of `rows [P]`) in the node fields `t`
+    (`NodeStore.tensors`) of those rows, each from node slot `offset [P]` on, in heap order."""
+    nodes = tree["cell"].shape[1]
+    r, offset = rows[:, None], offset[:, None]
+    heap = torch.arange(nodes, device=rows.device)
+    slots = offset + heap
+    for name in ("mu", "rho", "amax", "pmin", "cell"):
+        t[name][r, slots] = tree[name]
+    internal = heap < nodes // 2  # a perfect tree's first (n - 1) / 2 nodes have children
+    t["left"][r, slots] = torch.where(internal, offset + 2 * heap + 1, -1)
+    t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
+
+
+def write_joins(t: dict[str, torch.Tensor], rows: torch.Tensor, chunk: torch.Tensor, under: torch.Tensor,
+                node: torch.Tensor, chunk_cells: int, under_cells: torch.Tensor) -> None:
+    """Join nodes at slots `node [P]` of `rows [P]`: each over a chunk's root `chunk` (of
+    `chunk_cells` cells) and the chain below it, `under` (of `under_cells [P]` cells); the mean of
+    their means, the triangle-bound radius, the larger `A`, the smaller `pmin`."""
+    na, nb = float(chunk_cells), under_cells.to(t["mu"].dtype)
+    mu_a, mu_b = t["mu"][rows, chunk], t["mu"][rows, under]
+    mu = (na * mu_a + nb[:, None] * mu_b) / (na + nb[:, None])
+    t["mu"][rows, node] = mu
+    t["rho"][rows, node] = torch.maximum(torch.linalg.vector_norm(mu_a - mu, dim=-1) + t["rho"][rows, chunk],
+                                         torch.linalg.vector_norm(mu_b - mu, dim=-1) + t["rho"][rows, under])
+    t["amax"][rows, node] = torch.maximum(t["amax"][rows, chunk], t["amax"][rows, under])
+    t["pmin"][rows, node] = torch.minimum(t["pmin"][rows, chunk], t["pmin"][rows, under])
+    t["left"][rows, node], t["right"][rows, node], t["cell"][rows, node] = chunk, under, -1
 
 
 def _chunk_offsets(count: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,9 +31,10 @@ of one `Forests` (`[G, capacity, ...]` buffers), admission is batched over them
 (`admit_cells`), and the search holds one beam tensor `[G, Q, Wb]`.
 
 The per-block steps take and return FS-B's state (`FSBState`: the forests and their
-thresholds): `admit_fsb` at a block boundary, `route_fsb_block` for a block's queries.
-`select_cells_fsb` walks the blocks of a sequence with them; a decode cache
-(`fsframework.models.fsb_cache`) calls the same two as its blocks arrive.
+thresholds): `admit_fsb` at a block boundary, `route_fsb_block` for a block's queries; a decode
+cache (`fsframework.models.fsb_cache`) calls them as its blocks arrive. `select_cells_fsb` knows
+every block's cells up front: it builds the forests of all blocks at once
+(`fsframework.ops.fsb_states`, the same nodes) and searches and rescores block by block.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from fsf_kernels.common.support import fsb_search_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
 from fsframework.ops.fsb_forest import Forests, NodeStore
+from fsframework.ops.fsb_states import forest_states
 
 FORESTS = ("both", "f0", "ftau")
 # the forests of each choice, in row order: None = F0 (admits every cell), "tau" = Ftau (a_c >= tau_h)
@@ -343,12 +345,18 @@ def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: t
     union of what they found is rescored by Eq. 12 (`rescore`). `impl` picks the search's
     implementation (`beam_search`).
     """
+    return _search_and_rescore(state.forests.store, state.forests.root, state.walks, q, pos, keys, a, centers,
+                               lam=lam, sigma=sigma, beam_width=beam_width, bound_c=bound_c, top_k=top_k, impl=impl)
+
+
+def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | None, q, pos, keys, a, centers, *,
+                        lam, sigma, beam_width: int, bound_c: float, top_k: int, impl: str) -> torch.Tensor:
+    """`route_fsb_block` over forests given by their node store and roots `[G kinds]`."""
     groups, num_q = q.shape[:2]
-    kinds = state.forests.rows // groups
-    found = beam_search(state.forests.store, state.forests.root, q.repeat_interleave(kinds, dim=0), pos,
-                        beam_width=beam_width, lam=lam.repeat_interleave(kinds),
-                        sigma=sigma.repeat_interleave(kinds), bound_c=bound_c, impl=impl,
-                        walks=state.walks)  # [G kinds, Q, Wb]
+    kinds = store.rows // groups
+    found = beam_search(store, roots, q.repeat_interleave(kinds, dim=0), pos, beam_width=beam_width,
+                        lam=lam.repeat_interleave(kinds), sigma=sigma.repeat_interleave(kinds), bound_c=bound_c,
+                        impl=impl, walks=walks)  # [G kinds, Q, Wb]
     cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
     return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
 
@@ -363,7 +371,8 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
     `[0, q_start + n)`); tau `[H]` (needed unless forests="f0"). The forests are built from
     the first block on, whatever `q_start`; only the queries of q are searched. Every batch
     row, head and forest is searched at once (one node store, one beam tensor); `impl` picks the
-    search's implementation (`beam_search`).
+    search's implementation (`beam_search`). The forests of every block are built at once
+    (`fsframework.ops.fsb_states`), the same nodes a decode cache grows block by block.
     """
     check_routing_args(q, k, variant="fs", cell_size=cell_size, block_size=block_size, top_k=top_k,
                        recent_cells=0, retained_cells=0, q_start=q_start)
@@ -385,19 +394,25 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         k_cells = (k.detach()[:, :cells * cell_size].to(acc).permute(0, 2, 1, 3)
                    .reshape(bsz * heads, cells, cell_size, dim))
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
-        state = start_fsb(tau, forests, bsz, heads, dim, like=like)
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
-        seen = 0
-        for start in range(block_size, seq, block_size):  # the first block has no eligible cell
-            num = start // cell_size  # every block boundary admits the newly eligible cells
-            state = admit_fsb(state, kbar_bh[:, seen:num], a_bh[:, seen:num], centers[seen:num],
-                              torch.arange(seen, num, device=device))
-            seen = num
+        starts = list(range(block_size, seq, block_size))  # the first block has no eligible cell
+        if not starts:
+            return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
+        # the forests of every block at once: block j's hold the cells complete before it
+        arrived = torch.tensor([start // cell_size for start in starts], device=device)
+        eligible = int(arrived[-1])
+        kinds = FOREST_KINDS[forests]
+        thresholds = forest_thresholds(tau, heads, bsz, kinds, like=like)  # forest rows (g, kind)
+        a_rows = a_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
+        store, roots = forest_states(kbar_bh[:, :eligible].repeat_interleave(len(kinds), dim=0), a_rows,
+                                     centers[:eligible], torch.arange(eligible, device=device),
+                                     a_rows >= thresholds[:, None], arrived)
+        for block, start in enumerate(starts):
             if start < q_start:
                 continue
             rows = slice(start - q_start, min(start + block_size, seq) - q_start)
             pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
-            out[:, rows] = route_fsb_block(state, q_bh[:, rows], pos, k_cells, a_bh, centers, lam=lam_g,
-                                           sigma=sigma_g, beam_width=beam_width, bound_c=bound_c, top_k=top_k,
-                                           impl=impl)
+            out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
+                                               centers, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
+                                               bound_c=bound_c, top_k=top_k, impl=impl)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

@@ -1,0 +1,60 @@
+"""FS-B's forests of every block built at once (fsframework.ops.fsb_states) against the forests a
+decode cache grows piece by piece (`Forests.admit`): the same nodes, reached from each state's root."""
+
+from __future__ import annotations
+
+import torch
+
+import fsframework.ops.fsb_states as states
+from fsframework.ops.freesolo import select_cells
+from fsframework.ops.fsb_forest import Forests, NodeStore
+from fsframework.ops.fsb_states import forest_states
+
+FIELDS = ("mu", "rho", "amax", "pmin", "cell")
+
+
+def walk(store: NodeStore, row: int, node: int) -> list:
+    """The tree below `node` in depth-first order (left first): each node's fields, no slot numbers."""
+    if node < 0:
+        return []
+    t = store.tensors
+    here = [tuple(t[name][row, node].tolist()) if name == "mu" else t[name][row, node].item() for name in FIELDS]
+    return [here] + walk(store, row, int(t["left"][row, node])) + walk(store, row, int(t["right"][row, node]))
+
+
+def test_every_state_equals_the_forests_grown_piece_by_piece():
+    gen = torch.Generator().manual_seed(0)
+    rows, cells, dim = 4, 70, 6
+    kbar = torch.randn(rows, cells, dim, generator=gen, dtype=torch.float64)
+    a = torch.rand(rows, cells, generator=gen, dtype=torch.float64)
+    p = (torch.arange(cells, dtype=torch.float64) + 0.5) * 4
+    keep = torch.rand(rows, cells, generator=gen) < torch.tensor([1.0, 0.6, 0.2, 0.0])[:, None]  # row 3: none
+    arrived = torch.tensor([0, 4, 4, 9, 16, 33, 47, 64, 70])  # uneven pieces, one empty, one of nothing yet
+    store, roots = forest_states(kbar, a, p, torch.arange(cells), keep, arrived)
+    assert roots.shape == (rows, len(arrived))
+    grown = Forests(rows, dim, dtype=torch.float64, device="cpu")
+    seen = 0
+    for state, upto in enumerate(arrived.tolist()):
+        grown.admit(kbar[:, seen:upto], a[:, seen:upto], p[seen:upto], torch.arange(seen, upto), keep[:, seen:upto])
+        seen = upto
+        for row in range(rows):
+            assert walk(store, row, int(roots[row, state])) == walk(grown.store, row, int(grown.root[row])), \
+                (state, row)
+    assert (roots[3] == -1).all() and (roots[:, 0] == -1).all()
+
+
+def test_whole_sequence_routing_builds_each_chunk_size_once(monkeypatch):
+    """Trees are built in one batched call per chunk size, not block by block: `log2 M + 1` calls
+    for M cells at most, whatever the number of blocks."""
+    calls, build = [], states.build_chunk_trees
+
+    def counting(kbar, *args):
+        calls.append(kbar.shape[1])
+        return build(kbar, *args)
+
+    monkeypatch.setattr(states, "build_chunk_trees", counting)
+    gen = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 1024, 2, 8, generator=gen), torch.randn(1, 1024, 2, 8, generator=gen)
+    select_cells(q, k, variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4,
+                 tau=torch.zeros(2))  # 63 blocks, 252 cells
+    assert len(calls) == len(set(calls)) <= (252).bit_length()
