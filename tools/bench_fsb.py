@@ -1,13 +1,16 @@
-"""FS-B forest search on CPU: time and peak memory against FS exact routing, and recall of Eq. 12's top-K.
+"""FS-B forest search: time and peak memory against FS exact routing, and recall of Eq. 12's top-K.
 
-Part 1, cost (routing only, batch 1, fp32, reference ops, s=32, B=128, K=4):
-  fs    FS exact routing: Eq. 7 over every eligible cell (`select_cells(variant="fs")`)
-  fsb   FS-B: both forests built incrementally + beam search (Wb=16, c=8) + Eq. 12 rescoring
-        (tau per head: the median a_c of the input's cells)
-Each (case, N) runs in a fresh subprocess; peak memory is the growth of the process's
-maximum RSS over its value once the inputs exist; time is the fastest of `--repeats`
-calls, wall and CPU. The growth exponent is `log(x_N2 / x_N1) / log(N2 / N1)` over the
-two longest lengths (1.0 = linear, 2.0 = quadratic).
+Part 1, cost (routing only, batch 1, fp32, s=32, B=128, K=4), `--cases` of:
+  fs         FS exact routing: Eq. 7 over every eligible cell (`select_cells(variant="fs")`; its
+             Triton kernel on a GPU)
+  fsb        FS-B: the forests of every block + beam search (Wb=16, c=8) + Eq. 12 rescoring
+             (tau per head: the median a_c of the input's cells); the search's kernel on a GPU
+  fsb-torch  the same with the search in PyTorch (`impl="reference"`): on a GPU, against `fsb`
+On the CPU (default) every case runs PyTorch. `--device cuda` times synchronized calls and
+reports the peak of allocated GPU memory. Each (case, N) runs in a fresh subprocess; on the
+CPU peak memory is the growth of the process's maximum RSS over its value once the inputs
+exist; time is the fastest of `--repeats` calls, wall and CPU. The growth exponent is
+`log(x_N2 / x_N1) / log(N2 / N1)` over the two longest lengths (1.0 = linear, 2.0 = quadratic).
 
 Part 2, recall: the fraction of Eq. 12's exact top-K cells (brute force over every
 eligible cell) that FS-B selects, over all queries past the first block, at beam widths
@@ -18,6 +21,7 @@ eligible cell) that FS-B selects, over all queries past the first block, at beam
            and queries carrying 2u: the exact top-K holds the needles
 
     python tools/bench_fsb.py --lengths 2048 8192 32768 --recall-lengths 2048 8192
+    python tools/bench_fsb.py --device cuda --cases fsb-torch fsb fs --lengths 16384 65536 --skip-recall
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import sys
 import time
 
 ROUTING = dict(cell_size=32, block_size=128, top_k=4, sigma=4.0, lam=1.0)
-CASES = ("fs", "fsb")
+CASES = ("fs", "fsb", "fsb-torch")
 
 
 def _max_rss_bytes() -> int:
@@ -46,35 +50,42 @@ def median_tau(k, cell_size: int):
     return a[0].sort(dim=0).values[(a.shape[1] - 1) // 2]
 
 
-def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int) -> dict:
+def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int, device: str = "cpu") -> dict:
     import torch
 
     from fsframework.ops.freesolo import select_cells
 
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)  # GPU work is queued
 
     def run(q, k):
         if case == "fs":
-            return select_cells(q, k, variant="fs", impl="reference", **ROUTING)
-        return select_cells(q, k, variant="fsb", tau=median_tau(k, ROUTING["cell_size"]), **ROUTING)
+            return select_cells(q, k, variant="fs", impl="auto", **ROUTING)
+        impl = "reference" if case == "fsb-torch" else "auto"
+        return select_cells(q, k, variant="fsb", tau=median_tau(k, ROUTING["cell_size"]), impl=impl, **ROUTING)
 
-    run(*(torch.randn(1, 512, heads, dim, generator=gen) for _ in range(2)))  # warm-up
-    q, k = (torch.randn(1, seq, heads, dim, generator=gen) for _ in range(2))
-    base = _max_rss_bytes()
+    run(*(torch.randn(1, 512, heads, dim, generator=gen).to(device) for _ in range(2)))  # warm-up (and compile)
+    q, k = (torch.randn(1, seq, heads, dim, generator=gen).to(device) for _ in range(2))
+    sync()
+    base = torch.cuda.memory_allocated() if cuda else _max_rss_bytes()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     best, best_cpu, peak = math.inf, math.inf, 0
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
         run(q, k)
+        sync()
         best = min(best, time.perf_counter() - start)
         best_cpu = min(best_cpu, time.process_time() - start_cpu)
-        peak = max(peak, _max_rss_bytes() - base)
+        peak = max(peak, (torch.cuda.max_memory_allocated() if cuda else _max_rss_bytes()) - base)
     return {"time_s": best, "cpu_s": best_cpu, "peak_bytes": peak}
 
 
 def _run_case(case, seq, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", case, str(seq), str(args.heads), str(args.head_dim),
-           str(args.threads), str(args.repeats)]
+           str(args.threads), str(args.repeats), args.device]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{case} at N={seq} failed:\n{done.stderr}")
@@ -148,15 +159,15 @@ def recall_table(args) -> str:
     return "\n".join(lines)
 
 
-def _table(title, results, lengths, key, fmt):
-    head = f"{'case':<6}" + "".join(f"{f'N={n}':>11}" for n in lengths) + f"{'exponent':>10}"
+def _table(title, results, cases, lengths, key, fmt):
+    head = f"{'case':<10}" + "".join(f"{f'N={n}':>11}" for n in lengths) + f"{'exponent':>10}"
     lines = [title, head, "-" * len(head)]
-    for case in CASES:
+    for case in cases:
         vals = [results[case, n][key] for n in lengths]
         exp = math.nan
         if len(lengths) >= 2 and vals[-1] > 0 and vals[-2] > 0:
             exp = math.log(vals[-1] / vals[-2]) / math.log(lengths[-1] / lengths[-2])
-        lines.append(f"{case:<6}" + "".join(f"{fmt(x):>11}" for x in vals) + f"{exp:>10.2f}")
+        lines.append(f"{case:<10}" + "".join(f"{fmt(x):>11}" for x in vals) + f"{exp:>10.2f}")
     return "\n".join(lines)
 
 
@@ -170,31 +181,36 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per case (the fastest is reported)")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=["fs", "fsb"], help="cost cases")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the cost cases run")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--skip-recall", action="store_true")
-    parser.add_argument("--worker", nargs=6, metavar=("CASE", "N", "H", "D", "THREADS", "REPEATS"),
+    parser.add_argument("--worker", nargs=7, metavar=("CASE", "N", "H", "D", "THREADS", "REPEATS", "DEVICE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        case, *nums = args.worker
-        print(json.dumps(worker(case, *map(int, nums))))
+        case, *nums, device = args.worker
+        print(json.dumps(worker(case, *map(int, nums), device=device)))
         return
-    print(f"shape [1, N, {args.heads}, {args.head_dim}] fp32, routing only, CPU, {args.threads} thread(s); "
+    where = "CUDA" if args.device == "cuda" else "CPU"
+    print(f"shape [1, N, {args.heads}, {args.head_dim}] fp32, routing only, {where}, {args.threads} thread(s); "
           + ", ".join(f"{k}={v}" for k, v in ROUTING.items()) + "; FS-B Wb=16 c=8 both forests", flush=True)
     if not args.skip_cost:
         lengths = sorted(args.lengths)
         results = {}
-        for case in CASES:
+        for case in args.cases:
             for seq in lengths:
                 results[case, seq] = r = _run_case(case, seq, args)
-                print(f"  {case:<5} N={seq:<7} {r['time_s']:8.3f} s wall {r['cpu_s']:8.3f} s cpu "
+                print(f"  {case:<9} N={seq:<7} {r['time_s']:8.3f} s wall {r['cpu_s']:8.3f} s cpu "
                       f"{r['peak_bytes'] / 2**20:10.1f} MiB", flush=True)
         print()
-        print(_table("wall time (s)", results, lengths, "time_s", lambda x: f"{x:.3f}"))
+        print(_table("wall time (s)", results, args.cases, lengths, "time_s", lambda x: f"{x:.3f}"))
         print()
-        print(_table("CPU time (s)", results, lengths, "cpu_s", lambda x: f"{x:.3f}"))
+        print(_table("CPU time (s)", results, args.cases, lengths, "cpu_s", lambda x: f"{x:.3f}"))
         print()
-        print(_table("peak memory (MiB above inputs)", results, lengths, "peak_bytes", lambda x: f"{x / 2**20:.1f}"))
+        memory = "peak GPU memory allocated" if args.device == "cuda" else "peak memory"
+        memory += " (MiB above inputs)"
+        print(_table(memory, results, args.cases, lengths, "peak_bytes", lambda x: f"{x / 2**20:.1f}"))
         print()
     if not args.skip_recall:
         print(recall_table(args))
