@@ -227,7 +227,7 @@ class Forests:
         (triangle-bound radius). The join nodes follow the last tree (`trees_end`), in the order they
         are made."""
         t = self.store.tensors
-        low = _lowest_bit(count)  # the last (smallest) chunk's size, as a bit
+        low = lowest_bit(count)  # the last (smallest) chunk's size, as a bit
         below = torch.where(count > 0, offsets.gather(1, low.clamp_min(0)[:, None])[:, 0], -1)
         below_count = torch.where(count > 0, 1 << low.clamp_min(0), 0)
         slot = trees_end.clone()
@@ -294,7 +294,7 @@ def _popcount(x: torch.Tensor) -> torch.Tensor:
     return x & 0x7F
 
 
-def _lowest_bit(x: torch.Tensor) -> torch.Tensor:
+def lowest_bit(x: torch.Tensor) -> torch.Tensor:
     """Index of the lowest set bit of each entry (-1 for 0)."""
     low = x & -x
     return torch.where(x > 0, torch.log2(low.clamp_min(1).double()).round().long(), -1)

@@ -349,8 +349,10 @@ def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: t
                                lam=lam, sigma=sigma, beam_width=beam_width, bound_c=bound_c, top_k=top_k, impl=impl)
 
 
-def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | None, q, pos, keys, a, centers, *,
-                        lam, sigma, beam_width: int, bound_c: float, top_k: int, impl: str) -> torch.Tensor:
+def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | None, q: torch.Tensor,
+                        pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, *,
+                        lam: torch.Tensor, sigma: torch.Tensor, beam_width: int, bound_c: float, top_k: int,
+                        impl: str) -> torch.Tensor:
     """`route_fsb_block` over forests given by their node store and roots `[G kinds]`."""
     groups, num_q = q.shape[:2]
     kinds = store.rows // groups

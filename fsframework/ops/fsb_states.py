@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from fsframework.ops.fsb_forest import NodeStore, _lowest_bit, build_chunk_trees, write_joins, write_trees
+from fsframework.ops.fsb_forest import NodeStore, build_chunk_trees, lowest_bit, write_joins, write_trees
 
 
 def _tree_layout(most: int) -> tuple[list[int], list[int], int]:
@@ -83,7 +83,7 @@ def _join_chains(t: dict[str, torch.Tensor], admitted: torch.Tensor, bases: list
     def root(bit: torch.Tensor | int, c: torch.Tensor) -> torch.Tensor:  # the root of c's chunk of 2^bit cells
         return base[bit] + (c >> (bit + 1)) * ((2 << bit) - 1)
 
-    low = _lowest_bit(count).clamp_min(0)
+    low = lowest_bit(count).clamp_min(0)
     below = torch.where(count > 0, root(low, count), -1)
     below_cells = torch.where(count > 0, 1 << low, 0)
     for bit in range(bits):
