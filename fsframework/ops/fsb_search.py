@@ -363,6 +363,22 @@ def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | Non
     return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
 
 
+# node memory the forests of one window of blocks may take (`select_cells_fsb`); a window is never made
+# so small that its store is under twice what growing the forests block by block holds
+STATES_BUDGET_BYTES = 1 << 30
+
+
+def _blocks_per_window(kbar_rows: torch.Tensor, cells_per_block: int) -> int:
+    """How many blocks' forests `select_cells_fsb` builds at once (`fsframework.ops.fsb_states`): a
+    window's store holds about `2 M + (its cells) log2 M` slots per row (M cells), so the window is
+    as long as `STATES_BUDGET_BYTES` allows; every window rebuilds the large chunks' trees it uses."""
+    rows, most, dim = kbar_rows.shape
+    node_bytes = (dim + 3) * kbar_rows.element_size() + 3 * 8  # mu and stats, links
+    bits = max(most.bit_length(), 1)
+    slots = max(STATES_BUDGET_BYTES // max(rows * node_bytes, 1), 4 * most)
+    return max(1, (slots - 2 * most) // ((cells_per_block + 1) * bits))
+
+
 def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | None = None, beam_width: int = 16,
                      bound_c: float = 8.0, forests: str = "both", cell_size: int = 32, block_size: int = 128,
                      top_k: int = 4, sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
@@ -400,21 +416,27 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         starts = list(range(block_size, seq, block_size))  # the first block has no eligible cell
         if not starts:
             return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
-        # the forests of every block at once: block j's hold the cells complete before it
-        arrived = torch.tensor([start // cell_size for start in starts], device=device)
-        eligible = int(arrived[-1])
+        # the forests of a window of blocks at once: block j's hold the cells complete before it
+        arrived = [start // cell_size for start in starts]
+        eligible = arrived[-1]
         kinds = FOREST_KINDS[forests]
         thresholds = forest_thresholds(tau, heads, bsz, kinds, like=like)  # forest rows (g, kind)
+        kbar_rows = kbar_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
         a_rows = a_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
-        store, roots = forest_states(kbar_bh[:, :eligible].repeat_interleave(len(kinds), dim=0), a_rows,
-                                     centers[:eligible], torch.arange(eligible, device=device),
-                                     a_rows >= thresholds[:, None], arrived)
-        for block, start in enumerate(starts):
-            if start < q_start:
-                continue
-            rows = slice(start - q_start, min(start + block_size, seq) - q_start)
-            pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
-            out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
-                                               centers, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
-                                               bound_c=bound_c, top_k=top_k, impl=impl)
+        keep = a_rows >= thresholds[:, None]
+        window = _blocks_per_window(kbar_rows, block_size // cell_size)
+        first = next(j for j, start in enumerate(starts) if start + block_size > q_start)  # has queries of q
+        for lo in range(first - first % window, len(starts), window):
+            here = arrived[lo:lo + window]
+            store, roots = forest_states(kbar_rows[:, :here[-1]], a_rows[:, :here[-1]], centers[:here[-1]],
+                                         torch.arange(here[-1], device=device), keep[:, :here[-1]],
+                                         torch.tensor(here, device=device))
+            for block, start in enumerate(starts[lo:lo + window]):
+                if start < q_start:
+                    continue
+                rows = slice(start - q_start, min(start + block_size, seq) - q_start)
+                pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
+                out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
+                                                   centers, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
+                                                   bound_c=bound_c, top_k=top_k, impl=impl)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

@@ -58,3 +58,27 @@ def test_whole_sequence_routing_builds_each_chunk_size_once(monkeypatch):
     select_cells(q, k, variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4,
                  tau=torch.zeros(2))  # 63 blocks, 252 cells
     assert len(calls) == len(set(calls)) <= (252).bit_length()
+
+
+def test_windows_of_blocks_select_the_same_cells(monkeypatch):
+    """Under a memory budget the blocks' forests are built a window at a time (each window only the
+    chunk trees its blocks use): the same cells, also from a query offset inside a window."""
+    import fsframework.ops.fsb_search as search
+
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 1024, 2, 8, generator=gen), torch.randn(2, 1024, 2, 8, generator=gen)
+    kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4, tau=torch.full((2,), 2.8))
+    whole = select_cells(q, k, **kw)
+    built, build = [], states.forest_states
+
+    def counting(*args):
+        built.append(args[-1].numel())
+        return build(*args)
+
+    monkeypatch.setattr(search, "forest_states", counting)
+    monkeypatch.setattr(search, "STATES_BUDGET_BYTES", 0)  # the smallest windows the rule allows
+    assert torch.equal(select_cells(q, k, **kw), whole)
+    assert len(built) > 3 and sum(built) == 1024 // 16 - 1  # every block's forests, in several windows
+    built.clear()
+    assert torch.equal(select_cells(q[:, 528:], k, q_start=528, **kw), whole[:, 528:])
+    assert sum(built) < 1024 // 16 - 1  # windows before the first query's block are not built
