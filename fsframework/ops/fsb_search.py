@@ -425,7 +425,10 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         a_rows = a_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
         keep = a_rows >= thresholds[:, None]
         window = _blocks_per_window(kbar_rows, block_size // cell_size)
-        first = next(j for j, start in enumerate(starts) if start + block_size > q_start)  # has queries of q
+        # the first block holding queries of q (none when q is empty)
+        first = next((j for j, start in enumerate(starts) if start + block_size > q_start), None)
+        if first is None:
+            return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
         for lo in range(first - first % window, len(starts), window):
             here = arrived[lo:lo + window]
             store, roots = forest_states(kbar_rows[:, :here[-1]], a_rows[:, :here[-1]], centers[:here[-1]],

@@ -82,3 +82,5 @@ def test_windows_of_blocks_select_the_same_cells(monkeypatch):
     built.clear()
     assert torch.equal(select_cells(q[:, 528:], k, q_start=528, **kw), whole[:, 528:])
     assert sum(built) < 1024 // 16 - 1  # windows before the first query's block are not built
+    built.clear()
+    assert select_cells(q[:, :0], k, q_start=1024, **kw).shape == (2, 0, 2, 2) and not built  # no query
