@@ -11,8 +11,8 @@
 #   6. tools/bench_loss.py on the GPU: a training step with the output head in chunks      <= 120 s
 #   7. tools/bench_compile.py on the GPU: a training step with compiled blocks vs eager     <= 150 s
 #   8. tools/bench_decode.py on the GPU: cached decoding (host-bound at batch 1?), prefill    <= 120 s
-#   9. FS-B, its search in PyTorch against its kernel, side by side: cached decoding, then
-#      whole-sequence routing at 16k and 64k (tools/bench_fsb.py)                            <= 120 s
+#   9. FS-B side by side: cached decoding with every op in PyTorch against the kernels, then
+#      whole-sequence routing with the search in PyTorch against its kernel (bench_fsb.py)   <= 120 s
 # Every step's output goes to the results folder (the first argument, else $OUT, else
 # ./gpu_check_results): env.txt, launch.txt, tests.txt + tests.xml (JUnit), bench.txt, rewired.txt, scan.txt,
 # profile.txt, loss.txt, compile.txt, decode.txt, fsb.txt, summary.txt.
@@ -91,7 +91,7 @@ step "compiled blocks" 150 compile.txt "$PY" tools/bench_compile.py --device cud
 echo "== cached decoding"
 step "decoding" 120 decode.txt "$PY" tools/bench_decode.py --device cuda --d-model 1024 --layers 4 --heads 16 \
   --models swa fsl fs tfpp --contexts 4096 16384 --new-tokens 64
-echo "== FS-B: the forest search in PyTorch and as one kernel"
+echo "== FS-B: PyTorch against the kernels (the forest search's among them)"
 step "FS-B search" 120 fsb.txt bash -c "\"$PY\" tools/bench_decode.py --device cuda --d-model 1024 --layers 4 \
   --heads 16 --models fsb --impls reference auto --contexts 4096 16384 --new-tokens 32 && \"$PY\" tools/bench_fsb.py \
   --device cuda --cases fsb-torch fsb fs --lengths 16384 65536 --heads 16 --skip-recall"
