@@ -27,6 +27,8 @@ n cells costs `O(n log n)` (linear-time median splits per level), so the whole b
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -223,23 +225,12 @@ class Forests:
 
     def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
                            trees_end: torch.Tensor) -> None:
-        """J_r = root(G_r); J_t joins root(G_t) and J_{t+1}, smallest chunk first; J_1 is the root
-        (triangle-bound radius). The join nodes follow the last tree (`trees_end`), in the order they
-        are made."""
-        t = self.store.tensors
+        """The join chains of the `changed` rows (`write_join_chains`), after their last tree (`trees_end`)."""
         low = lowest_bit(count)  # the last (smallest) chunk's size, as a bit
         below = torch.where(count > 0, offsets.gather(1, low.clamp_min(0)[:, None])[:, 0], -1)
-        below_count = torch.where(count > 0, 1 << low.clamp_min(0), 0)
-        slot = trees_end.clone()
-        bits = torch.arange(offsets.shape[1], device=count.device)
-        # rows whose chain joins a chunk of 2^bit cells: the bit is set above the smallest chunk's
-        joins = changed[:, None] & ((count[:, None] >> bits) & 1 == 1) & (low[:, None] < bits)
-        for bit in joins.any(dim=0).nonzero().flatten().tolist():
-            rows = joins[:, bit].nonzero().squeeze(1)
-            node = slot[rows]
-            write_joins(t, rows, offsets[rows, bit], below[rows], node, 1 << bit, below_count[rows])
-            below[rows], below_count[rows], slot[rows] = node, below_count[rows] + (1 << bit), node + 1
-        self.root = torch.where(changed, below, self.root)
+        top = write_join_chains(self.store.tensors, torch.arange(self.rows, device=count.device), count, low, below,
+                                trees_end, lambda bit, at: offsets[at, bit], bits=offsets.shape[1], taking_part=changed)
+        self.root = torch.where(changed, top, self.root)
 
 
 def write_trees(t: dict[str, torch.Tensor], rows: torch.Tensor, offset: torch.Tensor, tree: dict) -> None:
@@ -256,8 +247,32 @@ def write_trees(t: dict[str, torch.Tensor], rows: torch.Tensor, offset: torch.Te
     t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
 
 
-def write_joins(t: dict[str, torch.Tensor], rows: torch.Tensor, chunk: torch.Tensor, under: torch.Tensor,
-                node: torch.Tensor, chunk_cells: int, under_cells: torch.Tensor) -> None:
+def write_join_chains(t: dict[str, torch.Tensor], row: torch.Tensor, count: torch.Tensor, low: torch.Tensor,
+                      below: torch.Tensor, slot: torch.Tensor, root: Callable[[int, torch.Tensor], torch.Tensor], *,
+                      bits: int, taking_part: torch.Tensor | None = None) -> torch.Tensor:
+    """Join chains: J_r = root(G_r); J_t joins root(G_t) and J_{t+1}, smallest chunk first; J_1 is the
+    forest's root (triangle-bound radius). For forests in rows `row [P]` of `count [P]` cells (`low`:
+    `lowest_bit(count)`; `below [P]`: the smallest chunk's root), the join nodes from slot `slot [P]` on,
+    in the order they are made; `root(bit, at)`: the root slots of the chunks of `2^bit` cells of the
+    entries `at`; `bits` bounds the chunk sizes; only the entries `taking_part` (default: all) are joined.
+    Returns each chain's top: the forest's root (`below` where nothing is joined)."""
+    below, slot = below.clone(), slot.clone()
+    cells = torch.where(count > 0, 1 << low.clamp_min(0), 0)  # cells under `below`
+    sizes = torch.arange(bits, device=count.device)
+    # entries whose chain joins a chunk of 2^bit cells: the bit is set above the smallest chunk's
+    joins = ((count[:, None] >> sizes) & 1 == 1) & (low[:, None] < sizes)
+    if taking_part is not None:
+        joins &= taking_part[:, None]
+    for bit in joins.any(dim=0).nonzero().flatten().tolist():
+        at = joins[:, bit].nonzero().squeeze(1)
+        node = slot[at]
+        _write_joins(t, row[at], root(bit, at), below[at], node, 1 << bit, cells[at])
+        below[at], cells[at], slot[at] = node, cells[at] + (1 << bit), node + 1
+    return below
+
+
+def _write_joins(t: dict[str, torch.Tensor], rows: torch.Tensor, chunk: torch.Tensor, under: torch.Tensor,
+                 node: torch.Tensor, chunk_cells: int, under_cells: torch.Tensor) -> None:
     """Join nodes at slots `node [P]` of `rows [P]`: each over a chunk's root `chunk` (of
     `chunk_cells` cells) and the chain below it, `under` (of `under_cells [P]` cells); the mean of
     their means, the triangle-bound radius, the larger `A`, the smaller `pmin`."""

@@ -15,14 +15,14 @@ States of consecutive blocks share their large chunks: for a window of blocks th
 about `2 M + (the window's cells) log2 M` slots per row (`select_cells_fsb` sizes its windows by
 a memory budget), all blocks at once `M log2 M`, the incremental forests `2 M`. The nodes hold the same
 numbers as `Forests.admit` writes (the same `build_chunk_trees` over the same cells, the same
-`write_joins`), so a search returns the same cells; only the slots differ.
+`write_join_chains`), so a search returns the same cells; only the slots differ.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fsframework.ops.fsb_forest import NodeStore, build_chunk_trees, lowest_bit, write_joins, write_trees
+from fsframework.ops.fsb_forest import NodeStore, build_chunk_trees, lowest_bit, write_join_chains, write_trees
 
 
 class _Chunks:
@@ -65,8 +65,8 @@ def forest_states(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: tor
     device = kbar.device
     # each row's admitted cells first, in arrival order
     order = (~keep).to(torch.uint8).argsort(dim=1, stable=True)
-    total = keep.sum(dim=1)
-    counts = torch.cat((total.new_zeros(rows, 1), keep.long().cumsum(dim=1)), dim=1)[:, arrived]  # R J
+    admitted = keep.long().cumsum(dim=1)
+    counts = torch.cat((admitted.new_zeros(rows, 1), admitted), dim=1)[:, arrived]  # R J: cells admitted by then
     most = int(counts.max()) if counts.numel() else 0
     order = order[:, :most]
     kbar = kbar.gather(1, order[..., None].expand(-1, -1, dim))
@@ -89,9 +89,9 @@ def forest_states(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: tor
     return store, _join_chains(t, counts, chunks, base)
 
 
-def _join_chains(t: dict[str, torch.Tensor], counts: torch.Tensor, chunks: list[_Chunks], joins_at: int) -> torch.Tensor:
-    """Each state's join chain (`Forests._write_join_chains`: the smallest chunk's root first, each
-    larger chunk joined above it) in its own slots from `joins_at`; -> roots `[R, J]`."""
+def _join_chains(t: dict[str, torch.Tensor], counts: torch.Tensor, chunks: list[_Chunks],
+                 joins_at: int) -> torch.Tensor:
+    """Each state's join chain (`write_join_chains`) in its own slots from `joins_at`; -> roots `[R, J]`."""
     rows, states = counts.shape
     bits = len(chunks)
     count = counts.flatten()  # pairs (row, state)
@@ -103,14 +103,6 @@ def _join_chains(t: dict[str, torch.Tensor], counts: torch.Tensor, chunks: list[
         at = (low == chunk.bit).nonzero().squeeze(1)
         if at.numel():
             below[at] = chunk.root(row[at], count[at])
-    below_cells = torch.where(count > 0, 1 << low.clamp_min(0), 0)
-    for chunk in chunks:
-        bit = chunk.bit
-        pairs = (((count >> bit) & 1 == 1) & (low < bit)).nonzero().squeeze(1)
-        if pairs.numel() == 0:
-            continue
-        node = slot[pairs]
-        write_joins(t, row[pairs], chunk.root(row[pairs], count[pairs]), below[pairs], node, 1 << bit,
-                    below_cells[pairs])
-        below[pairs], below_cells[pairs], slot[pairs] = node, below_cells[pairs] + (1 << bit), node + 1
-    return below.view(rows, states)
+    top = write_join_chains(t, row, count, low, below, slot, lambda bit, at: chunks[bit].root(row[at], count[at]),
+                            bits=bits)
+    return top.view(rows, states)
