@@ -26,7 +26,8 @@ window of `--calibration-tokens`), since random weights have no calibration file
 
 `--impls` runs each model under each `model.attention.impl` (default: the config's own; with `--d-model`,
 "auto"): `--impls reference auto` on a GPU measures the kernels against the PyTorch ops side by side, in
-one process (FS-B's search kernel against its per-level PyTorch search: tools/gpu_check.sh step 9).
+one process (FS-B with every op in PyTorch against the kernels, its search's among them: tools/gpu_check.sh
+step 9).
 
 `--json` writes one JSON list of {"model", "impl", "context", "cache_bytes", "tokens_per_s", "prefill_s"}
 (and "ops_per_token" with `--count-ops`).
