@@ -1,8 +1,10 @@
 """Counting work, not time (tests/ops/test_work_counts.py, tests/models/test_decode_work.py).
 
 `WorkCounter` is a `__torch_dispatch__` mode that sums the multiply-adds of every matrix
-product and attention call that runs under it, notes the largest tensor produced, and counts
-the aten ops dispatched, by name (a decoded token's host work).
+product and attention call that runs under it, the elements every op writes (the elementwise,
+indexing and reduction work a multiply-add count misses: a pass over every cell of the context
+shows there), notes the largest tensor produced, and counts the aten ops dispatched, by name (a
+decoded token's host work).
 `torch.utils.flop_counter.FlopCounterMode` is no use here: it does not count the CPU's
 fused SDPA (`aten._scaled_dot_product_flash_attention_for_cpu`), which is where the
 attention of the prefix kinds runs. Counts are exact and machine-independent, so a
@@ -59,14 +61,40 @@ def multiply_adds(func, args, kwargs) -> int:
     return 0
 
 
+# in-place writes at indices: the argument whose elements are written (the rest of `self` is untouched)
+_INDEXED_WRITES = {
+    aten.index_add_: "source", aten.index_copy_: "source", aten.masked_scatter_: "source",
+    aten.scatter_: "index", aten.scatter_add_: "index", aten.scatter_reduce_: "index",
+}
+
+
+def elements_written(func, args, kwargs, out) -> int:
+    """Elements one aten call writes: none for a view (it aliases its input), the written indices for
+    an indexed in-place write, else every element of what it returns (a new tensor, or the whole
+    `self` / `out` of an in-place or out= op)."""
+    returns = func._schema.returns
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return 0  # a view
+    packet = func.overloadpacket
+    if packet is aten.index_put_:
+        bound = _bind(func, args, kwargs)
+        values, indices = bound["values"], [i for i in bound["indices"] if i is not None]
+        picked = torch.broadcast_shapes(*(i.shape for i in indices)).numel() if indices else 1
+        return max(values.numel(), picked)
+    if packet in _INDEXED_WRITES:
+        return _bind(func, args, kwargs)[_INDEXED_WRITES[packet]].numel()
+    return sum(t.numel() for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor))
+
+
 class WorkCounter(TorchDispatchMode):
-    """`with WorkCounter() as work: ...` -> `work.macs` (multiply-adds), `work.largest` (elements of
-    the largest tensor any op produced), `work.ops` (aten ops dispatched, a Counter by op name) and
+    """`with WorkCounter() as work: ...` -> `work.macs` (multiply-adds), `work.written` (elements
+    written, `elements_written`), `work.largest` (elements of the largest tensor any op produced), `work.ops` (aten ops dispatched, a Counter by op name) and
     `work.dispatched` (their total)."""
 
     def __init__(self):
         super().__init__()
         self.macs = 0
+        self.written = 0
         self.largest = 0
         self.ops: collections.Counter[str] = collections.Counter()
 
@@ -79,6 +107,7 @@ class WorkCounter(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.ops[func.overloadpacket.__name__] += 1
         self.macs += multiply_adds(func, args, kwargs)
+        self.written += elements_written(func, args, kwargs, out)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fsframework.models.freesolo_cache import FSCache
+from fsframework.models.kv_cache import GrowingBuffer
 from fsframework.ops.freesolo_routing import prior_per_head
 from fsframework.ops.fsb_search import FSBState, admit_fsb, route_fsb_block, start_fsb
 
@@ -19,7 +20,8 @@ class FSBCache(FSCache):
     of docs/freesolo.md §1.8, `F0` every eligible cell, `Ftau` those with `a_c >= tau_h`), which admit
     the newly eligible cells at each block boundary (`admit_fsb`) instead of being rebuilt per token.
     The archive is `O(N d)`; a token's routing (`route_fsb_block`) reads the forests and its beam's
-    cells only."""
+    cells only: no pass over the C cells (the priorities are kept row-major `[G, C]` for it, appended
+    at each boundary, so a token does not transpose FS's `[B, C, H]` copy)."""
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
@@ -29,6 +31,7 @@ class FSBCache(FSCache):
         self.tau = None if tau is None else tau.detach().clone()
         self.beam_width, self.bound_c, self.top_k = a.fsb.beam_width, a.fsb.bound_c, a.fsb.top_k
         self.state: FSBState | None = None
+        self.priorities = GrowingBuffer(dim=1)  # a `[G, C]`, rows g = (b, h)
         self.prior: tuple[torch.Tensor, torch.Tensor] | None = None  # sigma, lam `[G]`, built by the first route
 
     def _admit(self, num_cells: int) -> None:
@@ -40,13 +43,14 @@ class FSBCache(FSCache):
             self.state = start_fsb(self.tau, self.forest_choice, bsz, heads, dim, like=a)
         ids = torch.arange(seen, num_cells, device=a.device)
         # rows g = (b, h), as the whole-sequence search's
-        self.state = admit_fsb(self.state, kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1),
-                               self._centers(ids, a), ids)
+        a_rows = a.transpose(1, 2).flatten(0, 1)
+        self.priorities.append(a_rows)
+        self.state = admit_fsb(self.state, kbar.transpose(1, 2).flatten(0, 1), a_rows, self._centers(ids, a), ids)
 
     def _route(self, module: nn.Module, q: torch.Tensor, start: int):
         bsz, num, heads, dim = q.shape
-        a = self.summaries.view()[1]  # B C H
-        cells, acc = self.num_cells, a.dtype
+        a = self.priorities.view()[0]  # G C
+        acc = a.dtype
         if self.prior is None:  # per row g = (b, h), once: the batch, heads and dtype are the cache's for life
             self.prior = prior_per_head(module.sigma, module.lam, heads, like=a, batch=bsz)
         sigma, lam = self.prior
@@ -54,14 +58,13 @@ class FSBCache(FSCache):
         pos = torch.arange(start, start + num, device=q.device, dtype=acc)
         keys, values = (self.cells(x) for x in self.archive.tensors)  # B H C' s d, read in place
         with torch.no_grad():
-            choice = route_fsb_block(self.state, q_g, pos, keys.flatten(0, 1), a.transpose(1, 2).reshape(-1, cells),
-                                     self._centers(torch.arange(cells, device=q.device), a), lam=lam, sigma=sigma,
-                                     beam_width=self.beam_width, bound_c=self.bound_c, top_k=self.top_k,
-                                     impl=module.cfg.attention.impl)
+            choice = route_fsb_block(self.state, q_g, pos, keys.flatten(0, 1), a, cell_size=self.cell_size,
+                                     lam=lam, sigma=sigma, beam_width=self.beam_width, bound_c=self.bound_c,
+                                     top_k=self.top_k, impl=module.cfg.attention.impl)
         choice = choice.view(bsz, heads, num, self.top_k).transpose(1, 2)
         return choice, keys, values, None  # the choice is cell ids
 
     @property
     def nbytes(self) -> int:
         forests = 0 if self.state is None else self.state.forests.nbytes
-        return super().nbytes + forests
+        return super().nbytes + forests + self.priorities.nbytes

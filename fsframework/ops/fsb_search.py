@@ -111,6 +111,20 @@ def admit_cells(forests: Forests, kbar: torch.Tensor, a: torch.Tensor, centers: 
     forests.admit(kbar.repeat_interleave(kinds, dim=0), a_rows, centers, ids, a_rows >= thresholds[:, None])
 
 
+def _union(cand: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the distinct values of `cand [G, L]` (`pad` = none), ascending and padded with `pad`
+    to the widest row, `[G, U]`, and each entry's place in its row's union `[G, L]` (pads: any
+    place, clamped in range): a sort of the `L` entries, not a pass over the values' range (the
+    cells, the forests' nodes), which grows with the context."""
+    flat = cand.sort(dim=1).values
+    new = flat < pad
+    new[:, 1:] &= flat[:, 1:] != flat[:, :-1]
+    width = max(int(new.sum(dim=1).max()), 1)
+    union = flat.new_full((flat.shape[0], width + 1), pad).scatter_(
+        1, torch.where(new, new.long().cumsum(dim=1) - 1, width), flat)[:, :width].contiguous()
+    return union, torch.searchsorted(union, cand).clamp_max(width - 1)
+
+
 # a search step scores the block's distinct nodes as one matmul when there are at most this many
 # times as many as the (query, child) pairs' nodes per query (the upper levels, where the queries of
 # a block share their nodes); otherwise each pair gathers its node: either way O(Q Wb d) per step
@@ -118,21 +132,17 @@ DISTINCT_NODES_PER_CHILD = 2
 
 
 def _node_dots(mu: torch.Tensor, q: torch.Tensor, nodes: torch.Tensor, starts: torch.Tensor | None = None):
-    """`q . mu_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (entries < 0 give garbage)."""
+    """`q . mu_v` `[G, Q, m]` of node ids `nodes [G, Q, m]` (entries < 0 give garbage). The block's
+    distinct nodes come from a sort of its `Q m` ids (`_union`), not a pass over the store."""
     groups, num_q, width = nodes.shape
     capacity = mu.shape[1]
     if num_q > 1:
-        present = torch.zeros(groups, capacity + 1, dtype=torch.bool, device=nodes.device)
-        present.scatter_(1, torch.where(nodes >= 0, nodes, capacity).flatten(1), True)
-        present = present[:, :capacity]
-        distinct = int(present.sum(dim=1).max())
+        ids, slot = _union(torch.where(nodes >= 0, nodes, capacity).flatten(1), capacity)
+        distinct = ids.shape[1]
         if distinct <= DISTINCT_NODES_PER_CHILD * width:
-            slot = present.long().cumsum(dim=1) - 1  # a present node's column among its row's distinct nodes
-            ids = torch.zeros(groups, distinct + 1, dtype=torch.long, device=nodes.device)
-            ids.scatter_(1, torch.where(present, slot, distinct), torch.arange(capacity, device=nodes.device)
-                         .expand(groups, -1))
-            dots = torch.bmm(q, _take(mu, ids[:, None, :distinct], starts)[:, 0].transpose(1, 2))  # G Q distinct
-            return dots.gather(2, slot.gather(1, nodes.clamp_min(0).flatten(1)).clamp_min(0).view_as(nodes))
+            # pads (capacity) read the row's last node, which no entry maps to
+            dots = torch.bmm(q, _take(mu, ids[:, None].clamp_max(capacity - 1), starts)[:, 0].transpose(1, 2))
+            return dots.gather(2, slot.view_as(nodes))  # G Q m
     return torch.matmul(_take(mu, nodes, starts), q[..., None])[..., 0]
 
 
@@ -263,44 +273,42 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
             return torch.where(leaf, cells, -1)
 
 
-def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, pos: torch.Tensor,
-            cand: torch.Tensor, *, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
+def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Tensor, cand: torch.Tensor, *,
+            cell_size: int, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
             scores_budget: int = 1 << 22) -> torch.Tensor:
     """Top-K cells of Eq. 12 among candidates `cand [G, Q, m]` (-1 pads, duplicates allowed) -> `[G, Q, K]`.
 
     Per row g (a batch row and head): q `[G, Q, d]` (one query block), the unrotated keys
-    cell-major `[G, C', s, d]` (C' >= C: read in place), a `[G, C]`; centers `[C]`, pos `[Q]`,
-    lam, sigma `[G]`. Ties go to the earlier cell. The log-sum-exps are computed once per block
-    for the union `U` of the block's candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s`
-    matmul, no per-query copy of keys), as many queries at a time as keep the token scores
-    within `scores_budget` elements.
+    cell-major `[G, C', s, d]` (C' >= C: read in place), a `[G, C]` (read in place too: any
+    strides); pos `[Q]`, lam, sigma `[G]`; cell c's center is `(c + 1/2) s`. Ties go to the
+    earlier cell. The log-sum-exps are computed once per block for the union `U` of the block's
+    candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s` matmul, no per-query copy of keys), as
+    many queries at a time as keep the token scores within `scores_budget` elements. Nothing here
+    is a pass over the C cells: the union comes from sorting the `Q m` candidates, so a decoded
+    token's rescoring costs the same at any context (tests/models/test_decode_work.py).
     """
     groups, num_q, dim = q.shape
     num_cells = a.shape[-1]
-    # ascending cell order with pads last, duplicates dropped: position order is cell order
+    # ascending cell order with pads last (C), duplicates dropped: position order is cell order
     cand = torch.where(cand >= 0, cand, num_cells).sort(dim=-1).values
     valid = cand < num_cells
     valid[..., 1:] &= cand[..., 1:] != cand[..., :-1]
-    # the block's union of candidates per row, ascending, padded with cell 0 (never referenced)
-    present = torch.zeros(groups, num_cells + 1, dtype=torch.bool, device=q.device)
-    present.scatter_(1, cand.flatten(1), True)
-    present = present[:, :num_cells]
-    width = max(int(present.sum(dim=1).max()), 1)
-    slot = present.long().cumsum(dim=1) - 1  # a present cell's place in its row's union
-    union = torch.zeros(groups, width + 1, dtype=torch.long, device=q.device).scatter_(
-        1, torch.where(present, slot, width), torch.arange(num_cells, device=q.device).expand(groups, -1))[:, :width]
+    if num_q == 1:  # a decoded token: its candidates are the union (pads and duplicates read, never picked)
+        union, slot = cand[:, 0], torch.arange(cand.shape[-1], device=q.device).expand(groups, -1)
+    else:
+        union, slot = _union(torch.where(valid, cand, num_cells).flatten(1), num_cells)
     rows = torch.arange(groups, device=q.device)[:, None]
-    picked = keys[rows, union].to(q.dtype)  # G U s d
+    picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)  # G U s d (pads read a cell no one uses)
+    width = union.shape[1]
     lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
     chunk = max(1, scores_budget // picked[..., 0].numel())
     for lo in range(0, num_q, chunk):
         hi = min(lo + chunk, num_q)
         lse[:, lo:hi] = (torch.einsum("gqd,gusd->gqus", q[:, lo:hi], picked) / math.sqrt(dim)).logsumexp(dim=-1)
     idx = cand.clamp_max(num_cells - 1)
-    rows3 = rows[:, :, None]
-    scores = lse.gather(-1, slot[rows3, idx].clamp_min(0))
-    gate = torch.erf((pos[:, None] - centers[idx]) / (2.0 * sigma[:, None, None]))
-    scores = scores + lam[:, None, None] * a[rows3, idx] * gate
+    scores = lse.gather(-1, slot.view_as(cand))
+    gate = torch.erf((pos[:, None] - (idx.to(q.dtype) + 0.5) * cell_size) / (2.0 * sigma[:, None, None]))
+    scores = scores + lam[:, None, None] * a[rows[:, :, None], idx] * gate
     choice = top_k_earliest(scores, valid, top_k)
     return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
 
@@ -335,22 +343,23 @@ def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: tor
 
 
 def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor,
-                    centers: torch.Tensor, *, lam: torch.Tensor, sigma: torch.Tensor, beam_width: int,
+                    *, cell_size: int, lam: torch.Tensor, sigma: torch.Tensor, beam_width: int,
                     bound_c: float, top_k: int, impl: str = "reference") -> torch.Tensor:
     """FS-B's cells for the queries of one block -> `[G, Q, K]` cell ids, -1 = none.
 
     q `[G, Q, d]` at positions `pos [Q]`, one row per (batch row, head) g; keys cell-major
-    `[G, C', s, d]` (C' >= C: read in place), a `[G, C]`, centers `[C]` of the C eligible cells;
+    `[G, C', s, d]` (C' >= C: read in place), a `[G, C]` of the C eligible cells (any strides);
     lam, sigma `[G]`. A beam per query searches every forest of its row (`beam_search`), and the
     union of what they found is rescored by Eq. 12 (`rescore`). `impl` picks the search's
     implementation (`beam_search`).
     """
-    return _search_and_rescore(state.forests.store, state.forests.root, state.walks, q, pos, keys, a, centers,
-                               lam=lam, sigma=sigma, beam_width=beam_width, bound_c=bound_c, top_k=top_k, impl=impl)
+    return _search_and_rescore(state.forests.store, state.forests.root, state.walks, q, pos, keys, a,
+                               cell_size=cell_size, lam=lam, sigma=sigma, beam_width=beam_width, bound_c=bound_c,
+                               top_k=top_k, impl=impl)
 
 
 def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | None, q: torch.Tensor,
-                        pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, *,
+                        pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, *, cell_size: int,
                         lam: torch.Tensor, sigma: torch.Tensor, beam_width: int, bound_c: float, top_k: int,
                         impl: str) -> torch.Tensor:
     """`route_fsb_block` over forests given by their node store and roots `[G kinds]`."""
@@ -360,7 +369,7 @@ def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | Non
                         lam=lam.repeat_interleave(kinds), sigma=sigma.repeat_interleave(kinds), bound_c=bound_c,
                         impl=impl, walks=walks)  # [G kinds, Q, Wb]
     cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
-    return rescore(q, keys, a, centers, pos, cand, top_k=top_k, lam=lam, sigma=sigma)
+    return rescore(q, keys, a, pos, cand, cell_size=cell_size, top_k=top_k, lam=lam, sigma=sigma)
 
 
 # node memory the forests of one window of blocks may take (`select_cells_fsb`); a window is never made
@@ -440,6 +449,6 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
                 rows = slice(start - q_start, min(start + block_size, seq) - q_start)
                 pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
                 out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
-                                                   centers, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
+                                                   cell_size=cell_size, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
                                                    bound_c=bound_c, top_k=top_k, impl=impl)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

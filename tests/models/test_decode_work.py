@@ -1,7 +1,9 @@
 """A decoded token costs what docs/decoding.md says, counted in multiply-adds (tests/work.py), not timed:
 `O(context)` for the kinds that read the whole prefix, a bound that does not depend on the context for
 SWA, FS-L and AR-GRC. One decode step (and one prefill chunk) after a prompt of `T` tokens is compared
-with the same after `4T`: linear work grows 4x, a padded `T x T` attention call 16x."""
+with the same after `4T`: linear work grows 4x, a padded `T x T` attention call 16x. Elements written
+(tests/work.py) catch what multiply-adds miss: a bounded kind's token writes the same at any context,
+and FS-B's, whose search deepens by `log C`, no pass over its cells."""
 
 from __future__ import annotations
 
@@ -128,13 +130,18 @@ def test_fsb_walks_the_upper_levels_of_its_forests_once_per_block(monkeypatch):
     assert len(walked) == 3 * len(model.layers), len(walked)
 
 
-def _ops_per_token(model, context: int) -> int:
+def _token(model, context: int) -> WorkCounter:
+    """The counts of one decoded token inside a block (no boundary work) after `context + 1` tokens."""
     tokens = torch.randint(0, VOCAB, (1, context + 2), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), decode_cache(model) as cache:
         cache.forward(tokens[:, :context + 1])
-        with WorkCounter() as counted:  # aten ops dispatched: a token's host work, machine-independent
+        with WorkCounter() as counted:
             cache.forward(tokens[:, context + 1:])
-    return counted.dispatched
+    return counted
+
+
+def _ops_per_token(model, context: int) -> int:
+    return _token(model, context).dispatched  # aten ops dispatched: a token's host work, machine-independent
 
 
 @pytest.mark.parametrize("name", ["swa", "fsl", "fs", "tfpp", "alibi", "sinusoidal", "rewired"])
@@ -154,3 +161,22 @@ def test_a_freesolo_token_dispatches_at_most_twice_a_window_tokens_ops():
     swa = _ops_per_token(tiny_model("swa", VOCAB), 64)
     for name in ("fsl", "fs"):
         assert _ops_per_token(tiny_model(name, VOCAB), 64) <= 2 * swa, name
+
+
+@pytest.mark.parametrize("name", BOUNDED)
+def test_a_bounded_decoded_token_writes_the_same_elements_at_any_context(name):
+    """Elements written (tests/work.py) count the elementwise and indexing work multiply-adds miss: a
+    mask, a sort or a copy over every cell or position of the context would show here."""
+    model = tiny_model(name, VOCAB)
+    short, long = _token(model, 64).written, _token(model, 256).written
+    assert 0 < long <= short, (short, long)
+
+
+def test_an_fsb_decoded_token_does_no_pass_over_the_cells():
+    """FS-B's token searches forests of depth log C and rescores a bounded union (docs/decoding.md): 4x
+    the context adds a constant, a few more levels, whatever the context; a pass over the C cells
+    (a presence mask, every cell's center, a copy of the priorities) adds 4x more each time."""
+    model = tiny_model("fsb", VOCAB)
+    short, mid, long = (_token(model, context).written for context in (256, 1024, 4096))
+    assert short < mid < long, (short, mid, long)  # counted, and the search deepens
+    assert long - mid <= 1.1 * (mid - short), (short, mid, long)

@@ -19,7 +19,7 @@ import torch
 
 from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
-from tests.work import count
+from tests.work import WorkCounter, count
 
 B, H, D = 1, 2, 8
 LINEAR = 4.5  # 4x the size, plus slack for constant terms
@@ -158,3 +158,43 @@ def test_fsb_routing_is_n_log_n():
     cells = n // S
     small, large = _fsb(n), _fsb(4 * n)
     assert large <= 4 * (math.log2(4 * cells) / math.log2(cells)) ** 2 * small, (small, large)
+
+
+def test_an_fsb_search_step_and_rescoring_do_no_pass_over_the_nodes_or_cells():
+    """A search step scores the nodes it is given and the rescoring the candidates it is given: the
+    same elements written (tests/work.py) against a node store, or over cells, 4x as many. A mask over
+    the whole store at every step once made whole-sequence FS-B routing grow with N^2 / Bq."""
+    from fsframework.ops.fsb_search import _node_dots, rescore
+
+    groups, num_q, width, dim, s = 2, 8, 6, 4, 4
+    nodes = torch.randint(-1, 40, (groups, num_q, width), generator=torch.Generator().manual_seed(0))
+    nodes[:, :, :2] = nodes[:, :1, :2]  # shared nodes: the distinct-nodes matmul path
+    q = randn(groups, num_q, dim)
+
+    def step(capacity: int) -> tuple[int, torch.Tensor]:
+        mu = randn(groups, 256, dim, seed=1)[:, :capacity].contiguous()  # the same nodes 0..39
+        with torch.no_grad(), WorkCounter() as work:
+            dots = _node_dots(mu, q, nodes)
+        return work.written, dots
+
+    def rescoring(cells: int) -> tuple[int, torch.Tensor]:
+        keys, a = randn(groups, cells, s, dim, seed=2), randn(groups, cells, seed=3).abs()
+        with torch.no_grad(), WorkCounter() as work:
+            top = rescore(q, keys, a, torch.arange(num_q, dtype=torch.float32) + 200, nodes, cell_size=s,
+                          top_k=2, lam=torch.ones(groups), sigma=torch.ones(groups))
+        return work.written, top
+
+    (small, dots), (large, dots4) = step(64), step(256)
+    assert 0 < large == small and torch.equal(dots, dots4), (small, large)
+    (small, top), (large, _) = rescoring(64), rescoring(256)
+    assert 0 < large == small, (small, large)
+
+
+def test_union_lists_each_rows_distinct_values_and_where_each_entry_is():
+    from fsframework.ops.fsb_search import _union
+
+    cand = torch.tensor([[5, 3, 9, 3, 9, 9], [2, 9, 2, 9, 9, 9]])
+    union, slot = _union(cand, 9)
+    assert union.tolist() == [[3, 5], [2, 9]]  # 9 pads the narrower row
+    valid = cand < 9
+    assert torch.equal(union.gather(1, slot)[valid], cand[valid])
