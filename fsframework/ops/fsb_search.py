@@ -111,16 +111,30 @@ def admit_cells(forests: Forests, kbar: torch.Tensor, a: torch.Tensor, centers: 
     forests.admit(kbar.repeat_interleave(kinds, dim=0), a_rows, centers, ids, a_rows >= thresholds[:, None])
 
 
+# `_union` marks values in a mask over their range while the range is at most this many times the
+# entries (cheaper than a sort on a CPU), and sorts the entries beyond: either way O(entries) per row
+UNION_MASK_SPAN = 4
+
+
 def _union(cand: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the distinct values of `cand [G, L]` (`pad` = none), ascending and padded with `pad`
-    to the widest row, `[G, U]`, and each entry's place in its row's union `[G, L]` (pads: any
-    place, clamped in range): a sort of the `L` entries, not a pass over the values' range (the
-    cells, the forests' nodes), which grows with the context."""
+    """Per row, the distinct values of `cand [G, L]` in `[0, pad]` (`pad` = none), ascending and padded
+    with `pad` to the widest row, `[G, U]`, and each entry's place in its row's union `[G, L]` (pads:
+    any place, clamped in range). A mask over the values' range while it is short (`UNION_MASK_SPAN`),
+    else a sort of the `L` entries: never a pass over a range (the cells, the forests' nodes) that
+    grows with the context while the entries do not."""
+    groups, entries = cand.shape
+    if pad <= UNION_MASK_SPAN * entries:
+        present = cand.new_zeros((groups, pad + 1), dtype=torch.bool).scatter_(1, cand, True)[:, :pad]
+        width = max(int(present.sum(dim=1).max()), 1)
+        place = present.long().cumsum(dim=1) - 1  # a present value's place in its row's union
+        union = cand.new_full((groups, width + 1), pad).scatter_(
+            1, torch.where(present, place, width), torch.arange(pad, device=cand.device).expand(groups, -1))
+        return union[:, :width], place.gather(1, cand.clamp_max(pad - 1)).clamp(0, width - 1)
     flat = cand.sort(dim=1).values
     new = flat < pad
     new[:, 1:] &= flat[:, 1:] != flat[:, :-1]
     width = max(int(new.sum(dim=1).max()), 1)
-    union = flat.new_full((flat.shape[0], width + 1), pad).scatter_(
+    union = cand.new_full((groups, width + 1), pad).scatter_(
         1, torch.where(new, new.long().cumsum(dim=1) - 1, width), flat)[:, :width].contiguous()
     return union, torch.searchsorted(union, cand).clamp_max(width - 1)
 

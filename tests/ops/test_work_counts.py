@@ -172,7 +172,7 @@ def test_an_fsb_search_step_and_rescoring_do_no_pass_over_the_nodes_or_cells():
     q = randn(groups, num_q, dim)
 
     def step(capacity: int) -> tuple[int, torch.Tensor]:
-        mu = randn(groups, 256, dim, seed=1)[:, :capacity].contiguous()  # the same nodes 0..39
+        mu = randn(groups, 4096, dim, seed=1)[:, :capacity].contiguous()  # the same nodes 0..39
         with torch.no_grad(), WorkCounter() as work:
             dots = _node_dots(mu, q, nodes)
         return work.written, dots
@@ -184,17 +184,21 @@ def test_an_fsb_search_step_and_rescoring_do_no_pass_over_the_nodes_or_cells():
                           top_k=2, lam=torch.ones(groups), sigma=torch.ones(groups))
         return work.written, top
 
-    (small, dots), (large, dots4) = step(64), step(256)
-    assert 0 < large == small and torch.equal(dots, dots4), (small, large)
-    (small, top), (large, _) = rescoring(64), rescoring(256)
-    assert 0 < large == small, (small, large)
+    (short, dots0), (small, dots), (large, dots4) = step(64), step(1024), step(4096)
+    assert 0 < short <= large == small, (short, small, large)  # a short store may be masked: no more work
+    assert torch.equal(dots, dots4) and torch.equal(dots0, dots4)
+    (short, _), (small, top), (large, top4) = rescoring(64), rescoring(1024), rescoring(4096)
+    assert 0 < short <= large == small, (short, small, large)
 
 
-def test_union_lists_each_rows_distinct_values_and_where_each_entry_is():
+@pytest.mark.parametrize("pad", [9, 1000])  # a mask over the values' range, a sort of the entries
+def test_union_lists_each_rows_distinct_values_and_where_each_entry_is(pad):
     from fsframework.ops.fsb_search import _union
 
-    cand = torch.tensor([[5, 3, 9, 3, 9, 9], [2, 9, 2, 9, 9, 9]])
-    union, slot = _union(cand, 9)
-    assert union.tolist() == [[3, 5], [2, 9]]  # 9 pads the narrower row
-    valid = cand < 9
+    cand = torch.tensor([[5, 3, 8, 3, 8, 8], [2, 8, 2, 8, 8, 8]])
+    cand[1, 3:] = pad  # pads
+    union, slot = _union(cand, pad)
+    assert union.tolist() == [[3, 5, 8], [2, 8, pad]]  # `pad` pads the narrower row
+    valid = cand < pad
     assert torch.equal(union.gather(1, slot)[valid], cand[valid])
+    assert bool(((slot >= 0) & (slot < 3)).all())
