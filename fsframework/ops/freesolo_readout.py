@@ -129,6 +129,8 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
     """
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
+    if seq == 1 and num_cells and not with_lse:
+        return _attend_one_query(q, k_rows, v_rows, cells, num_cells, cell_size, acc), None
     chunks = _chunks(cells, num_cells, cell_size, dim) if num_cells else iter(())
     first = next(chunks, None)
     if first is not None and first[:2] == (0, seq):  # one chunk holds every query (a decoded token)
@@ -141,6 +143,22 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         if with_lse:
             lse[:, start:end] = lse_chunk
     return y, lse
+
+
+def _attend_one_query(q, k_rows, v_rows, cells, num_cells, cell_size, acc):
+    """`attend_cell_rows` for one query per (batch row, head), a decoded token, without its lse: its
+    `K s` keys gathered and one fused attention call with a mask over the cells it does not read (a
+    third of the ops of the chunk path, which a token would otherwise dispatch in every layer)."""
+    bsz, _, heads, dim = q.shape
+    top_k = cells.shape[-1]
+    cells = cells[:, 0]  # Bt H K
+    rows = (torch.arange(bsz * heads, device=q.device).view(bsz, heads, 1) * num_cells + cells.clamp_min(0))
+    keys, values = (F.embedding(rows, x).view(bsz, heads, top_k * cell_size, dim).to(acc) for x in (k_rows, v_rows))
+    read = cells >= 0
+    mask = read[..., None].expand(bsz, heads, top_k, cell_size).reshape(bsz, heads, 1, top_k * cell_size)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2).to(acc), keys, values, attn_mask=mask)  # Bt H 1 d
+    # a query without a cell reads 0 (the chunk path's rule; a fused call may give NaN there)
+    return torch.where(read.any(dim=-1)[..., None, None], y, 0.0).transpose(1, 2)
 
 
 def _attend_chunk(q, k_rows, v_rows, start, end, rows, member, bias, *, cell_size, acc, with_lse):

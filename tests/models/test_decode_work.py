@@ -154,13 +154,13 @@ def test_a_decoded_token_dispatches_no_more_ops_at_a_longer_context(name):
     assert 0 < long <= short, (short, long)
 
 
-def test_a_freesolo_token_dispatches_at_most_twice_a_window_tokens_ops():
-    """FS and FS-L add routing and a readout to SWA's layer, per block constants prepared once
-    (docs/decoding.md): 408 and 386 ops against SWA's 212 for the tiny model (516 and 484 when every
-    token rebuilt them)."""
+def test_a_freesolo_token_dispatches_at_most_1_8_times_a_window_tokens_ops():
+    """FS and FS-L add routing and a readout to SWA's layer, per block constants prepared once and the
+    readout one fused call (docs/decoding.md): 362 and 340 ops against SWA's 212 for the tiny model
+    (408 and 386 with the chunk path's readout, 516 and 484 when every token rebuilt the constants)."""
     swa = _ops_per_token(tiny_model("swa", VOCAB), 64)
     for name in ("fsl", "fs"):
-        assert _ops_per_token(tiny_model(name, VOCAB), 64) <= 2 * swa, name
+        assert _ops_per_token(tiny_model(name, VOCAB), 64) <= 1.8 * swa, name
 
 
 @pytest.mark.parametrize("name", BOUNDED)

@@ -56,6 +56,24 @@ def test_rows_with_nothing_selected_read_zero():
     assert torch.equal(out[0], torch.zeros_like(q[0])) and torch.equal(out[1, :3], torch.zeros_like(q[1, :3]))
     assert out[1, 3, 0].abs().sum() > 0 and torch.equal(out[1, 3, 1:], torch.zeros_like(q[1, 3, 1:]))
     assert torch.equal(cell_readout_kept(q, cells, cells, torch.full_like(choice, -1)), torch.zeros_like(q))
+    # one query at a time (a decoded token: one fused, masked attention call) reads the same
+    for i in (0, 3):
+        one = cell_readout_kept(q[:, i:i + 1], cells, cells, choice[:, i:i + 1])
+        torch.testing.assert_close(one, out[:, i:i + 1], rtol=1e-12, atol=1e-12)
+        assert torch.equal(one[0], torch.zeros_like(one[0]))  # nothing selected: exactly 0, no NaN
+
+
+def test_a_decoded_tokens_fp32_readout_equals_the_chunk_paths():
+    q, k, v = (x.float() for x in _qkv(16))
+    choice = torch.randint(-1, 4, (2, 1, 3, 3), generator=torch.Generator().manual_seed(1))
+    choice[0, 0, 0] = -1  # a head without a cell
+    k_cells, v_cells = (x.view(2, 4, 4, 3, 8).permute(0, 3, 1, 2, 4).contiguous() for x in (k, v))
+    q1 = q[:, :1]
+    one = cell_readout_kept(q1, k_cells, v_cells, choice)
+    # the same query twice is a chunk of two queries: the chunk path
+    two = cell_readout_kept(torch.cat((q1, q1), dim=1), k_cells, v_cells, torch.cat((choice, choice), dim=1))
+    torch.testing.assert_close(one, two[:, :1], rtol=1e-5, atol=1e-6)
+    assert torch.equal(one[0, 0, 0], torch.zeros(8))
 
 
 @pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
