@@ -88,8 +88,8 @@ def elements_written(func, args, kwargs, out) -> int:
 
 class WorkCounter(TorchDispatchMode):
     """`with WorkCounter() as work: ...` -> `work.macs` (multiply-adds), `work.written` (elements
-    written, `elements_written`), `work.largest` (elements of the largest tensor any op produced), `work.ops` (aten ops dispatched, a Counter by op name) and
-    `work.dispatched` (their total)."""
+    written, `elements_written`), `work.largest` (elements of the largest tensor any op produced),
+    `work.ops` (aten ops dispatched, a Counter by op name) and `work.dispatched` (their total)."""
 
     def __init__(self):
         super().__init__()

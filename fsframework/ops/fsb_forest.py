@@ -18,9 +18,10 @@ all and one admission grows them all. Chunk trees sit in a row as a stack in chu
 chunks shared with the previous decomposition keep their trees untouched, the merged
 chunks get trees built over their cells, and the `r - 1` join nodes follow the last tree.
 Rows admit different numbers of cells (`Ftau` keeps those above its threshold), so their
-decompositions differ; an admission loops over chunk sizes (at most `log2 M + 1`), never
-over rows: the trees of one size are built for every row that needs one in one batched
-call, and the join chains advance one chunk size at a time in every row at once. A tree of
+decompositions differ; an admission never loops over rows: the trees every row needs, of
+every size, are built in one batched call (`build_trees`, one pass per segment width: the
+segments of one width are split together whatever tree they belong to), and the join chains
+advance one chunk size at a time in every row at once. A tree of
 n cells costs `O(n log n)` (linear-time median splits per level), so the whole build is
 `O(M log^2 M)` per row, never an `N x M` tensor.
 """
@@ -59,44 +60,74 @@ def build_chunk_trees(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor,
     and `cell [G, 2n-1]` (the leaf's cell id, -1 at internal nodes); node `g` has
     children `2g + 1`, `2g + 2`. Level by level, every segment kept in arrival order.
     """
-    groups, num, dim = kbar.shape
-    if num & (num - 1):
-        raise ValueError(f"a chunk holds a power of two cells, got {num}")
-    nodes = 2 * num - 1
-    # a level's nodes follow the previous level's in heap order: collected per level, joined at the end
-    levels: dict[str, list[torch.Tensor]] = {"mu": [], "rho": [], "amax": [], "pmin": []}
-    # [G, S segments, m, ...]; a and p travel together (one scatter per level)
-    x, ap, ids = kbar[:, None], torch.stack((a, p.to(a.dtype)), dim=-1)[:, None], cells[:, None]
+    return build_trees([(kbar, a, p, cells)])[0]
+
+
+TreeInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def build_trees(groups: list[TreeInputs]) -> list[dict[str, torch.Tensor]]:
+    """`build_chunk_trees` of several groups of chunks at once, each group `(kbar, a, p, cells)` of
+    its own size `2^k`. A node's split reads only its segment, so the segments of one width are
+    split together whatever tree they belong to: the roots of the smaller trees with the deeper
+    levels of the larger ones. The ops run once per width (`log2` of the largest size `+ 1`
+    passes) instead of once per level of every size, the same numbers per segment."""
+    sizes = [kbar.shape[1] for kbar, *_ in groups]
+    if any(n < 1 or n & (n - 1) for n in sizes):
+        raise ValueError(f"a chunk holds a power of two cells, got {sizes}")
+    if not groups:
+        return []
+    dim = groups[0][0].shape[-1]
+    levels: list[dict[str, list[torch.Tensor]]] = [{"mu": [], "rho": [], "amax": [], "pmin": []} for _ in groups]
+    leaves: list[torch.Tensor] = [torch.empty(0)] * len(groups)
+    entering = sorted(range(len(groups)), key=lambda i: -sizes[i])  # the largest trees start first
+    members: list[int] = []  # the groups with segments in `x`, in row order
+    segments: list[int] = []  # segments per chunk of each member at this width
+    x = ap = ids = None  # [T, width, ...]: every segment of this width, member by member, in heap order
+    width = sizes[entering[0]]
     while True:
-        segs, width = x.shape[1], x.shape[2]
-        mu = x.mean(dim=2)
-        centered = x - mu[:, :, None]
-        dist = torch.linalg.vector_norm(centered, dim=-1)  # G S m
-        levels["mu"].append(mu)
-        levels["rho"].append(dist.amax(dim=-1))
-        levels["amax"].append(ap[..., 0].amax(dim=-1))
-        levels["pmin"].append(ap[..., 1].amin(dim=-1))
+        while entering and sizes[entering[0]] == width:  # these groups' roots have this width
+            i = entering.pop(0)
+            kbar, a, p, cells = groups[i]
+            new = (kbar, torch.stack((a, p.to(a.dtype)), dim=-1), cells)  # a and p travel together
+            x, ap, ids = new if x is None else (torch.cat((old, part)) for old, part in zip((x, ap, ids), new))
+            members.append(i)
+            segments.append(1)
+        rows = [groups[i][0].shape[0] for i in members]
+        mu = x.mean(dim=1)
+        centered = x - mu[:, None]
+        dist = torch.linalg.vector_norm(centered, dim=-1)  # T width
+        stats = {"mu": mu, "rho": dist.amax(dim=-1), "amax": ap[..., 0].amax(dim=-1), "pmin": ap[..., 1].amin(dim=-1)}
+        counts = [g * s for g, s in zip(rows, segments)]
+        for name, value in stats.items():
+            for i, g, s, piece in zip(members, rows, segments, value.split(counts)):
+                levels[i][name].append(piece.view(g, s, *piece.shape[1:]))
         if width == 1:
-            out = {name: torch.cat(parts, dim=1) for name, parts in levels.items()}
-            out["cell"] = torch.cat((ids.new_full((groups, nodes - num), -1), ids[..., 0]), dim=1)
-            return out
+            for i, g, s, piece in zip(members, rows, segments, ids[:, 0].split(counts)):
+                leaves[i] = piece.view(g, s)
+            break
         # the farthest cell starts the power iteration (argmax: the earliest among equals)
         far = dist.argmax(dim=-1)
-        u0 = centered.gather(2, far[:, :, None, None].expand(-1, -1, 1, dim))[:, :, 0]
-        proj = torch.matmul(centered, power_iteration(centered, u0)[..., None])[..., 0]  # G S m
+        u0 = centered.gather(1, far[:, None, None].expand(-1, 1, dim))[:, 0]
+        proj = torch.matmul(centered, power_iteration(centered, u0)[..., None])[..., 0]  # T width
         half = width // 2  # ceil(m/2) = m/2 for a power of two
         kth = proj.kthvalue(half, dim=-1, keepdim=True).values
         below, tied = proj < kth, proj == kth
         need = half - below.sum(dim=-1, keepdim=True)
         left = below | (tied & (tied.cumsum(dim=-1) <= need))  # ties on the median: earlier cells go left
-        # stable partition: left cells first, each side in arrival order
+        # stable partition: left cells first, each side in arrival order; each segment becomes two
         dest = torch.where(left, left.cumsum(dim=-1) - 1, half + (~left).cumsum(dim=-1) - 1)
-        x = torch.empty_like(x).scatter_(2, dest[..., None].expand(-1, -1, -1, dim), x)
-        ap = torch.empty_like(ap).scatter_(2, dest[..., None].expand(-1, -1, -1, 2), ap)
-        ids = torch.empty_like(ids).scatter_(2, dest, ids)
-        x = x.reshape(groups, 2 * segs, half, dim)
-        ap = ap.reshape(groups, 2 * segs, half, 2)
-        ids = ids.reshape(groups, 2 * segs, half)
+        x = torch.empty_like(x).scatter_(1, dest[..., None].expand(-1, -1, dim), x).reshape(-1, half, dim)
+        ap = torch.empty_like(ap).scatter_(1, dest[..., None].expand(-1, -1, 2), ap).reshape(-1, half, 2)
+        ids = torch.empty_like(ids).scatter_(1, dest, ids).reshape(-1, half)
+        segments = [2 * s for s in segments]
+        width = half
+    trees = []
+    for (kbar, _, _, cells), parts, leaf in zip(groups, levels, leaves):
+        tree = {name: torch.cat(values, dim=1) for name, values in parts.items()}
+        tree["cell"] = torch.cat((cells.new_full((kbar.shape[0], kbar.shape[1] - 1), -1), leaf), dim=1)
+        trees.append(tree)
+    return trees
 
 
 NODE_FIELDS = ("mu", "rho", "amax", "pmin", "left", "right", "cell")
@@ -209,19 +240,21 @@ class Forests:
         kept = ((old[:, None] >> bits) & 1 == 1) & ((old[:, None] >> (bits + 1)) == (new[:, None] >> (bits + 1)))
         build = has & ~kept & changed[:, None]
         offsets, trees_end = _chunk_offsets(new, most.bit_length())
-        for bit in build.any(dim=0).nonzero().flatten().tolist():
-            self._write_chunk_trees(bit, build[:, bit].nonzero().squeeze(1), new, offsets)
+        # every size's trees in one build (`build_trees`)
+        bits = build.any(dim=0).nonzero().flatten().tolist()
+        rows = [build[:, bit].nonzero().squeeze(1) for bit in bits]
+        trees = build_trees([self._chunk_cells(bit, at, new) for bit, at in zip(bits, rows)])
+        for bit, at, tree in zip(bits, rows, trees):
+            write_trees(self.store.tensors, at, offsets[at, bit], tree)
         self._write_join_chains(new, changed, offsets, trees_end)
 
-    def _write_chunk_trees(self, bit: int, rows: torch.Tensor, count: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Build the chunk of `2^bit` cells of each of `rows` (rows of `count` cells; `offsets`:
-        `_chunk_offsets`)."""
+    def _chunk_cells(self, bit: int, rows: torch.Tensor, count: torch.Tensor) -> TreeInputs:
+        """What the chunk of `2^bit` cells of each of `rows` (rows of `count` cells) is built from."""
         size = 1 << bit
         first = (count[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
         cells = first[:, None] + torch.arange(size, device=rows.device)
         r = rows[:, None]
-        tree = build_chunk_trees(self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells])
-        write_trees(self.store.tensors, rows, offsets[rows, bit], tree)
+        return self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells]
 
     def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
                            trees_end: torch.Tensor) -> None:

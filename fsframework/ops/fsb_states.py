@@ -9,12 +9,12 @@ costs about a thousand small ops per block. But a forest's chunk trees depend on
 cells: with `c` cells admitted, the chunk of `2^b` cells, when bit `b` of `c` is set, is cells
 `[i 2^(b+1), i 2^(b+1) + 2^b)` of the row's admitted cells, `i = c >> (b + 1)`. So every tree
 a set of states uses is one of the aligned chunks `i 2^(b+1)` of each size, and those are built
-in one batched call per size (`log2 M + 1` calls); what differs from state to state is only its
+in one batched call for every size (`build_trees`); what differs from state to state is only its
 join chain (`popcount(c) - 1` nodes), built for every state at once, one chunk size at a time.
 States of consecutive blocks share their large chunks: for a window of blocks the store holds
 about `2 M + (the window's cells) log2 M` slots per row (`select_cells_fsb` sizes its windows by
 a memory budget), all blocks at once `M log2 M`, the incremental forests `2 M`. The nodes hold the same
-numbers as `Forests.admit` writes (the same `build_chunk_trees` over the same cells, the same
+numbers as `Forests.admit` writes (the same `build_trees` over the same cells, the same
 `write_join_chains`), so a search returns the same cells; only the slots differ.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fsframework.ops.fsb_forest import NodeStore, build_chunk_trees, lowest_bit, write_join_chains, write_trees
+from fsframework.ops.fsb_forest import NodeStore, build_trees, lowest_bit, write_join_chains, write_trees
 
 
 class _Chunks:
@@ -78,13 +78,14 @@ def forest_states(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: tor
     states = arrived.numel()
     store = NodeStore(rows, dim, dtype=kbar.dtype, device=device, capacity=max(1, base + states * len(chunks)))
     t = store.tensors
-    for chunk in chunks:
-        if chunk.keys.numel() == 0:
-            continue
+    used = [chunk for chunk in chunks if chunk.keys.numel()]
+    inputs = []
+    for chunk in used:
         size = 1 << chunk.bit
         cells = chunk.index[:, None] * (2 * size) + torch.arange(size, device=device)
         r = chunk.row[:, None]
-        built = build_chunk_trees(kbar[r, cells], a[r, cells], p[r, cells], ids[r, cells])
+        inputs.append((kbar[r, cells], a[r, cells], p[r, cells], ids[r, cells]))
+    for chunk, built in zip(used, build_trees(inputs)):  # every size at once
         write_trees(t, chunk.row, chunk.slots(), built)
     return store, _join_chains(t, counts, chunks, base)
 

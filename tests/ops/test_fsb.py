@@ -9,7 +9,7 @@ import torch
 
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import top_k_earliest
-from fsframework.ops.fsb_forest import (Forest, _chunk_offsets, _popcount, build_chunk_trees, chunk_sizes,
+from fsframework.ops.fsb_forest import (Forest, _chunk_offsets, _popcount, build_chunk_trees, build_trees, chunk_sizes,
                                         power_iteration)
 
 F64 = torch.float64
@@ -109,6 +109,26 @@ def test_chunk_tree_nodes_store_exact_summaries_and_median_splits():
         assert torch.allclose(tree["mu"][0, g], mu)
         assert torch.isclose(tree["rho"][0, g], (kbar[0, under] - mu).norm(dim=-1).max())
         assert tree["amax"][0, g] == a[0, under].max() and tree["pmin"][0, g] == p[0, under].min()
+
+
+def test_trees_of_several_sizes_built_together_equal_each_size_alone():
+    """`build_trees` splits the segments of one width together, whatever tree they belong to: the
+    same nodes, number for number, as building each size on its own (and no size at all is none)."""
+    groups = []
+    for seed, (chunks, num) in enumerate([(3, 16), (2, 4), (1, 1), (2, 16), (4, 2)]):
+        kbar = randn(chunks, num, 5, seed=10 + seed)
+        kbar[0, : num // 2] = kbar[0, :1]  # repeated keys: ties on the median and zero directions
+        groups.append((kbar, randn(chunks, num, seed=20 + seed).abs(), randn(chunks, num, seed=30 + seed),
+                       torch.arange(chunks * num).view(chunks, num) + 100 * seed))
+    together = build_trees(groups)
+    for group, tree in zip(groups, together):
+        alone = build_chunk_trees(*group)
+        assert tree.keys() == alone.keys()
+        for name in alone:
+            assert torch.equal(tree[name], alone[name]), name
+    assert build_trees([]) == []
+    with pytest.raises(ValueError, match="power of two"):
+        build_trees([(randn(1, 6, 2), randn(1, 6), randn(1, 6), torch.arange(6)[None])])
 
 
 def _ancestor(node: int, anc: int) -> bool:

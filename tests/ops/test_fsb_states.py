@@ -44,20 +44,21 @@ def test_every_state_equals_the_forests_grown_piece_by_piece():
 
 
 def test_whole_sequence_routing_builds_each_chunk_size_once(monkeypatch):
-    """Trees are built in one batched call per chunk size, not block by block: `log2 M + 1` calls
-    for M cells at most, whatever the number of blocks."""
-    calls, build = [], states.build_chunk_trees
+    """Trees are built in one batched call for every chunk size, not block by block: one call per
+    window of blocks (here one window), each size at most once, `log2 M + 1` sizes for M cells."""
+    calls, build = [], states.build_trees
 
-    def counting(kbar, *args):
-        calls.append(kbar.shape[1])
-        return build(kbar, *args)
+    def counting(groups):
+        calls.append([kbar.shape[1] for kbar, *_ in groups])
+        return build(groups)
 
-    monkeypatch.setattr(states, "build_chunk_trees", counting)
+    monkeypatch.setattr(states, "build_trees", counting)
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1024, 2, 8, generator=gen), torch.randn(1, 1024, 2, 8, generator=gen)
     select_cells(q, k, variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4,
                  tau=torch.zeros(2))  # 63 blocks, 252 cells
-    assert len(calls) == len(set(calls)) <= (252).bit_length()
+    assert len(calls) == 1, calls
+    assert len(calls[0]) == len(set(calls[0])) <= (252).bit_length(), calls
 
 
 def test_windows_of_blocks_select_the_same_cells(monkeypatch):
