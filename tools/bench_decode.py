@@ -16,6 +16,8 @@ then `--new-tokens` tokens are decoded greedily, one forward pass each.
   ops_per_token  (--count-ops) aten ops one decoded token dispatches, counted with a dispatch mode
                  on a second cache (under no_grad: inference mode hides ops from Python modes);
                  machine-independent, so a change to a cache or an op is compared exactly
+  launches_per_token  (--count-ops) those of them that compute (not views, which only relabel
+                 memory): each a kernel launch on a GPU, where decoding is launch-bound
 
     python tools/bench_decode.py --models fsl tfpp --contexts 4096 16384 65536 --json decode.json
     python tools/bench_decode.py --models all --contexts 4096 16384 65536 --new-tokens 16
@@ -30,7 +32,7 @@ one process (FS-B with every op in PyTorch against the kernels, its search's amo
 step 9).
 
 `--json` writes one JSON list of {"model", "impl", "context", "cache_bytes", "tokens_per_s", "prefill_s"}
-(and "ops_per_token" with `--count-ops`).
+(and "ops_per_token", "launches_per_token" with `--count-ops`).
 """
 
 from __future__ import annotations
@@ -72,18 +74,22 @@ def measure(model, context: int, new_tokens: int, seed: int) -> dict:
                 "prefill_s": prefill_s, "tokens_per_cpu_s": new_tokens / decode_cpu_s}
 
 
-def ops_per_token(model, context: int, seed: int) -> int:
-    """Aten ops dispatched by one decoded token after a prompt of `context` tokens (and one token more)."""
+def ops_per_token(model, context: int, seed: int) -> tuple[int, int]:
+    """Aten ops dispatched by one decoded token after a prompt of `context` tokens (and one token more),
+    and how many of them compute (an op whose every output aliases an input is a view: no kernel)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from fsframework.models.decode_cache import decode_cache, prefill
 
     class Count(TorchDispatchMode):
-        ops = 0
+        ops = launches = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.ops += 1
+            returns = func._schema.returns
+            if not (returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)):
+                self.launches += 1
             return func(*args, **(kwargs or {}))
 
     prompt = torch.randint(0, model.cfg.vocab_size, (1, context + 2), generator=torch.Generator().manual_seed(seed))
@@ -92,7 +98,7 @@ def ops_per_token(model, context: int, seed: int) -> int:
         prefill(cache, prompt[:, :context + 1])
         with Count() as count:
             prefill(cache, prompt[:, context + 1:])
-    return count.ops
+    return count.ops, count.launches
 
 
 def calibrate_on_random_tokens(model, tokens: int, seed: int) -> None:
@@ -168,7 +174,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     print(f"{'model':>10} {'impl':>9} {'context':>8} {'cache MiB':>10} {'tokens/s':>9} {'tokens/cpu-s':>13} "
-          f"{'prefill s':>10}" + (f" {'ops/token':>10}" if args.count_ops else ""))
+          f"{'prefill s':>10}" + (f" {'ops/token':>10} {'launches/token':>15}" if args.count_ops else ""))
     for name in models:
         try:
             base_cfg = model_config(args, name)
@@ -185,11 +191,12 @@ def main(argv=None) -> int:
                 row = {"model": name, "impl": impl, **measure(model, context, args.new_tokens, args.seed)}
                 cpu_rate = row.pop("tokens_per_cpu_s")
                 if args.count_ops:
-                    row["ops_per_token"] = ops_per_token(model, context, args.seed)
+                    row["ops_per_token"], row["launches_per_token"] = ops_per_token(model, context, args.seed)
                 rows.append(row)
                 print(f"{name:>10} {impl:>9} {context:>8} {row['cache_bytes'] / 2**20:>10.3f} "
                       f"{row['tokens_per_s']:>9.1f} {cpu_rate:>13.1f} {row['prefill_s']:>10.2f}"
-                      + (f" {row['ops_per_token']:>10}" if args.count_ops else ""), flush=True)
+                      + (f" {row['ops_per_token']:>10} {row['launches_per_token']:>15}" if args.count_ops else ""),
+                      flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

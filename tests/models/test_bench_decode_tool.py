@@ -32,6 +32,7 @@ def test_from_a_model_size_without_the_yaml_reader(tmp_path):
     assert [(r["model"], r["context"]) for r in rows] == [("fsl", 300), ("swa", 300)]
     for row in rows:
         assert row["tokens_per_s"] > 0 and row["cache_bytes"] > 0 and row["ops_per_token"] > 0
+        assert 0 < row["launches_per_token"] < row["ops_per_token"]  # views launch nothing
     assert rows[0]["ops_per_token"] > rows[1]["ops_per_token"]  # FS-L routes and reads cells besides its window
 
 
