@@ -21,14 +21,12 @@ Rows admit different numbers of cells (`Ftau` keeps those above its threshold), 
 decompositions differ; an admission never loops over rows: the trees every row needs, of
 every size, are built in one batched call (`build_trees`, one pass per segment width: the
 segments of one width are split together whatever tree they belong to), and the join chains
-advance one chunk size at a time in every row at once. A tree of
+of every row are written at once (`write_join_chains`: cumulative sums along the bits). A tree of
 n cells costs `O(n log n)` (linear-time median splits per level), so the whole build is
 `O(M log^2 M)` per row, never an `N x M` tensor.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 
@@ -259,10 +257,8 @@ class Forests:
     def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
                            trees_end: torch.Tensor) -> None:
         """The join chains of the `changed` rows (`write_join_chains`), after their last tree (`trees_end`)."""
-        low = lowest_bit(count)  # the last (smallest) chunk's size, as a bit
-        below = torch.where(count > 0, offsets.gather(1, low.clamp_min(0)[:, None])[:, 0], -1)
-        top = write_join_chains(self.store.tensors, torch.arange(self.rows, device=count.device), count, low, below,
-                                trees_end, lambda bit, at: offsets[at, bit], bits=offsets.shape[1], taking_part=changed)
+        top = write_join_chains(self.store.tensors, torch.arange(self.rows, device=count.device), count, trees_end,
+                                offsets, taking_part=changed)
         self.root = torch.where(changed, top, self.root)
 
 
@@ -280,44 +276,51 @@ def write_trees(t: dict[str, torch.Tensor], rows: torch.Tensor, offset: torch.Te
     t["right"][r, slots] = torch.where(internal, offset + 2 * heap + 2, -1)
 
 
-def write_join_chains(t: dict[str, torch.Tensor], row: torch.Tensor, count: torch.Tensor, low: torch.Tensor,
-                      below: torch.Tensor, slot: torch.Tensor, root: Callable[[int, torch.Tensor], torch.Tensor], *,
-                      bits: int, taking_part: torch.Tensor | None = None) -> torch.Tensor:
+def write_join_chains(t: dict[str, torch.Tensor], row: torch.Tensor, count: torch.Tensor, slot: torch.Tensor,
+                      roots: torch.Tensor, *, taking_part: torch.Tensor | None = None) -> torch.Tensor:
     """Join chains: J_r = root(G_r); J_t joins root(G_t) and J_{t+1}, smallest chunk first; J_1 is the
-    forest's root (triangle-bound radius). For forests in rows `row [P]` of `count [P]` cells (`low`:
-    `lowest_bit(count)`; `below [P]`: the smallest chunk's root), the join nodes from slot `slot [P]` on,
-    in the order they are made; `root(bit, at)`: the root slots of the chunks of `2^bit` cells of the
-    entries `at`; `bits` bounds the chunk sizes; only the entries `taking_part` (default: all) are joined.
-    Returns each chain's top: the forest's root (`below` where nothing is joined)."""
-    below, slot = below.clone(), slot.clone()
-    cells = torch.where(count > 0, 1 << low.clamp_min(0), 0)  # cells under `below`
+    forest's root (triangle-bound radius). For forests in rows `row [P]` of `count [P]` cells, whose
+    chunk of `2^b` cells (where bit b of the count is set) has its root at slot `roots [P, bits]`, the
+    join nodes from slot `slot [P]` on, in the order they are made (smallest chunk first); only the
+    entries `taking_part` (default: all) are joined. Returns each chain's top, the forest's root (the
+    smallest chunk's root where nothing is joined, -1 for an empty forest).
+
+    Every chain at once, along the bits: a join's mean is the cell-weighted mean of the chunks up to it
+    (a cumulative sum), its radius the triangle bound `max(|mu_G - mu_J| + rho_G, |mu_J' - mu_J| +
+    rho_J')` over the join below it, J', unrolled into a running maximum (`rho_J = max over the chain's
+    chunks G up to J of (|mu_G - mu_J_G| + rho_G - E_G) + E_J`, E the summed steps between joins),
+    `A` and `pmin` a running max and min."""
+    bits = roots.shape[1]
     sizes = torch.arange(bits, device=count.device)
-    # entries whose chain joins a chunk of 2^bit cells: the bit is set above the smallest chunk's
-    joins = ((count[:, None] >> sizes) & 1 == 1) & (low[:, None] < sizes)
+    low = lowest_bit(count)  # the smallest chunk, as a bit (-1: empty)
+    below = torch.where(count > 0, roots.gather(1, low.clamp_min(0)[:, None])[:, 0], -1)
+    chain = ((count[:, None] >> sizes) & 1 == 1) & (count[:, None] > 0)  # the chunks, smallest first
+    joins = chain & (low[:, None] < sizes)  # a join node over each chunk above the smallest
     if taking_part is not None:
         joins &= taking_part[:, None]
-    for bit in joins.any(dim=0).nonzero().flatten().tolist():
-        at = joins[:, bit].nonzero().squeeze(1)
-        node = slot[at]
-        _write_joins(t, row[at], root(bit, at), below[at], node, 1 << bit, cells[at])
-        below[at], cells[at], slot[at] = node, cells[at] + (1 << bit), node + 1
-    return below
-
-
-def _write_joins(t: dict[str, torch.Tensor], rows: torch.Tensor, chunk: torch.Tensor, under: torch.Tensor,
-                 node: torch.Tensor, chunk_cells: int, under_cells: torch.Tensor) -> None:
-    """Join nodes at slots `node [P]` of `rows [P]`: each over a chunk's root `chunk` (of
-    `chunk_cells` cells) and the chain below it, `under` (of `under_cells [P]` cells); the mean of
-    their means, the triangle-bound radius, the larger `A`, the smaller `pmin`."""
-    na, nb = float(chunk_cells), under_cells.to(t["mu"].dtype)
-    mu_a, mu_b = t["mu"][rows, chunk], t["mu"][rows, under]
-    mu = (na * mu_a + nb[:, None] * mu_b) / (na + nb[:, None])
-    t["mu"][rows, node] = mu
-    t["rho"][rows, node] = torch.maximum(torch.linalg.vector_norm(mu_a - mu, dim=-1) + t["rho"][rows, chunk],
-                                         torch.linalg.vector_norm(mu_b - mu, dim=-1) + t["rho"][rows, under])
-    t["amax"][rows, node] = torch.maximum(t["amax"][rows, chunk], t["amax"][rows, under])
-    t["pmin"][rows, node] = torch.minimum(t["pmin"][rows, chunk], t["pmin"][rows, under])
-    t["left"][rows, node], t["right"][rows, node], t["cell"][rows, node] = chunk, under, -1
+    if not bool(joins.any()):
+        return below
+    r = row[:, None].expand(-1, bits)
+    at = torch.where(chain, roots, 0)
+    mu_g = t["mu"][r, at]  # P bits d
+    dtype = mu_g.dtype
+    cells = torch.where(chain, 1 << sizes, 0).to(dtype)  # P bits
+    mu = (cells[..., None] * mu_g).cumsum(dim=1) / cells.cumsum(dim=1).clamp_min(1)[..., None]  # J at each bit
+    # the mean moves at each join (and stays, exactly, at a bit without a chunk); none before the chain
+    step = torch.linalg.vector_norm(mu[:, 1:] - mu[:, :-1], dim=-1) * (sizes[1:] > low[:, None])
+    walked = torch.cat((step.new_zeros(step.shape[0], 1), step), dim=1).cumsum(dim=1)  # E
+    reach = torch.linalg.vector_norm(mu_g - mu, dim=-1) + t["rho"][r, at] - walked
+    rho = torch.where(chain, reach, float("-inf")).cummax(dim=1).values + walked
+    amax = torch.where(chain, t["amax"][r, at], float("-inf")).cummax(dim=1).values
+    pmin = torch.where(chain, t["pmin"][r, at], float("inf")).cummin(dim=1).values
+    rank = joins.long().cumsum(dim=1) - 1
+    node = slot[:, None] + rank  # P bits: the join over each chunk (where `joins`)
+    under = torch.where(rank > 0, node - 1, below[:, None])  # the join below it, or the smallest chunk
+    rj, nj = r[joins], node[joins]
+    t["mu"][rj, nj] = mu[joins]
+    t["rho"][rj, nj], t["amax"][rj, nj], t["pmin"][rj, nj] = rho[joins], amax[joins], pmin[joins]
+    t["left"][rj, nj], t["right"][rj, nj], t["cell"][rj, nj] = roots[joins], under[joins], -1
+    return torch.where(joins.any(dim=1), slot + joins.sum(dim=1) - 1, below)
 
 
 def _chunk_offsets(count: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:

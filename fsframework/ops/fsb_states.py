@@ -10,7 +10,7 @@ cells: with `c` cells admitted, the chunk of `2^b` cells, when bit `b` of `c` is
 `[i 2^(b+1), i 2^(b+1) + 2^b)` of the row's admitted cells, `i = c >> (b + 1)`. So every tree
 a set of states uses is one of the aligned chunks `i 2^(b+1)` of each size, and those are built
 in one batched call for every size (`build_trees`); what differs from state to state is only its
-join chain (`popcount(c) - 1` nodes), built for every state at once, one chunk size at a time.
+join chain (`popcount(c) - 1` nodes), built for every state at once.
 States of consecutive blocks share their large chunks: for a window of blocks the store holds
 about `2 M + (the window's cells) log2 M` slots per row (`select_cells_fsb` sizes its windows by
 a memory budget), all blocks at once `M log2 M`, the incremental forests `2 M`. The nodes hold the same
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fsframework.ops.fsb_forest import NodeStore, build_trees, lowest_bit, write_join_chains, write_trees
+from fsframework.ops.fsb_forest import NodeStore, build_trees, write_join_chains, write_trees
 
 
 class _Chunks:
@@ -98,12 +98,10 @@ def _join_chains(t: dict[str, torch.Tensor], counts: torch.Tensor, chunks: list[
     count = counts.flatten()  # pairs (row, state)
     row = torch.arange(rows, device=count.device).repeat_interleave(states)
     slot = joins_at + torch.arange(states, device=count.device).repeat(rows) * bits
-    low = lowest_bit(count)
-    below = torch.full_like(count, -1)
-    for chunk in chunks:  # the smallest chunk's root starts each chain
-        at = (low == chunk.bit).nonzero().squeeze(1)
+    roots = torch.full((count.numel(), bits), -1, dtype=torch.long, device=count.device)
+    for chunk in chunks:  # where a state holds the chunk of 2^bit cells, its root
+        at = (((count >> chunk.bit) & 1) == 1).nonzero().squeeze(1)
         if at.numel():
-            below[at] = chunk.root(row[at], count[at])
-    top = write_join_chains(t, row, count, low, below, slot, lambda bit, at: chunks[bit].root(row[at], count[at]),
-                            bits=bits)
+            roots[at, chunk.bit] = chunk.root(row[at], count[at])
+    top = write_join_chains(t, row, count, slot, roots)
     return top.view(rows, states)

@@ -131,6 +131,36 @@ def test_trees_of_several_sizes_built_together_equal_each_size_alone():
         build_trees([(randn(1, 6, 2), randn(1, 6), randn(1, 6), torch.arange(6)[None])])
 
 
+@pytest.mark.parametrize("arrivals", [[13], [4, 4, 4, 1], [1, 2, 3, 9, 1], [7, 16, 8]])
+def test_join_chain_nodes_hold_their_cells_means_and_the_triangle_bound(arrivals):
+    """The join chain, every chain at once along the bits: each join's mean is its cells' mean, A and
+    pmin their max and min, its radius the recursive triangle bound over its chunk and the join
+    below (and so at least every cell's distance), and its children that chunk and that join."""
+    num, dim = sum(arrivals), 5
+    kbar, a = randn(num, dim, seed=3), randn(num, seed=4).abs()
+    p = (torch.arange(num, dtype=F64) + 0.5) * S
+    forest, seen = Forest(kbar, a, p), 0
+    for n in arrivals:  # admissions of several sizes: chunks merge on the way
+        forest.admit(torch.arange(seen, seen + n))
+        seen += n
+    node, sizes = int(forest.root), chunk_sizes(num)
+    chain = []  # the joins from the root down, each over a chunk (left) and the chain below (right)
+    for size in sizes[:-1]:  # oldest (largest) chunk at the root
+        assert len(forest.leaves_below(int(forest.left[node]))) == size
+        chain.append(node)
+        node = int(forest.right[node])
+    assert len(forest.leaves_below(node)) == sizes[-1]  # the smallest chunk's tree ends the chain
+    for join in chain:
+        cells = forest.leaves_below(join)
+        chunk, under = int(forest.left[join]), int(forest.right[join])
+        assert torch.allclose(forest.mu[join], kbar[cells].mean(0), rtol=1e-12, atol=1e-12)
+        assert forest.amax[join] == a[cells].max() and forest.pmin[join] == p[cells].min()
+        bound = max(float((forest.mu[chunk] - forest.mu[join]).norm() + forest.rho[chunk]),
+                    float((forest.mu[under] - forest.mu[join]).norm() + forest.rho[under]))
+        assert math.isclose(float(forest.rho[join]), bound, rel_tol=1e-12)
+        assert float(forest.rho[join]) >= float((kbar[cells] - forest.mu[join]).norm(dim=-1).max()) - 1e-12
+
+
 def _ancestor(node: int, anc: int) -> bool:
     while node > anc:
         node = (node - 1) // 2
