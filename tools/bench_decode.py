@@ -76,7 +76,8 @@ def measure(model, context: int, new_tokens: int, seed: int) -> dict:
 
 def ops_per_token(model, context: int, seed: int) -> tuple[int, int]:
     """Aten ops dispatched by one decoded token after a prompt of `context` tokens (and one token more),
-    and how many of them compute (an op whose every output aliases an input is a view: no kernel)."""
+    and how many of them compute: not a view (every output aliasing an input, or `_unsafe_view`), not an
+    op that returns no tensor (a dtype promotion)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -88,7 +89,10 @@ def ops_per_token(model, context: int, seed: int) -> tuple[int, int]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.ops += 1
             returns = func._schema.returns
-            if not (returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)):
+            view = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+            tensors = any(isinstance(r.type, torch.TensorType) or (isinstance(r.type, torch.ListType) and isinstance(
+                r.type.getElementType(), torch.TensorType)) for r in returns)  # not promote_types & co
+            if tensors and not view and func.overloadpacket is not torch.ops.aten._unsafe_view:
                 self.launches += 1
             return func(*args, **(kwargs or {}))
 
