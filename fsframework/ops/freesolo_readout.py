@@ -66,7 +66,7 @@ def _plan(cells: torch.Tensor, num_cells: int):
     bsz, num, heads, top_k = cells.shape
     cells = cells.permute(0, 2, 1, 3).long()  # Bt H n K
     base = torch.arange(bsz * heads, device=cells.device).view(bsz, heads) * num_cells  # Bt H: (b H + h) C
-    if num == 1:  # one query (a decoded token): its own cells are the union, no need to find it
+    if num == 1:  # one query (a chunk of one, with its lse): its own cells are the union, no need to find it
         return base[:, :, None, None] + cells.clamp_min(0), (cells >= 0)[:, :, :, None], None
     flat = cells.reshape(bsz, heads, num * top_k).sort(dim=-1).values
     first = flat >= 0
@@ -133,7 +133,7 @@ def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
         return _attend_one_query(q, k_rows, v_rows, cells, num_cells, cell_size, acc), None
     chunks = _chunks(cells, num_cells, cell_size, dim) if num_cells else iter(())
     first = next(chunks, None)
-    if first is not None and first[:2] == (0, seq):  # one chunk holds every query (a decoded token)
+    if first is not None and first[:2] == (0, seq):  # one chunk holds every query (a short piece)
         return _attend_chunk(q, k_rows, v_rows, *first, cell_size=cell_size, acc=acc, with_lse=with_lse)
     y = torch.zeros((bsz, seq, heads, dim), dtype=acc, device=q.device)
     lse = torch.zeros((bsz, seq, heads), dtype=acc, device=q.device) if with_lse else None

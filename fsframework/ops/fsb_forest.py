@@ -241,25 +241,24 @@ class Forests:
         # every size's trees in one build (`build_trees`)
         bits = build.any(dim=0).nonzero().flatten().tolist()
         rows = [build[:, bit].nonzero().squeeze(1) for bit in bits]
-        trees = build_trees([self._chunk_cells(bit, at, new) for bit, at in zip(bits, rows)])
+        trees = build_trees([chunk_inputs(self.kbar, self.a, self.p, self.ids, at, new[at] >> (bit + 1), bit)
+                             for bit, at in zip(bits, rows)])
         for bit, at, tree in zip(bits, rows, trees):
             write_trees(self.store.tensors, at, offsets[at, bit], tree)
-        self._write_join_chains(new, changed, offsets, trees_end)
-
-    def _chunk_cells(self, bit: int, rows: torch.Tensor, count: torch.Tensor) -> TreeInputs:
-        """What the chunk of `2^bit` cells of each of `rows` (rows of `count` cells) is built from."""
-        size = 1 << bit
-        first = (count[rows] >> (bit + 1)) << (bit + 1)  # the cells of the larger chunks come first
-        cells = first[:, None] + torch.arange(size, device=rows.device)
-        r = rows[:, None]
-        return self.kbar[r, cells], self.a[r, cells], self.p[r, cells], self.ids[r, cells]
-
-    def _write_join_chains(self, count: torch.Tensor, changed: torch.Tensor, offsets: torch.Tensor,
-                           trees_end: torch.Tensor) -> None:
-        """The join chains of the `changed` rows (`write_join_chains`), after their last tree (`trees_end`)."""
-        top = write_join_chains(self.store.tensors, torch.arange(self.rows, device=count.device), count, trees_end,
+        # the changed rows' join chains, after their last tree
+        top = write_join_chains(self.store.tensors, torch.arange(self.rows, device=new.device), new, trees_end,
                                 offsets, taking_part=changed)
         self.root = torch.where(changed, top, self.root)
+
+
+def chunk_inputs(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
+                 index: torch.Tensor, bit: int) -> TreeInputs:
+    """What the chunks of `2^bit` cells of `rows [P]` are built from (`build_trees`): of each row's
+    admitted cells (kbar `[R, C, d]`, a, p, ids `[R, C]`, in arrival order), the `index [P]`-th
+    aligned chunk, cells `[index 2^(bit+1), index 2^(bit+1) + 2^bit)` (the larger chunks first)."""
+    cells = (index << (bit + 1))[:, None] + torch.arange(1 << bit, device=rows.device)
+    r = rows[:, None]
+    return kbar[r, cells], a[r, cells], p[r, cells], ids[r, cells]
 
 
 def write_trees(t: dict[str, torch.Tensor], rows: torch.Tensor, offset: torch.Tensor, tree: dict) -> None:
@@ -303,8 +302,7 @@ def write_join_chains(t: dict[str, torch.Tensor], row: torch.Tensor, count: torc
     r = row[:, None].expand(-1, bits)
     at = torch.where(chain, roots, 0)
     mu_g = t["mu"][r, at]  # P bits d
-    dtype = mu_g.dtype
-    cells = torch.where(chain, 1 << sizes, 0).to(dtype)  # P bits
+    cells = torch.where(chain, 1 << sizes, 0).to(mu_g.dtype)  # P bits
     mu = (cells[..., None] * mu_g).cumsum(dim=1) / cells.cumsum(dim=1).clamp_min(1)[..., None]  # J at each bit
     # the mean moves at each join (and stays, exactly, at a bit without a chunk); none before the chain
     step = torch.linalg.vector_norm(mu[:, 1:] - mu[:, :-1], dim=-1) * (sizes[1:] > low[:, None])

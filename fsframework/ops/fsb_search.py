@@ -106,9 +106,17 @@ def admit_cells(forests: Forests, kbar: torch.Tensor, a: torch.Tensor, centers: 
     """One block boundary: every forest row admits the newly eligible cells `ids [n]` whose `a_c`
     reaches its threshold. kbar `[G, n, d]`, a `[G, n]` per (batch row, head) g, centers `[n]`;
     the forest rows are g's rows, one per kind (`forest_thresholds`)."""
-    kinds = forests.rows // kbar.shape[0]
+    kbar_rows, a_rows, keep = _forest_rows(kbar, a, thresholds)
+    forests.admit(kbar_rows, a_rows, centers, ids, keep)
+
+
+def _forest_rows(kbar: torch.Tensor, a: torch.Tensor,
+                 thresholds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summaries per (batch row, head) g, kbar `[G, n, d]`, a `[G, n]` -> the forest rows' (one per
+    kind, `forest_thresholds`): kbar `[G kinds, n, d]`, a and the cells each row admits `[G kinds, n]`."""
+    kinds = thresholds.numel() // kbar.shape[0]
     a_rows = a.repeat_interleave(kinds, dim=0)
-    forests.admit(kbar.repeat_interleave(kinds, dim=0), a_rows, centers, ids, a_rows >= thresholds[:, None])
+    return kbar.repeat_interleave(kinds, dim=0), a_rows, a_rows >= thresholds[:, None]
 
 
 # `_union` marks values in a mask over their range while the range is at most this many times the
@@ -437,21 +445,15 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
         starts = list(range(block_size, seq, block_size))  # the first block has no eligible cell
-        if not starts:
-            return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
-        # the forests of a window of blocks at once: block j's hold the cells complete before it
-        arrived = [start // cell_size for start in starts]
-        eligible = arrived[-1]
-        kinds = FOREST_KINDS[forests]
-        thresholds = forest_thresholds(tau, heads, bsz, kinds, like=like)  # forest rows (g, kind)
-        kbar_rows = kbar_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
-        a_rows = a_bh[:, :eligible].repeat_interleave(len(kinds), dim=0)
-        keep = a_rows >= thresholds[:, None]
-        window = _blocks_per_window(kbar_rows, block_size // cell_size)
-        # the first block holding queries of q (none when q is empty)
+        # the first block holding queries of q (none when q is empty or there is one block)
         first = next((j for j, start in enumerate(starts) if start + block_size > q_start), None)
         if first is None:
             return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
+        # the forests of a window of blocks at once: block j's hold the cells complete before it
+        arrived = [start // cell_size for start in starts]
+        thresholds = forest_thresholds(tau, heads, bsz, FOREST_KINDS[forests], like=like)
+        kbar_rows, a_rows, keep = _forest_rows(kbar_bh[:, :arrived[-1]], a_bh[:, :arrived[-1]], thresholds)
+        window = _blocks_per_window(kbar_rows, block_size // cell_size)
         for lo in range(first - first % window, len(starts), window):
             here = arrived[lo:lo + window]
             store, roots = forest_states(kbar_rows[:, :here[-1]], a_rows[:, :here[-1]], centers[:here[-1]],

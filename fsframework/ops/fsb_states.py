@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from fsframework.ops.fsb_forest import NodeStore, build_trees, write_join_chains, write_trees
+from fsframework.ops.fsb_forest import NodeStore, build_trees, chunk_inputs, write_join_chains, write_trees
 
 
 class _Chunks:
@@ -79,12 +79,7 @@ def forest_states(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: tor
     store = NodeStore(rows, dim, dtype=kbar.dtype, device=device, capacity=max(1, base + states * len(chunks)))
     t = store.tensors
     used = [chunk for chunk in chunks if chunk.keys.numel()]
-    inputs = []
-    for chunk in used:
-        size = 1 << chunk.bit
-        cells = chunk.index[:, None] * (2 * size) + torch.arange(size, device=device)
-        r = chunk.row[:, None]
-        inputs.append((kbar[r, cells], a[r, cells], p[r, cells], ids[r, cells]))
+    inputs = [chunk_inputs(kbar, a, p, ids, chunk.row, chunk.index, chunk.bit) for chunk in used]
     for chunk, built in zip(used, build_trees(inputs)):  # every size at once
         write_trees(t, chunk.row, chunk.slots(), built)
     return store, _join_chains(t, counts, chunks, base)
