@@ -6,7 +6,7 @@
         fsb        FsbConfig (`model.attention.fsb.*`, FS-B's read path)
         rewired    RewiredConfig (`model.attention.rewired.*`)
       argrc      ArgrcConfig (`model.argrc.*`)
-    data       DataConfig, StreamConfig, MqarConfig (`data.*`)
+    data       DataConfig, StreamConfig, MqarConfig, WarmupConfig (`data.*`)
     optim      OptimConfig (`optim.*`);  loss: LossConfig (`loss.*`)
     parallel   ParallelConfig (`parallel.*`) and `check_world_size`
     train      TrainConfig (`train.*`), ResearchConfig (`research.*`)
@@ -25,7 +25,7 @@ imports torch, validation included (docs/config.md).
 from fsframework.config.argrc import ARGRC_CELLS, ARGRC_IDENTITIES, ArgrcConfig
 from fsframework.config.attention import COMBINE_MODES, READOUT_BACKWARDS, READOUT_GAIN_PARAMS, AttentionConfig
 from fsframework.config.checks import ConfigError
-from fsframework.config.data import DataConfig, MqarConfig, StreamConfig
+from fsframework.config.data import DataConfig, MqarConfig, StreamConfig, WarmupConfig
 from fsframework.config.evaluation import EvalConfig
 from fsframework.config.fsb import FSB_FORESTS, FsbConfig
 from fsframework.config.job import Config, validate
@@ -42,6 +42,6 @@ __all__ = [
     "ARGRC_CELLS", "ARGRC_IDENTITIES", "COMBINE_MODES", "FSB_FORESTS", "PREEMPT_SIGNALS", "READOUT_BACKWARDS",
     "READOUT_GAIN_PARAMS", "SCHEMA_ADDED", "SCHEMA_MIGRATIONS", "SCHEMA_VERSION",
     "ArgrcConfig", "AttentionConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "FsbConfig", "LossConfig",
-    "ModelConfig", "MqarConfig", "OptimConfig", "ParallelConfig", "ResearchConfig", "RewiredConfig", "StreamConfig",
+    "ModelConfig", "MqarConfig", "OptimConfig", "ParallelConfig", "ResearchConfig", "RewiredConfig", "StreamConfig", "WarmupConfig",
     "TrainConfig", "check_world_size", "load_config", "load_run_config", "migrate", "to_yaml", "validate",
 ]

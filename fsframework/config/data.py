@@ -36,6 +36,22 @@ class MqarConfig:
 
 
 @dataclass
+class WarmupConfig:
+    """The induction warm-up (`data.warmup.*`, `fsframework.data.warmups`): the first `steps`
+    optimizer steps train on rows that each tile one passage of random ids (`min_passage` ..
+    `max_passage` long, drawn per row; ids `0 .. draw-1`, 0: the whole vocabulary) to the row's
+    end, the loss on the tokens the repetition predicts only; then the run's source takes over.
+    The varied lengths make a positional copy useless, so the model must find the current token's
+    earlier occurrence and read what followed it: an induction head, which associative recall
+    needs and which a small model rarely finds from recall rows alone."""
+
+    steps: int = 0
+    min_passage: int = 4
+    max_passage: int = 64
+    draw: int = 0
+
+
+@dataclass
 class DataConfig:
     # "embedded" (built-in corpus), a local/remote MDS directory, or "mqar" (associative recall)
     source: str = "embedded"
@@ -54,6 +70,7 @@ class DataConfig:
     embedded_retrieval_max_fraction: float = 1.5
     eval_fraction: float = 0.02  # held out for perplexity
     mqar: MqarConfig = field(default_factory=MqarConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
 
 def check_data(cfg: Config) -> None:
@@ -69,6 +86,24 @@ def check_data(cfg: Config) -> None:
     if not 0.0 <= d.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must lie in [0, 1)")
     _check_mqar(cfg)
+    _check_warmup(cfg)
+
+
+def _check_warmup(cfg: Config) -> None:
+    """The induction warm-up: a passage and at least one repetition fit a row, ids in the vocabulary."""
+    w = cfg.data.warmup
+    positive("data.warmup.steps", w.steps, zero_ok=True)
+    positive("data.warmup.draw", w.draw, zero_ok=True)
+    if not w.steps:
+        return
+    if not 2 <= w.min_passage <= w.max_passage:
+        raise ConfigError(f"data.warmup.min_passage={w.min_passage} and max_passage={w.max_passage} must satisfy "
+                          "2 <= min_passage <= max_passage")
+    if 2 * w.max_passage > cfg.data.seq_len + 1:
+        raise ConfigError(f"data.warmup.max_passage={w.max_passage} is more than half of data.seq_len="
+                          f"{cfg.data.seq_len}: a passage must repeat at least once in a row")
+    if w.draw > cfg.model.vocab_size:
+        raise ConfigError(f"data.warmup.draw={w.draw} exceeds model.vocab_size={cfg.model.vocab_size}")
 
 
 def _check_mqar(cfg: Config) -> None:

@@ -34,11 +34,13 @@ from fsframework.data.sources import StreamSource
 class RecallRows:
     """`tokens [B, T + 1]`; over the targets `tokens[:, 1:]` `[B, T]`: `weights` (1.0 at the
     queried values, else 0), `source` (for a queried value, the input position of the value
-    that answers it in the context; -1 elsewhere)."""
+    that answers it in the context; -1 elsewhere); `values [B, P]`: the values of each row's
+    context pairs (an id may repeat: values are drawn independently)."""
 
     tokens: torch.Tensor
     weights: torch.Tensor
     source: torch.Tensor
+    values: torch.Tensor
 
     def distance(self) -> torch.Tensor:
         """`[B, T]`: how far back the answer lies from the query's input position (-1 where unscored)."""
@@ -59,6 +61,7 @@ def recall_rows(gen: torch.Generator, spec, batch: int, targets: int) -> RecallR
     tokens = torch.randint(first_filler, first_filler + spec.filler, (batch, targets + 1), generator=gen)
     weights = torch.zeros(batch, targets)
     source = torch.full((batch, targets), -1, dtype=torch.long)
+    row_values = torch.empty(batch, pairs, dtype=torch.long)
     for row in range(batch):
         starts = 2 * torch.randperm(slots, generator=gen)[:pairs]
         keys = torch.randperm(spec.keys, generator=gen)[:pairs]
@@ -71,7 +74,8 @@ def recall_rows(gen: torch.Generator, spec, batch: int, targets: int) -> RecallR
         tokens[row, key_at + 1] = values[asked]
         weights[row, key_at] = 1.0  # target index i predicts token i + 1: the value after the key at i
         source[row, key_at] = starts[asked] + 1
-    return RecallRows(tokens, weights, source)
+        row_values[row] = values
+    return RecallRows(tokens, weights, source, row_values)
 
 
 class RecallTaskLoader(StreamSource):

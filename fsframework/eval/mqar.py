@@ -7,13 +7,21 @@ value (exact match per queried value, as the Zoology benchmark scores MQAR). Que
 split by how far back their answer lies: `within` the reach of the stacked local windows
 (`model.n_layers * model.attention.window` tokens) or `beyond` it, where only a branch that
 reads the whole prefix can find it.
+
+Every accuracy comes with its floor on the same rows: the expected accuracy of a model that
+answers each query with one of its row's context values drawn uniformly (it has found where the
+values are but not which key each belongs to). With P pairs and V value ids that is about
+`(1 + (P - 1) / V) / P`, far above `1 / V`, and a model reaches it from the values alone; only
+accuracy above it shows key-to-value association. `in_row` is the share of answers that are one
+of the row's context values: near 100 for the floor's model and for a recalling one, near 0 for
+one that has not found the values.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fsframework.data.mqar import recall_rows
+from fsframework.data.mqar import RecallRows, recall_rows
 
 
 def _query_logits(model, inputs: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -24,26 +32,37 @@ def _query_logits(model, inputs: torch.Tensor, where: torch.Tensor) -> torch.Ten
     return model(inputs)[where].float()
 
 
+def score_answers(rows: RecallRows, where: torch.Tensor, predicted: torch.Tensor, reach: int) -> dict:
+    """Scores (0-100) of the answers `predicted` `[Q]` to the queries `where` `[B, T]` (bool,
+    row-major order: `rows.weights > 0`) of `rows`: over every query `score`, `floor` (see the
+    module docstring) and `in_row`; the same three for the queries whose answer lies at most
+    (`within`, `within_floor`, `within_in_row`) or more (`beyond`, ...) than `reach` tokens back,
+    with their counts (`within_n`, `beyond_n`). A split with no query scores None."""
+    row = where.nonzero()[:, 0]
+    answer = rows.tokens[:, 1:][where]
+    context_values = rows.values[row]  # [Q, P]
+    hits = (predicted == answer).double()
+    floor = (context_values == answer[:, None]).double().mean(dim=1)
+    in_row = (context_values == predicted[:, None]).any(dim=1).double()
+    far = rows.distance()[where] > reach
+    found = {"reach": reach, "within_n": int((~far).sum()), "beyond_n": int(far.sum())}
+    for split, mask in (("", torch.ones_like(far)), ("within", ~far), ("beyond", far)):
+        for name, per_query in (("", hits), ("floor", floor), ("in_row", in_row)):
+            key = "_".join(part for part in (split, name) if part) or "score"
+            found[key] = 100.0 * float(per_query[mask].mean()) if bool(mask.any()) else None
+    return found
+
+
 @torch.inference_mode()
 def mqar_scores(model, spec, length: int, num_samples: int, seed: int, batch_size: int, reach: int,
                 device) -> dict:
-    """Accuracy (0-100) on `num_samples` rows of `length` input tokens: `score` over every query,
-    `within` / `beyond` over the queries whose answer lies at most / more than `reach` tokens
-    back, with their query counts (`within_n`, `beyond_n`). A split with no query is None."""
+    """`score_answers` of the model's greedy answers on `num_samples` rows of `length` input tokens."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + length)
     rows = recall_rows(gen, spec, num_samples, length)
-    correct, distance = [], []
+    where = rows.weights > 0
+    predicted = []
     for start in range(0, num_samples, batch_size):
         part = slice(start, start + batch_size)
         tokens = rows.tokens[part].to(device)
-        where = rows.weights[part].to(device) > 0
-        predicted = _query_logits(model, tokens[:, :-1], where).argmax(dim=-1)
-        correct.append((predicted == tokens[:, 1:][where]).cpu())
-        distance.append(rows.distance()[part][where.cpu()])
-    hits, far = torch.cat(correct), torch.cat(distance) > reach
-
-    def accuracy(mask: torch.Tensor):
-        return 100.0 * float(hits[mask].double().mean()) if bool(mask.any()) else None
-
-    return {"score": accuracy(torch.ones_like(far)), "within": accuracy(~far), "beyond": accuracy(far),
-            "within_n": int((~far).sum()), "beyond_n": int(far.sum()), "reach": reach}
+        predicted.append(_query_logits(model, tokens[:, :-1], where[part].to(device)).argmax(dim=-1).cpu())
+    return score_answers(rows, where, torch.cat(predicted), reach)

@@ -30,13 +30,15 @@ def _lengths(series: dict) -> list[int]:
 
 def plot_scores_vs_length(scores: dict[str, dict[str, float | None]], path: Path,
                           title: str = "Score vs context length") -> str:
-    """One line per task: score (0-100) against length, log-2 length axis."""
+    """One line per task: score (0-100) against length, log-2 length axis; a floor (a series named
+    `*_floor`, e.g. associative recall's) dashed."""
     fig = _figure()
     ax = fig.add_subplot()
     for task, series in sorted(scores.items()):
         xs = [n for n in _lengths(series) if series[str(n)] is not None]
         if xs:
-            ax.plot(xs, [series[str(n)] for n in xs], marker="o", label=task)
+            ax.plot(xs, [series[str(n)] for n in xs], marker="o", label=task,
+                    linestyle="--" if task.endswith("_floor") else "-")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-3, 103)
     ax.set_xlabel("context length (tokens)")

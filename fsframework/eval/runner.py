@@ -94,5 +94,5 @@ def summary_table(run_dir: Path, scores: dict) -> None:
     for length, split in scores.get("breakdown", {}).get("mqar", {}).items():
         if split.get("beyond") is not None:
             table.add_row(f"mqar beyond {split['reach']} tokens @ {length}",
-                          f"{split['beyond']:.2f} ({split['beyond_n']} queries)")
+                          f"{split['beyond']:.2f} (floor {split['beyond_floor']:.2f}, {split['beyond_n']} queries)")
     Console().print(table)

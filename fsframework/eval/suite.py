@@ -154,13 +154,16 @@ def _run_mqar(model, spec, reach, lengths, num_samples, seed, batch_size, device
 
     if spec is None:
         raise ValueError("task 'mqar' needs the run's data.mqar sizes (mqar=...)")
-    scores, breakdown = {}, {}
+    scores, floors, in_row, breakdown = {}, {}, {}, {}
     for length in lengths:
         found = mqar_scores(model, spec, length, num_samples, seed, batch_size, reach, device)
         scores[str(length)] = found.pop("score")
+        floors[str(length)] = found.pop("floor")
+        in_row[str(length)] = found.pop("in_row")
         breakdown[str(length)] = found
         advance(1)
-    results["scores"]["mqar"] = scores
+    # the floor and the in-row rate beside the accuracy: association is accuracy above the floor
+    results["scores"].update({"mqar": scores, "mqar_floor": floors, "mqar_in_row": in_row})
     results["breakdown"]["mqar"] = breakdown
 
 
@@ -183,8 +186,8 @@ def print_table(results: dict, console: Console | None = None) -> Table:
                 table.add_row(f"  {stream}", *(cell(values.get(n), digits) for n in lengths))
         if task == "mqar":
             for split in ("within", "beyond"):
-                table.add_row(f"  {split} reach", *(cell(results["breakdown"]["mqar"].get(n, {}).get(split))
-                                                    for n in lengths))
+                for name, key in ((f"  {split} reach", split), ("    its floor", f"{split}_floor")):
+                    table.add_row(name, *(cell(results["breakdown"]["mqar"].get(n, {}).get(key)) for n in lengths))
         if task == "ffact":
             for count in FACT_COUNTS:
                 table.add_row(f"  F={count}", *(cell(results["breakdown"].get("ffact", {}).get(n, {}).get(str(count)))

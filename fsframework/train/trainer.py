@@ -102,12 +102,13 @@ class Trainer:
         import deepspeed
 
         from fsframework.data.loader import check_shard_files, data_streams
+        from fsframework.data.source_table import BASE_SOURCES
         from fsframework.models.registry import build_model, count_parameters
         from fsframework.parallel.deepspeed_config import deepspeed_config
         from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 
         cfg = self.cfg
-        generated = cfg.data.source == "mqar"  # drawn on the fly: no shards to build or check
+        generated = cfg.data.source in BASE_SOURCES  # drawn on the fly: no shards to build or check
         if self.dist.is_main:
             self.tokenizer = writing.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,33 +154,12 @@ class Trainer:
         self.source = self.make_source(streams)
 
     def make_source(self, streams: list) -> BatchSource:
-        """The run's batch source (`fsframework.data.sources`): text shards (`streams`) or
-        associative recall (`data.source=mqar`), then the short-sequence and copy warmups when
-        configured. The hook for other batches: tests and experiments wrap or replace this method."""
-        from fsframework.data.sources import ShortSequences
+        """The run's batch source, chosen by its config (`fsframework.data.source_table`). The hook
+        for other batches: tests and experiments wrap or replace this method."""
+        from fsframework.data.source_table import SourceContext, build_source
 
-        cfg = self.cfg
-        if cfg.data.source == "mqar":  # the ranks of one SP group read the same rows
-            from fsframework.data.mqar import RecallTaskLoader
-
-            source = RecallTaskLoader(cfg.data.mqar, cfg.data.micro_batch_size, cfg.data.seq_len,
-                                      cfg.data.shuffle_seed, self.groups.dp_rank)
-        else:
-            from fsframework.data.loader import TokenLoader, make_streaming_dataset
-
-            dataset = make_streaming_dataset(streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
-                                             seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
-                                             local_cache=str(self.run.data_cache))
-            source = TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
-                                 recall=cfg.loss if cfg.loss.recall_weighting else None,
-                                 locations=[location for location, _ in streams])
-        if cfg.train.short_seq_steps:
-            source = ShortSequences(source, cfg.train.short_seq_len, cfg.train.short_seq_steps)
-        if cfg.research.copy_warmup_steps:
-            from fsframework.data.copy_warmup import CopyWarmup
-
-            source = CopyWarmup(source, cfg, self.dist.rank)
-        return source
+        return build_source(self.cfg, SourceContext(streams=streams, dp_rank=self.groups.dp_rank,
+                                                    rank=self.dist.rank, data_cache=self.run.data_cache))
 
     def check_resume(self) -> None:
         """Before build(): find the checkpoint to resume from and refuse, in one line, a config
@@ -275,6 +255,9 @@ class Trainer:
             grad_norm = None
         metrics = {"loss": float(both[0]), "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "seq_len": batch["inputs"].shape[1], **self.source.record(self.state.step)}
+        alias = metrics.pop("loss_alias", None)  # a warm-up's loss under its own name too
+        if alias:
+            metrics[alias] = metrics["loss"]
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
         return metrics
