@@ -1,15 +1,19 @@
-"""Associative recall beyond the training length: TF++, SWA, FS and FS-L at 1x-16x (experiments/README.md).
+"""Associative recall beyond the training length: the recipe's extrapolation table (experiments/README.md).
 
-Each variant trains through `fsf train` on `data.source=mqar` (docs/evaluation.md §4.6) with the
-same sizes, chosen so that the stacked local windows (`n_layers * window` tokens) reach far
-less than the training length: a pair further back can only be read through what reads the
-whole prefix (full attention, FreeSolo's routed cells); SWA is the control that must fail
-there. Then every run is scored at multiples of its training length with the pairs spread
-over the whole context: accuracy over all queries and split within / beyond the reach, and,
-for FreeSolo, routing recall (how often a head's selected cells hold the answer; the best layer
-and head, `experiments/routing.py`) next to its chance rate.
+Each variant trains through `fsf train yamls/mqar-cpu.yaml` (the recipe: 8 pairs in 128 tokens,
+the induction warm-up, docs/evaluation.md §4.6) with its model and seed; FS-B is FS's checkpoint
+read through FS-B's search after `fsf calibrate` (on recall rows). The stacked local windows
+(`n_layers * window` = 32 tokens) reach far less than the training length: a pair further back
+can only be read through what reads the whole prefix (full attention, FreeSolo's routed cells);
+SWA is the control that must fail there. Every run is scored at multiples of its training
+length: accuracy with its floor (a random value of the row, `fsframework.eval.mqar`) and the
+share of answers that are one of the row's values, the beyond-reach split, and, for FreeSolo,
+routing recall (how often the best layer's best head selects the answer's cell,
+`experiments/routing.py`) next to its chance rate. `--curve` scores every kept checkpoint at 1x
+and reports the first step at 95%.
 
-    .venv/bin/python experiments/mqar.py --jobs 2 --seeds 0,1 --variants tfpp,swa,fs,fsl,fs-g1
+    .venv/bin/python experiments/mqar.py --jobs 2 --seeds 0,1 --curve --out runs/mqar
+    .venv/bin/python experiments/mqar.py --seeds 0,1 --curve --variants tfpp-nowarm,fs-nowarm
 
 Writes `<out>/results.json` and prints a markdown table.
 """
@@ -33,35 +37,25 @@ sys.path.insert(0, str(REPO))
 VARIANTS = {
     "tfpp": ["model.name=tfpp"],
     "swa": ["model.name=swa"],
-    "fs": ["model.name=fs"],  # the default readout gain (0.03, log g at 10x lr)
+    "alibi": ["model.name=alibi"],
+    "rewired": ["model.name=rewired"],
+    "fs": ["model.name=fs"],
     "fsl": ["model.name=fsl"],
-    "fs-g1": ["model.name=fs", "model.attention.readout_gain=1.0", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=1.0"],
-    "fs-g0.03": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=1.0"],
-    "fs-g0.03-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=10"],
-    "fs-g0.03-lr30": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=30"],
-    "fs-g0.03-lr3": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear", "model.attention.readout_backward=gain", "model.attention.readout_gain_lr=3"],
-    # the default: g = 0.03 in the forward pass, the branch's gradient as at gain 1
-    "fs-unit": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=linear",
-                "model.attention.readout_gain_lr=1", "model.attention.readout_backward=unit"],
-    # log g learned at 10x optim.lr, from g = 0.03
-    "fs-log-lr10": ["model.name=fs", "model.attention.readout_gain=0.03", "model.attention.readout_gain_param=log", "model.attention.readout_backward=gain",
-                    "model.attention.readout_gain_lr=10"],
+    # FS trained with the text default, the readout gains at 10x optim.lr
+    "fs-glr10": ["model.name=fs", "model.attention.readout_gain_lr=10"],
+    # without the induction warm-up: the floor's control
+    "tfpp-nowarm": ["model.name=tfpp", "data.warmup.steps=0"],
+    "fs-nowarm": ["model.name=fs", "data.warmup.steps=0"],
 }
+# read paths scored from another variant's checkpoint (calibrated first): variant -> (trained, overrides)
+READS = {"fsb": ("fs", ["model.name=fsb"])}
 
 
 def sizes(args) -> list[str]:
-    return ["data.source=mqar", f"data.seq_len={args.seq_len}", f"data.micro_batch_size={args.batch}",
-            f"data.mqar.pairs={args.pairs}", f"data.mqar.queries={args.queries or args.pairs}", "data.mqar.keys=64",
-            "data.mqar.values=64", "data.mqar.filler=16",
-            f"model.d_model={args.d_model}", "model.n_layers=2", "model.n_heads=2",
-            f"model.attention.window={args.window}", f"model.attention.block_size={args.window}",
-            f"model.attention.cell_size={args.cell}", f"model.attention.top_k={args.top_k}",
-            # FS-L keeps 6 of the 16 cells of a 128-token sequence (the paper: 72 of 128 at 4k), so it
-            # prunes in training too, not only past the training length
-            "model.attention.retained_cells=6", "model.attention.recent_cells=2",
-            f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}", "optim.weight_decay=0.0",
-            f"train.max_steps={args.steps}", f"train.ckpt_every={args.steps}", "train.keep_checkpoints=1",
-            "train.log_every=25", "train.progress=false", "train.tensorboard=false"]
+    """The recipe (yamls/mqar-cpu.yaml) as it is, with checkpoints every `--ckpt-every` steps kept
+    for the steps-to-95% curve, and the command-line overrides."""
+    return [f"train.ckpt_every={args.ckpt_every}", f"train.keep_checkpoints={args.steps // args.ckpt_every + 1}",
+            f"train.max_steps={args.steps}", "train.log_every=25", "train.progress=false", "train.tensorboard=false"]
 
 
 def _last_step(run: Path) -> int:
@@ -74,7 +68,7 @@ def train(args, variant: str, seed: int) -> Path:
     run = Path(args.out) / f"{variant}-s{seed}"
     if args.fresh or _last_step(run) < args.steps:
         shutil.rmtree(run, ignore_errors=True)  # unfinished or unwanted: train from scratch
-        cmd = [sys.executable, "-m", "fsframework", "train", str(REPO / "yamls" / "quickstart.yaml"),
+        cmd = [sys.executable, "-m", "fsframework", "train", str(REPO / "yamls" / "mqar-cpu.yaml"),
                f"run_dir={run}", f"train.seed={seed}", f"data.shuffle_seed={seed + 1234}", *sizes(args),
                *VARIANTS[variant], *args.override]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -84,7 +78,27 @@ def train(args, variant: str, seed: int) -> Path:
     return run
 
 
-def score(args, run: Path) -> dict:
+def _checkpoints(run: Path) -> list[Path]:
+    return sorted((run / "checkpoints").glob("step_*"))
+
+
+def steps_to(args, run: Path, target: float) -> int | None:
+    """The first kept checkpoint's step whose accuracy at 1x reaches `target` (None: none does)."""
+    import torch
+
+    from fsframework.checkpoints import load_model
+    from fsframework.eval.mqar import mqar_scores
+
+    for ckpt in _checkpoints(run):
+        model, cfg = load_model(ckpt, torch.device("cpu"), [])
+        reach = cfg.model.n_layers * cfg.model.attention.window
+        found = mqar_scores(model, cfg.data.mqar, cfg.data.seq_len, args.samples, 10_000, args.eval_batch, reach, "cpu")
+        if found["score"] >= target:
+            return int(ckpt.name.split("_")[1])
+    return None
+
+
+def score(args, run: Path, overrides: list[str]) -> dict:
     import torch
 
     from experiments.routing import freesolo_layers, routing_recall
@@ -93,93 +107,97 @@ def score(args, run: Path) -> dict:
     from fsframework.eval.mqar import mqar_scores
 
     torch.set_num_threads(1)
-    model, cfg = load_model(run, torch.device("cpu"), [])
+    model, cfg = load_model(run, torch.device("cpu"), overrides)
     model.eval()
     reach = cfg.model.n_layers * cfg.model.attention.window
     out = {}
     for factor in args.factors:
-        length = factor * args.seq_len
+        length = factor * cfg.data.seq_len
         found = mqar_scores(model, cfg.data.mqar, length, args.samples, 10_000, args.eval_batch, reach, "cpu")
-        if freesolo_layers(model):
+        if freesolo_layers(model) and not overrides:
             rows = recall_rows(torch.Generator().manual_seed(20_000 + length), cfg.data.mqar, args.routing_rows, length)
             layers = routing_recall(model, rows.tokens[:, :-1], rows.source)
             best = max(layers, key=lambda r: -1 if math.isnan(r["best_head"]) else r["best_head"])
             found.update(routing_best_head=best["best_head"], routing_any_head=best["any_head"],
                          routing_chance=best["chance"], routing_layer=best["layer"], routing_queries=best["queries"])
         out[str(factor)] = found
-    gains = [round(float(layer.readout_gain().abs().mean()), 3) for layer in freesolo_layers(model)]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [(r["step"], r["loss"]) for r in records]
-    return {"scores": out, "loss_curve": curve, "final_loss": curve[-1][1] if curve else None,
-            "mean_abs_gain": gains}
+    return {"scores": out, "loss_curve": curve, "final_loss": curve[-1][1] if curve else None}
 
 
-def one(args, variant: str, seed: int) -> dict:
+def one(args, variant: str, seed: int) -> list[dict]:
+    """Train `variant` (or reuse its run), score it, and score each read path that reads it."""
     start = time.time()
     run = train(args, variant, seed)
     trained = time.time() - start
-    result = score(args, run)
+    results = [{"variant": variant, "seed": seed, "train_s": trained, **score(args, run, []),
+                "steps_to_95": steps_to(args, run, 95.0) if args.curve else None}]
+    for read, (source, overrides) in READS.items():
+        if source == variant and read in args.variants:
+            from fsframework.eval.calibrate import calibrate
+
+            calibrate(run, seed=0, progress=False)
+            results.append({"variant": read, "seed": seed, "train_s": 0.0, **score(args, run, overrides)})
     print(f"{variant} seed {seed}: trained in {trained:.0f} s, scored in {time.time() - start - trained:.0f} s",
           flush=True)
-    return {"variant": variant, "seed": seed, "train_s": trained, **result}
+    return results
 
 
 def table(args, results: list[dict]) -> str:
-    def fmt(values):
-        values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-        return f"{sum(values) / len(values):.0f}" if values else "–"
+    """Accuracy / floor / in-row rate per length, every seed (seed 0; seed 1; ...), then FreeSolo's
+    routing recall (best head) and the steps to 95% at 1x."""
+    def num(value, scale=1.0):
+        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{scale * value:.1f}"
 
-    head = " | ".join(f"{f}x all / within / beyond" for f in args.factors)
-    lines = [f"| model | {head} | routing recall (best head; chance) at 1x / {args.factors[-1]}x |",
-             "|---|" + "---|" * len(args.factors) + "---|"]
+    head = " | ".join(f"{f}x acc / floor / in-row" for f in args.factors)
+    lines = [f"| model | seed | {head} | beyond reach at {args.factors[-1]}x (floor) | routing recall "
+             f"{args.factors[0]}x / {args.factors[-1]}x (chance) | steps to 95% at 1x |",
+             "|---|---|" + "---|" * len(args.factors) + "---|---|---|"]
     for variant in args.variants:
-        runs = [r for r in results if r["variant"] == variant]
-        cells = []
-        for f in map(str, args.factors):
-            cells.append(" / ".join(fmt([r["scores"][f][key] for r in runs]) for key in ("score", "within", "beyond")))
-        first, last = str(args.factors[0]), str(args.factors[-1])
-        if "routing_best_head" in runs[0]["scores"][first]:
-            recall = "; ".join(f"{fmt([100 * r['scores'][f]['routing_best_head'] for r in runs])}% "
-                               f"({fmt([100 * r['scores'][f]['routing_chance'] for r in runs])}%)" for f in (first, last))
-        else:
-            recall = "–"
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {recall} |")
+        for r in sorted((r for r in results if r["variant"] == variant), key=lambda r: r["seed"]):
+            sc = r["scores"]
+            cells = [f"{num(sc[f]['score'])} / {num(sc[f]['floor'])} / {num(sc[f]['in_row'])}"
+                     for f in map(str, args.factors)]
+            first, last = str(args.factors[0]), str(args.factors[-1])
+            routing = "–"
+            if "routing_best_head" in sc[first]:
+                routing = (f"{num(sc[first]['routing_best_head'], 100)} / {num(sc[last]['routing_best_head'], 100)} "
+                           f"({num(sc[first]['routing_chance'], 100)} / {num(sc[last]['routing_chance'], 100)})")
+            beyond = f"{num(sc[last]['beyond'])} ({num(sc[last]['beyond_floor'])})"
+            to95 = "–" if not args.curve or variant in READS else (str(r["steps_to_95"]) if r.get("steps_to_95")
+                                                                   else f"not by {args.steps}")
+            lines.append(f"| {variant} | {r['seed']} | " + " | ".join(cells) + f" | {beyond} | {routing} | {to95} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="tfpp,swa,fs,fsl,fs-g1")
+    parser.add_argument("--variants", default="tfpp,fs,fsl,fsb,swa,alibi,rewired")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="runs/mqar")
     parser.add_argument("--fresh", action="store_true", help="retrain runs that exist")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=2500)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--queries", type=int, default=0, help="queries per row (0: one per pair)")
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=3000, help="train.max_steps (the recipe's)")
+    parser.add_argument("--ckpt-every", type=int, default=250, help="checkpoints kept for --curve")
+    parser.add_argument("--curve", action="store_true", help="score every checkpoint at 1x: steps to 95%%")
     parser.add_argument("override", nargs="*", help="config overrides for every run (key=value)")
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--cell", type=int, default=8)
-    parser.add_argument("--top-k", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--factors", default="1,2,4,8,16")
-    parser.add_argument("--samples", type=int, default=32, help="rows per length (each with --pairs queries)")
+    parser.add_argument("--factors", default="1,4,16,64")
+    parser.add_argument("--samples", type=int, default=32, help="rows per length (8 queries each)")
     parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--routing-rows", type=int, default=4)
     args = parser.parse_args(argv)
     args.variants = args.variants.split(",")
     args.factors = [int(f) for f in args.factors.split(",")]
-    unknown = [v for v in args.variants if v not in VARIANTS]
+    unknown = [v for v in args.variants if v not in VARIANTS and v not in READS]
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
-    jobs = [(v, int(s)) for s in args.seeds.split(",") for v in args.variants]
+        parser.error(f"unknown variants {unknown}; choose from {', '.join([*VARIANTS, *READS])}")
+    trained = [v for v in args.variants if v in VARIANTS]
+    trained += [READS[v][0] for v in args.variants if v in READS and READS[v][0] not in trained]
+    jobs = [(v, int(s)) for s in args.seeds.split(",") for v in trained]
     start = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda job: one(args, *job), jobs))
+        results = [r for found in pool.map(lambda job: one(args, *job), jobs) for r in found]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     print(table(args, results))

@@ -1,7 +1,8 @@
 """FS-B calibration (docs/freesolo.md §1.8): per-head median key-norm thresholds of a checkpoint.
 
 `calibrate(checkpoint, ...)` runs the checkpoint's own model (FS or FS-L) over `windows`
-windows of `seq_len` tokens of held-out text (by default the run's eval split; its first
+windows of `seq_len` tokens of held-out text (a run on `data.source=mqar`: recall rows of
+its sizes, 64 of its `data.seq_len` unless given; by default the run's eval split; its first
 `4 x windows x seq_len` tokens, or all of it when shorter, are cut into consecutive windows
 and `windows` of them drawn with `seed`; left unset, they are 64 windows of 4096 tokens, or
 as many as a smaller held-out split holds, of the run's `data.seq_len` when it holds no
@@ -170,6 +171,14 @@ def _gather(values: list[torch.Tensor], world: int, window_rows: int) -> list[to
     return out
 
 
+def recall_windows(spec, windows: int, seq_len: int, seed: int) -> torch.Tensor:
+    """`[windows, seq_len]` associative-recall rows of the run's `data.mqar` sizes (`recall_rows`),
+    drawn with `seed`: what a model trained on them is calibrated on."""
+    from fsframework.data.mqar import recall_rows
+
+    return recall_rows(torch.Generator().manual_seed(seed), spec, windows, seq_len - 1).tokens
+
+
 def default_windows(stream: np.ndarray, windows: Optional[int], seq_len: Optional[int],
                     run_seq_len: int) -> tuple[int, int]:
     """(windows, seq_len) to cut from `stream`: the values given, else the defaults reduced to what
@@ -220,8 +229,10 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
         device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
     ckpt = Checkpoint.open(checkpoint)
     cfg = ckpt.config()
-    # what is read, found (or a stream without held-out split named) before the model is loaded
-    streams = [HeldOutStream("data", 1.0, data)] if data else heldout_streams(cfg, build=False)
+    # what is read, found (or a stream without held-out split named) before the model is loaded;
+    # a run trained on generated recall rows is calibrated on such rows (it has no held-out text)
+    recall = cfg.data.source == "mqar" and not data
+    streams = [HeldOutStream("data", 1.0, data)] if data else [] if recall else heldout_streams(cfg, build=False)
     if attention_kind(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
                          f"not with model.name={cfg.model.name}")
@@ -235,6 +246,8 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
         raise ValueError(f"--seq-len {seq_len} is shorter than one cell ({cell_size} tokens)")
 
     def read() -> tuple[torch.Tensor, str | list[str]]:
+        if recall:
+            return recall_windows(cfg.data.mqar, windows or DEFAULT_WINDOWS, seq_len or cfg.data.seq_len, seed), "mqar"
         budget = (windows or DEFAULT_WINDOWS) * (seq_len or DEFAULT_SEQ_LEN) * 4
         if not data:
             heldout_streams(cfg)  # builds the embedded corpus on first use (here: one rank)

@@ -26,3 +26,18 @@ def test_calibrate_a_small_run_with_the_defaults(tmp_path, data_cache):
     record = json.loads((resolve_checkpoint(run) / "calibration.json").read_text())
     assert record["windows"] >= 1 and record["seq_len"] in (64, 4096)
     assert record["cells"] == record["windows"] * record["seq_len"] // 4
+
+
+def test_calibrate_a_recall_run_on_recall_rows(tmp_path):
+    """A run on `data.source=mqar` has no held-out text: it is calibrated on recall rows of its sizes
+    (as many as asked, of its training length), and FS-B then reads its checkpoint."""
+    run = tmp_path / "fs-mqar"
+    run_fsf("train", str(REPO / "yamls/mqar-cpu.yaml"), f"run_dir={run}", "data.seq_len=64", "data.micro_batch_size=2",
+            "data.mqar.pairs=4", "data.mqar.queries=4", "data.warmup.steps=0", "train.max_steps=1", "train.ckpt_every=1",
+            "train.progress=false", "train.tensorboard=false")
+    run_fsf("calibrate", str(run), "--windows", "3")
+    record = json.loads((resolve_checkpoint(run) / "calibration.json").read_text())
+    assert (record["data"], record["windows"], record["seq_len"]) == ("mqar", 3, 64)
+    assert record["cells"] == 3 * 64 // 8 and len(record["tau"]) == 2
+    out = run_fsf("eval", str(run), "model.name=fsb", "--tasks", "mqar", "--lengths", "64", "--num-samples", "2")
+    assert "mqar_floor" in out.stdout
