@@ -14,11 +14,12 @@ The loop asks its source for each micro-batch and, at a checkpoint, for its posi
   source that reads ahead in background threads stops them.
 
 The sources: text shards (`fsframework.data.loader.TokenLoader`), associative recall
-(`data.source=mqar`, `fsframework.data.mqar.RecallTaskLoader`), and two that change what
-another source serves during the first steps: `ShortSequences` (`train.short_seq_*`, here)
-and the copy warmup (`research.copy_warmup_*`, `fsframework.data.copy_warmup`).
-`fsframework.train.trainer.Trainer.make_source` builds the source of a run; a test or an
-experiment that wants other batches (an injected fault, a drill) wraps or replaces that
+(`data.source=mqar`, `fsframework.data.mqar.RecallTaskLoader`), and three that change what
+another source serves during the first steps: `ShortSequences` (`train.short_seq_*`, here),
+the copy warmup (`research.copy_warmup_*`, `fsframework.data.copy_warmup`) and the induction
+warm-up (`data.warmup.*`, `fsframework.data.warmups`). `fsframework.data.source_table`
+chooses them from the config; `fsframework.train.trainer.Trainer.make_source` calls it. A test
+or an experiment that wants other batches (an injected fault, a drill) wraps or replaces that
 method, and the loop stays as it is.
 """
 
