@@ -61,9 +61,12 @@ class FreeSoloAttention(QKVAttention):
             self.lr_norm_log_gain = nn.Parameter(torch.zeros(cfg.n_heads, cfg.head_dim))
         else:
             self.lr_norm_weight = nn.Parameter(torch.ones(cfg.n_heads, cfg.head_dim))
-        # routing-only scalars: buffers, so they are saved with the model but receive no gradient
+        # routing-only scalars: buffers, so they are saved with the model but receive no gradient.
+        # They are settings, never learned: the config is their truth, so loading weights sets
+        # them back from it (`model.attention.lam=4` on a saved run reads with that prior).
         self.register_buffer("sigma", torch.full((cfg.n_heads,), float(a.sigma)))
         self.register_buffer("lam", torch.full((cfg.n_heads,), float(a.lam)))
+        self.register_load_state_dict_post_hook(_prior_from_config)
         # FS-B thresholds live beside the checkpoint (calibration.json), not in its weights
         self.register_buffer("tau", torch.full((cfg.n_heads,), float("nan")), persistent=False)
         self.tau_source: Optional[str] = None
@@ -74,6 +77,12 @@ class FreeSoloAttention(QKVAttention):
         self.reset_extra_parameters()
 
     @torch.no_grad()
+    def set_prior_from_config(self) -> None:
+        """sigma and lam from the config, per head (docs/freesolo.md §1.4)."""
+        self.sigma.fill_(float(self.cfg.attention.sigma))
+        self.lam.fill_(float(self.cfg.attention.lam))
+
+    @torch.no_grad()
     def reset_extra_parameters(self) -> None:
         """Re-initialise what the model-wide normal init must not touch or scales differently."""
         a = self.cfg.attention
@@ -81,8 +90,7 @@ class FreeSoloAttention(QKVAttention):
             self.lr_norm_log_gain.fill_(math.log(a.readout_gain))
         else:
             self.lr_norm_weight.fill_(float(a.readout_gain))
-        self.sigma.fill_(float(a.sigma))
-        self.lam.fill_(float(a.lam))
+        self.set_prior_from_config()
         if a.combine == "gate":
             nn.init.zeros_(self.w_gate.bias)  # sigmoid(0) = 1/2: both branches contribute from step 0
         elif a.combine == "separate_wo":
@@ -226,3 +234,8 @@ def set_fsb_thresholds(model: nn.Module, tau: list, source: str) -> None:
     for layer, row in zip(layers, values):
         layer.tau.copy_(row.to(layer.tau.dtype))
         layer.tau_source = source
+
+
+def _prior_from_config(module: "FreeSoloAttention", incompatible_keys) -> None:
+    """After a state dict loads, the routing prior's settings are the config's again."""
+    module.set_prior_from_config()

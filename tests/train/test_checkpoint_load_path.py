@@ -12,6 +12,7 @@ import torch
 from fsframework.checkpoints import FP32_FILE, CheckpointError, load_model, load_weights
 from fsframework.checkpoints.writing import write_manifest
 from fsframework.config import load_config
+from fsframework.models.freesolo_attention import freesolo_layers
 from fsframework.models.registry import build_model
 from tests.export.helpers import SMALL, random_checkpoint
 from tests.utils import REPO
@@ -88,6 +89,18 @@ def test_a_run_dir_whose_weights_carry_the_model_prefix_loads(tmp_path):
     model, cfg = load_model(run)
     assert cfg.model.name == "fs"
     assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())
+
+
+def test_the_routing_prior_follows_the_config_it_is_loaded_with(tmp_path):
+    """sigma and lam are settings saved as buffers: an override on a saved run takes effect, and
+    without one the saved run reads with its own."""
+    run = random_checkpoint(tmp_path / "run", "fs", "model.attention.lam=2.0", "model.attention.sigma=3.0")
+    model, _ = load_model(run)
+    layers = freesolo_layers(model)
+    assert layers and all(torch.all(m.lam == 2.0) and torch.all(m.sigma == 3.0) for m in layers)
+    model, cfg = load_model(run, overrides=["model.attention.lam=5.0", "model.attention.sigma=7.0"])
+    assert (cfg.model.attention.lam, cfg.model.attention.sigma) == (5.0, 7.0)
+    assert all(torch.all(m.lam == 5.0) and torch.all(m.sigma == 7.0) for m in freesolo_layers(model))
 
 
 def test_a_checkpoint_of_another_model_names_the_checkpoint_and_the_overrides(tmp_path):
