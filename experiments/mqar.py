@@ -41,14 +41,22 @@ VARIANTS = {
     "rewired": ["model.name=rewired"],
     "fs": ["model.name=fs"],
     "fsl": ["model.name=fsl"],
+    # the routing prior at 4x its default weight (docs/freesolo.md §1.4), in training and reading
+    "fs-lam4": ["model.name=fs", "model.attention.lam=4"],
+    "fsl-lam4": ["model.name=fsl", "model.attention.lam=4"],
     # FS trained with the text default, the readout gains at 10x optim.lr
     "fs-glr10": ["model.name=fs", "model.attention.readout_gain_lr=10"],
     # without the induction warm-up: the floor's control
     "tfpp-nowarm": ["model.name=tfpp", "data.warmup.steps=0"],
     "fs-nowarm": ["model.name=fs", "data.warmup.steps=0"],
 }
-# read paths scored from another variant's checkpoint (calibrated first): variant -> (trained, overrides)
-READS = {"fsb": ("fs", ["model.name=fsb"])}
+# read paths scored from another variant's checkpoint: variant -> (trained, overrides, calibrated first)
+READS = {
+    "fsb": ("fs", ["model.name=fsb"], True),
+    # FS's own whole-prefix routing read with 8 cells and the norm prior at 4x its training weight:
+    # content scores against more cells at longer lengths, the prior holds out cells without a key
+    "fs-k8-lam4": ("fs", ["model.attention.top_k=8", "model.attention.lam=4"], False),
+}
 
 
 def sizes(args) -> list[str]:
@@ -98,7 +106,9 @@ def steps_to(args, run: Path, target: float) -> int | None:
     return None
 
 
-def score(args, run: Path, overrides: list[str]) -> dict:
+def score(args, run: Path, overrides: list[str], routing: bool = True) -> dict:
+    """Accuracy, floor and in-row rate per length; routing recall of whole-prefix routing (not FS-B's
+    search) where `routing`."""
     import torch
 
     from experiments.routing import freesolo_layers, routing_recall
@@ -114,7 +124,7 @@ def score(args, run: Path, overrides: list[str]) -> dict:
     for factor in args.factors:
         length = factor * cfg.data.seq_len
         found = mqar_scores(model, cfg.data.mqar, length, args.samples, 10_000, args.eval_batch, reach, "cpu")
-        if freesolo_layers(model) and not overrides:
+        if freesolo_layers(model) and routing:
             rows = recall_rows(torch.Generator().manual_seed(20_000 + length), cfg.data.mqar, args.routing_rows, length)
             layers = routing_recall(model, rows.tokens[:, :-1], rows.source)
             best = max(layers, key=lambda r: -1 if math.isnan(r["best_head"]) else r["best_head"])
@@ -133,12 +143,14 @@ def one(args, variant: str, seed: int) -> list[dict]:
     trained = time.time() - start
     results = [{"variant": variant, "seed": seed, "train_s": trained, **score(args, run, []),
                 "steps_to_95": steps_to(args, run, 95.0) if args.curve else None}]
-    for read, (source, overrides) in READS.items():
+    for read, (source, overrides, calibrated) in READS.items():
         if source == variant and read in args.variants:
             from fsframework.eval.calibrate import calibrate
 
-            calibrate(run, seed=0, progress=False)
-            results.append({"variant": read, "seed": seed, "train_s": 0.0, **score(args, run, overrides)})
+            if calibrated:
+                calibrate(run, seed=0, progress=False)
+            results.append({"variant": read, "seed": seed, "train_s": 0.0,
+                            **score(args, run, overrides, routing=not calibrated)})
     print(f"{variant} seed {seed}: trained in {trained:.0f} s, scored in {time.time() - start - trained:.0f} s",
           flush=True)
     return results
