@@ -58,7 +58,8 @@ class LanguageModel(nn.Module, ABC):
     """Base of the registry's language models; see the module docstring."""
 
     cfg: ModelConfig
-    lm_head: nn.Linear  # final hidden states -> logits
+    embed: nn.Embedding  # token ids -> embeddings (the export's input embeddings)
+    lm_head: nn.Linear  # final hidden states -> logits (tied to `embed` under model.tie_embeddings)
     fsb_calibration_file: Optional[str] = None  # FS-B: the thresholds' file loading read (checkpoints.loading)
 
     def __init__(self):
