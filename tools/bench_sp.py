@@ -69,7 +69,7 @@ def worker(spec: dict) -> None:
         from fsframework.models.recompute import enable_activation_checkpointing
 
         enable_activation_checkpointing(model)
-        blocks = [model.cell] if hasattr(model, "cell") else list(model.layers)  # what is recomputed
+        blocks = model.recomputed_blocks()  # what is recomputed
     model = parallelize(model, ParallelConfig(sp=sp))
     tokens = torch.randint(0, 256, (1, spec["n"] + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

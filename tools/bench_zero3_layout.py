@@ -4,7 +4,7 @@
     python tools/bench_zero3_layout.py --kinds tfpp --sp 2 4 --n 4096
 
 Under `parallel.sp_layout=zigzag` every attention module runs once per run of its rank
-(`fsframework.parallel.attention.RunsAttention`), so its projections are called twice per
+(`fsframework.parallel.attention.ZigzagRunsSource.runs`), so its projections are called twice per
 layer and step. Under ZeRO-3 a partitioned parameter is all-gathered before a module's call
 and may be released after it, so two calls could gather it twice. This counts, per rank, the
 parameter elements DeepSpeed's ZeRO-3 coordinator all-gathers in one training step (forward
@@ -44,7 +44,7 @@ def worker(spec: dict) -> None:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    from fsframework.config import AttentionConfig, Config, ModelConfig, ParallelConfig
+    from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig
     from fsframework.models.registry import build_model
     from fsframework.parallel.batch import shard_batch
     from fsframework.parallel.deepspeed_config import zero3_leaf_classes
@@ -66,7 +66,6 @@ def worker(spec: dict) -> None:
     sp = dist.get_world_size()
     records = []
     for (setting, zero), kind, (layout, leaf) in itertools.product(SETTINGS.items(), spec["kinds"], LAYOUTS):
-        frame = Config(model=ModelConfig(name=kind))  # what zero3_leaf_classes reads of a run's config
         att = AttentionConfig(window=256, block_size=128, cell_size=32, impl="reference")
         cfg = ModelConfig(name=kind, vocab_size=256, d_model=512, n_layers=2, n_heads=8, attention=att)
         torch.manual_seed(0)
@@ -74,7 +73,7 @@ def worker(spec: dict) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         import_muon_lazily()
         skip_shared_memory_allreduce()
-        leaves = {"leaf_module": {"classes": zero3_leaf_classes(frame, model)}} if leaf else {}
+        leaves = {"leaf_module": {"classes": zero3_leaf_classes(model)}} if leaf else {}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config={
             "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, **zero, **leaves},
             "zero_allow_untested_optimizer": True, "steps_per_print": 10**12})

@@ -261,7 +261,7 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
     windows, seq_len = tokens.shape
     mine = tokens[rank::world]
     recorder = KeyNormRecorder(layers, cell_size)
-    run = getattr(model, "hidden_states", model)  # the key norms are all it needs: no [B, T, V] logits
+    run = model.hidden_states  # the key norms are all it needs: no [B, T, V] logits
     try:
         with torch.inference_mode(), Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(),
                                               TimeElapsedColumn(), disable=not progress or rank != 0) as bar:

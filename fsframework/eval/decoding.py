@@ -17,16 +17,17 @@ import torch
 from torch import nn
 
 from fsframework.models.decode_cache import decode_cache, prefill, supports_decode_cache
+from fsframework.models.language_model import LanguageModel
 
 
 def last_logits(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Logits `[B, V]` of the last position.
 
-    For models exposing `hidden_states` and `lm_head` (TransformerLM), only the last
+    For the framework's language models (`LanguageModel`), only the last
     position goes through the output head, so memory stays linear in the length
     instead of holding `[B, T, V]` logits.
     """
-    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+    if isinstance(model, LanguageModel):
         return model.lm_head(model.hidden_states(tokens)[:, -1]).float()
     return model(tokens)[:, -1].float()
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import torch
 
 from fsframework.data.mqar import RecallRows, recall_rows
+from fsframework.models.language_model import LanguageModel
 
 
 def _query_logits(model, inputs: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     """Logits `[Q, V]` at the positions `where` `[B, T]` (bool) only: the output head runs on the
     scored positions, not on `[B, T, V]`."""
-    if hasattr(model, "hidden_states") and hasattr(model, "lm_head"):
+    if isinstance(model, LanguageModel):
         return model.lm_head(model.hidden_states(inputs)[where]).float()
     return model(inputs)[where].float()
 

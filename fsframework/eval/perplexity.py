@@ -8,6 +8,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fsframework.models.language_model import LanguageModel
+
 
 def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
     """The held-out MDS split as one token stream, in order (at most `max_tokens`)."""
@@ -38,7 +40,7 @@ def sequence_nll(model, inputs: torch.Tensor, targets: torch.Tensor, chunk: int 
     logits instead of `[B, T, V]`: at 256k tokens and a 32k vocabulary those would be 34 GB in
     fp32, more than the model's own activations. Any other model is scored from its logits.
     """
-    if not (hasattr(model, "hidden_states") and hasattr(model, "lm_head")):
+    if not isinstance(model, LanguageModel):
         logits = model(inputs).float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
     return model(inputs, targets=targets, loss_chunk=chunk * inputs.shape[0]).double().sum().item()

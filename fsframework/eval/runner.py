@@ -64,7 +64,7 @@ def read_path(model, cfg) -> dict:
     kind = attention_kind(cfg.model.name)
     path = kind.read_path(cfg.model.attention)
     if kind.calibrated:
-        path["tau_file"] = getattr(model, "fsb_calibration_file", None)
+        path["tau_file"] = model.fsb_calibration_file
     return path
 
 

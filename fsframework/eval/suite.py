@@ -16,6 +16,7 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from torch import nn
 
 from fsframework.eval import decoding
 from fsframework.eval.ffact import FACT_COUNTS, FFACT_GEN_TOKENS, ffact_samples, queries_per_prefix
@@ -230,8 +231,8 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
     haystack = None
     if any(t not in UNPROMPTED and t != "niah_single_1" for t in tasks):
         haystack = NaturalHaystack(tokenizer, max_chars=_haystack_chars(lengths))
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
+    was_training = isinstance(model, nn.Module) and model.training  # None: a test's stand-in
+    if isinstance(model, nn.Module):
         model.eval()
     try:
         with Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -255,7 +256,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
                     _run_task(task, model, tokenizer, lengths, num_samples, seed, batch_size, gen[task], haystack,
                               device, advance, results)
     finally:
-        if was_training and hasattr(model, "train"):
+        if was_training:
             model.train()
     niah = [t for t in tasks if t in RULER_TASKS]
     for n in map(str, lengths):

@@ -20,11 +20,13 @@ from torch import nn
 
 from fsf_kernels.common.support import scan_unsupported
 from fsframework.config import ModelConfig
+from fsframework.models.argrc_blocks import sharded_inclusive_prefixes
+from fsframework.models.argrc_cache import ScanDecodeCache
 from fsframework.models.blocks import dropout
-from fsframework.models.losses import head_output
+from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
-from fsframework.ops.scan import down_sweep, exclusive_scan, row_tiled, up_sweep
+from fsframework.ops.scan import exclusive_scan, row_tiled
 
 # The widest intermediate of one reference cell call (its `[rows, 4D]` hidden layer) is kept
 # to this many bytes when no backward follows: it stays in a core's L2 cache and under the
@@ -106,7 +108,7 @@ class TreeScan(nn.Module):
     collective over all ranks. The ranks of a sequence-parallel group apply the cell different
     numbers of times (their slices cut into different trees), so per-application gathers
     would not pair up across ranks. DeepSpeed is told to treat this module as a leaf (the
-    registry entry's `zero3_leaf_modules`): the cell's parameters are gathered once when the scan starts and
+    model's `zero3_leaf_modules`): the cell's parameters are gathered once when the scan starts and
     once for its backward, the same calls on every rank. The Triton tree kernel reads the
     cell's weights directly, which needs the same.
     """
@@ -154,7 +156,7 @@ class TreeScan(nn.Module):
         return exclusive_scan(padded, self.combine(), identity)[:, 1:]
 
 
-class ARGRCLanguageModel(nn.Module):
+class ARGRCLanguageModel(LanguageModel):
     """`model.name=argrc`. `forward(tokens [B, T]) -> logits [B, T, V]`, logits at `t` from the
     prefix covering tokens `0..t` (the exclusive prefix at `t + 1`); the prefix at 0 (the root
     value alone) is never scored (docs/argrc.md §4)."""
@@ -189,7 +191,7 @@ class ARGRCLanguageModel(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
-                if getattr(module, "bias", None) is not None:
+                if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
@@ -232,22 +234,20 @@ class ARGRCLanguageModel(nn.Module):
         the Triton tree kernel or the reference."""
         return self.scan(h, self.identity)
 
-    # --- the language-model interface of the registry's models ---
+    # --- the language-model interface (`fsframework.models.language_model`) ---
 
     def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens `[B, T]` -> final hidden states `[B, T, E]`."""
         return self.readout(self.inclusive_prefixes(self.leaves(tokens)))
 
-    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                loss_chunk: int = 0) -> torch.Tensor:
-        """tokens `[B, T]` -> logits `[B, T, V]`; given `targets` `[B, T]`, their per-token losses
-        `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`)."""
-        return head_output(self.lm_head, self.hidden_states(tokens), targets, loss_chunk)
-
-    def make_decode_cache(self, chunk: Optional[int] = None) -> "ScanDecodeCache":
-        """The cached-decoding form (`fsframework.models.decode_cache.decode_cache` asks for it);
-        `chunk`: prefill positions per step."""
+    def decode_state(self, chunk: Optional[int] = None) -> ScanDecodeCache:
+        """The cached-decoding form (`fsframework.models.argrc_cache`); `chunk`: prefill positions per step."""
         return ScanDecodeCache(self, chunk)
+
+    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
+        """This rank's slice of the sequence `sp`: its own scan, the block roots of the other ranks
+        gathered by the parallelism (`fsframework.parallel.scan`)."""
+        return self.sharded_hidden_states(tokens, sp.slices, sp.rank, self.parallelism.root_gatherer(sp))
 
     def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
                               gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:
@@ -264,152 +264,22 @@ class ARGRCLanguageModel(nn.Module):
         h = self.leaves(tokens)
         return self.readout(self.scan(h, self.identity, ShardOfSequence(slices, rank, gather_roots)))
 
+    def enable_activation_checkpointing(self) -> None:
+        self.activation_checkpointing = True
+
+    def recomputed_blocks(self) -> list[nn.Module]:
+        """The cell: each of its calls, one per tree level, is recomputed."""
+        return [self.cell]
+
+    def zero3_leaf_modules(self) -> list[type]:
+        """The scan: its ranks apply the cell different numbers of times (`TreeScan`)."""
+        return [TreeScan]
+
+    def shape_summary(self) -> str:
+        return f", d_model {self.cfg.d_model}"  # no layers
+
 
 def _cell_under_scan(module, state_dict, prefix, *_) -> None:
     """Weights saved before the cell moved under `scan` (`cell.*` -> `scan.cell.*`) still load."""
     for key in [k for k in state_dict if k.startswith(prefix + "cell.")]:
         state_dict[prefix + "scan." + key[len(prefix):]] = state_dict.pop(key)
-
-
-# --- sequence parallelism: the math; the communication is the caller's ---
-
-def aligned_blocks(start: int, end: int) -> list[tuple[int, int]]:
-    """`[start, end)` as the fewest aligned dyadic blocks `(first, size)`, left to right
-    (`size` a power of two dividing `first`): at most `2 log2(end - start) + 2` of them."""
-    blocks, pos = [], start
-    while pos < end:
-        size = pos & -pos if pos else 1 << (end - 1).bit_length()
-        while pos + size > end:
-            size //= 2
-        blocks.append((pos, size))
-        pos += size
-    return blocks
-
-
-def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor, slices: list[tuple[int, int]],
-                               rank: int, gather_roots) -> torch.Tensor:
-    """`inclusive_prefixes` of the slice `slices[rank]` of a sequence from its leaves `h` only
-    (docs/argrc.md §6). Each rank cuts its slice into aligned blocks and reduces them; ranks
-    exchange those roots (D numbers per block and sequence); every root of a larger aligned
-    block before the slice is then computed redundantly from them, the prefix at each local
-    block start is the fold over its dyadic blocks, and the down-sweep inside a block is local.
-    """
-    start, end = slices[rank]
-    local = aligned_blocks(start, end)
-    levels = [up_sweep(h[:, first - start:first - start + size], combine) for first, size in local]
-    own_roots = torch.stack([lv[-1][:, 0] for lv in levels]) if levels else h.new_zeros(0, h.shape[0], h.shape[2])
-    gathered = gather_roots(own_roots)
-    known: dict[tuple[int, int], torch.Tensor] = {}
-    for r, (s, e) in enumerate(slices):
-        # this rank's own roots too come from the gather: every rank's backward then runs the
-        # gather's backward, which returns the other ranks' gradients on its roots
-        for i, block in enumerate(aligned_blocks(s, e)):
-            known[block] = gathered[r][i]
-    return prefixes_of_slice(combine, identity, h.shape[0], start, local, levels, known)[0]
-
-
-def prefixes_of_slice(combine, identity: torch.Tensor, batch: int, start: int, local: list[tuple[int, int]],
-                      levels: list[list[torch.Tensor]], known: dict[tuple[int, int], torch.Tensor]):
-    """The inclusive prefixes `[batch, n, D]` of the positions `[start, start + n)` cut into the aligned
-    blocks `local` with their up-sweep `levels`, given `known`: the roots of aligned blocks, at
-    least those that tile `[0, start)` and the local ones. Also returns `root(first, size)`,
-    which computes (and keeps in `known`) the root of any aligned block inside
-    `[0, start + n)` from its halves."""
-    end = start + sum(size for _, size in local)
-
-    def root(first: int, size: int) -> torch.Tensor:
-        if (first, size) not in known:  # a block over several known blocks: from its halves
-            half = size // 2
-            known[(first, size)] = combine(root(first, half), root(first + half, half))
-        return known[(first, size)]
-
-    def prefix(position: int) -> torch.Tensor:
-        value, first = identity.expand(batch, -1), 0
-        for bit in reversed(range(position.bit_length())):
-            if position >> bit & 1:
-                value = combine(value, root(first, 1 << bit))
-                first += 1 << bit
-        return value
-
-    parts = [down_sweep(lv, combine, prefix(first)) for lv, (first, _) in zip(levels, local)]
-    exclusive = torch.cat(parts + [prefix(end)[:, None]], dim=1)  # exclusive prefixes at start .. end
-    return exclusive[:, 1:], root
-
-
-class ScanDecodeCache:
-    """Cached decoding for AR-GRC (docs/argrc.md §5): the roots of the completed dyadic blocks
-    of the tokens seen so far, largest first (a binary counter: at most log2(T) + 1 of them).
-    A new token pushes its leaf and merges equal-sized blocks; its prefix is the fold of the
-    cell over the stack from the root value. O(log T) cell calls and memory per token.
-
-    Several tokens at once (a prompt) run `chunk` positions at a time as a slice of the tree,
-    as a sequence-parallel rank runs its slice (§6) with the stack's roots standing in for the
-    earlier ranks': no step holds more than one chunk's up-sweep.
-
-    Same interface as `fsframework.models.decode_cache.DecodeCache`: `forward(tokens [B, n])`
-    at positions `[length, length + n)` -> final hidden states `[B, n, E]`.
-    """
-
-    def __init__(self, model: ARGRCLanguageModel, chunk: Optional[int] = None):
-        from fsframework.models.decode_cache import PREFILL_CHUNK
-
-        self.model = model
-        self.chunk = PREFILL_CHUNK if chunk is None else chunk
-        if self.chunk < 1:
-            raise ValueError(f"the prefill chunk must be >= 1 positions, got {self.chunk}")
-        self.length = 0
-        self.blocks: list[tuple[int, torch.Tensor]] = []  # (size, root [B, D]), sizes decreasing
-
-    @property
-    def start(self) -> int:
-        return self.length
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the stack of block roots."""
-        return sum(root.numel() * root.element_size() for _, root in self.blocks)
-
-    def _push(self, leaf: torch.Tensor) -> None:
-        self.blocks.append((1, leaf))
-        while len(self.blocks) >= 2 and self.blocks[-1][0] == self.blocks[-2][0]:
-            (size, right), (_, left) = self.blocks.pop(), self.blocks.pop()
-            self.blocks.append((2 * size, self.model.combine(left, right)))
-
-    def _state(self, batch: int) -> torch.Tensor:
-        value = self.model.identity.expand(batch, -1)
-        for _, root in self.blocks:
-            value = self.model.combine(value, root.to(value.dtype))
-        return value
-
-    def _slice(self, h: torch.Tensor) -> torch.Tensor:
-        """Prefixes `[B, n, D]` of leaves `h` at `[length, length + n)`; the stack then covers them."""
-        combine, start = self.model.combine, self.length
-        known, first = {}, 0
-        for size, root in self.blocks:  # the stack tiles [0, start) with aligned blocks
-            known[(first, size)] = root.to(h.dtype)
-            first += size
-        local = aligned_blocks(start, start + h.shape[1])
-        levels = [up_sweep(h[:, f - start:f - start + size], combine) for f, size in local]
-        for block, lv in zip(local, levels):
-            known[block] = lv[-1][:, 0]
-        prefixes, root = prefixes_of_slice(combine, self.model.identity.to(h.dtype), h.shape[0], start, local, levels,
-                                           known)
-        self.blocks = [(size, root(f, size)) for f, size in aligned_blocks(0, start + h.shape[1])]
-        return prefixes
-
-    @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """tokens `[B, n]` -> hidden states `[B, n, E]` (`last_only`: `[B, 1, E]`)."""
-        if tokens.ndim != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must be [B, n] with n >= 1, got {tuple(tokens.shape)}")
-        out = []
-        for at in range(0, tokens.shape[1], self.chunk):
-            h = self.model.leaves(tokens[:, at:at + self.chunk])
-            if h.shape[1] == 1:  # one token: push its leaf, fold the stack
-                self._push(h[:, 0])
-                prefixes = self._state(h.shape[0])[:, None]
-            else:
-                prefixes = self._slice(h)
-            self.length += h.shape[1]
-            out.append(self.model.readout(prefixes[:, -1:] if last_only else prefixes))
-        return out[-1] if last_only else torch.cat(out, dim=1)

@@ -51,12 +51,25 @@ class QKVAttention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+        """x `[B, n, D]` -> `[B, n, D]`: the offset form (`forward_run`) once per run of `source`, one
+        except on a rank of the zigzag layout (`fsframework.parallel.attention.ZigzagRunsSource`).
+        The runs stay inside this one module call, so ZeRO-3 gathers the projections once for all."""
+        runs = source.runs(x)
+        if len(runs) == 1:
+            return self.forward_run(*runs[0])
+        return torch.cat([self.forward_run(piece, run_source) for piece, run_source in runs], dim=1)
+
+    def forward_run(self, x: torch.Tensor, source: KeySource) -> torch.Tensor:
+        """The offset form on one contiguous run `x` `[B, n, D]` at `[source.start, source.start + n)`."""
         q, k, v = self.qkv(x, source)
         y = self.attend(q, k, v, source.start)
         return self.wo(y.reshape(x.shape))
 
     def attend(self, q, k, v, start):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def reset_extra_parameters(self) -> None:
+        """Re-initialise parameters other than Linear weights (`TransformerLM.reset_parameters`): none here."""
 
 
 class RopeAttention(QKVAttention):
@@ -79,10 +92,10 @@ class SlidingWindowAttention(QKVAttention):
     RoPE), except in a source that keeps them (a decode cache, docs/decoding.md): there they are
     rotated once, before they are kept, so a decoded token does not re-rotate the whole window."""
 
-    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+    def forward_run(self, x: torch.Tensor, source: KeySource) -> torch.Tensor:
         theta = self.cfg.attention.rope_theta
         if not source.keeps_keys or theta is None:
-            return super().forward(x, source)
+            return super().forward_run(x, source)
         start = source.start
         q, k, v = self.project(x, start)
         # the same rotation at the same absolute positions as the op's: the same numbers

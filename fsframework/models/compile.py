@@ -21,18 +21,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fsframework.models.language_model import LanguageModel
+
 
 def compile_blocks(model: nn.Module) -> nn.Module:
     """Compile every decoder block of `model` in place (`torch.compile`, default mode); returns `model`."""
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
+    blocks = model.decoder_blocks() if isinstance(model, LanguageModel) else []
+    if not blocks:
         raise TypeError(f"{type(model).__name__} has no decoder blocks to compile (train.compile)")
-    for block in layers:
+    for block in blocks:
         block.attn.forward = torch.compiler.disable(block.attn.forward)
         block.compile()
     return model
 
 
-def compiled_blocks(model: nn.Module) -> int:
+def compiled_blocks(model: LanguageModel) -> int:
     """How many of `model`'s decoder blocks run compiled."""
-    return sum(getattr(block, "_compiled_call_impl", None) is not None for block in getattr(model, "layers", []))
+    # nn.Module.compile keeps the compiled call in `_compiled_call_impl` (None until then)
+    return sum(block._compiled_call_impl is not None for block in model.decoder_blocks())

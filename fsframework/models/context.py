@@ -88,6 +88,12 @@ class KeySource(ABC):
         sequence-parallel rank of the zigzag layout holds two runs)."""
         return torch.arange(self.start, self.start + n, device=device)
 
+    def runs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, "KeySource"]]:
+        """A layer's input `x` `[B, n, D]` as the contiguous runs its offset form runs on, each with
+        its own source: `x` and this source, except on a sequence-parallel rank of the zigzag
+        layout, which holds two runs (`fsframework.parallel.attention.ZigzagRunsSource`)."""
+        return [(x, self)]
+
     def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
                     router: "CellRouter") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """`keys` for a layer that routes its queries to cells (FreeSolo): (keys, values, cells).

@@ -196,7 +196,7 @@ class FreeSoloAttention(QKVAttention):
         k, v, cells = source.routed_keys(self.layer_idx, q, k, v, self.key_span, self)
         return self.attend(q, k, v, source.start, cells)
 
-    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+    def forward_run(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
         local, long_range = self.branches(x, source)
         combine = self.cfg.attention.combine
         if combine == "separate_wo":

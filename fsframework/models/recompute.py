@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from fsframework.models.language_model import LanguageModel
+
 
 def recomputed(block: Callable[..., torch.Tensor], *args) -> torch.Tensor:
     """`block(*args)` whose activations are recomputed in the backward pass."""
@@ -30,9 +32,9 @@ def wants_recompute(model: nn.Module) -> bool:
 
 
 def enable_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Switch on activation checkpointing for a language model of the registry (every kind has
-    the `activation_checkpointing` switch); returns `model`."""
-    if not hasattr(model, "activation_checkpointing"):
+    """Switch on activation checkpointing for a language model of the registry
+    (`LanguageModel.enable_activation_checkpointing`); returns `model`."""
+    if not isinstance(model, LanguageModel):
         raise TypeError(f"{type(model).__name__} has no activation checkpointing")
-    model.activation_checkpointing = True
+    model.enable_activation_checkpointing()
     return model

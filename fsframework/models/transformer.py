@@ -12,10 +12,13 @@ import torch
 from torch import nn
 
 from fsframework.config import ModelConfig
+from fsframework.models.attention import QKVAttention
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
-from fsframework.models.losses import head_output
+from fsframework.models.decode_cache import DecodeCache
+from fsframework.models.language_model import LanguageModel, SequenceParallelism
 from fsframework.models.recompute import recomputed, wants_recompute
+from fsframework.models.registry import attention_kind
 
 
 class DecoderBlock(nn.Module):
@@ -32,7 +35,9 @@ class DecoderBlock(nn.Module):
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(LanguageModel):
+    """Decoder blocks around one attention kind (`LanguageModel`, `fsframework.models.language_model`)."""
+
     activation_checkpointing = False  # recompute each block in backward (fsframework.models.recompute)
 
     def __init__(self, cfg: ModelConfig, attention_factory: Callable[[ModelConfig, int], nn.Module],
@@ -59,10 +64,10 @@ class TransformerLM(nn.Module):
                 # residual-branch outputs scaled down with depth (GPT-2 / OLMo style)
                 scale = residual_scale if name.endswith(("wo", "w_down")) else 1.0
                 nn.init.normal_(module.weight, mean=0.0, std=std * scale)
-                if getattr(module, "bias", None) is not None:
+                if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
         for module in self.modules():
-            if hasattr(module, "reset_extra_parameters"):
+            if isinstance(module, QKVAttention):  # FreeSolo's gains and prior, rewired's mixing weights
                 module.reset_extra_parameters()
 
     def hidden_states(self, tokens: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
@@ -83,8 +88,49 @@ class TransformerLM(nn.Module):
             x = recomputed(layer, x, source) if recompute else layer(x, source)
         return self.norm(x)
 
-    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                loss_chunk: int = 0) -> torch.Tensor:
-        """tokens `[B, T]` -> logits `[B, T, V]`; given `targets` `[B, T]`, their per-token losses
-        `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`)."""
-        return head_output(self.lm_head, self.hidden_states(tokens), targets, loss_chunk)
+    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
+        """This rank's runs: every layer takes the earlier ranks' keys from the parallelism's source."""
+        return self.hidden_states(tokens, self.parallelism.key_source(sp))
+
+    def decode_state(self, chunk: Optional[int] = None) -> DecodeCache:
+        return DecodeCache(self, attention_kind(self.cfg.name).cache_class(), chunk)
+
+    def decodable(self) -> bool:
+        """Not sequence parallel, and every layer in the offset form a cache can feed."""
+        return super().decodable() and all(isinstance(layer.attn, QKVAttention) for layer in self.layers)
+
+    def enable_sequence_parallel(self, parallelism: SequenceParallelism) -> None:
+        """Every attention layer takes the earlier ranks' keys from the source the parallelism makes
+        for each sequence; under the zigzag layout each runs once per own run (`KeySource.runs`)."""
+        for layer in self.layers:
+            if not isinstance(layer.attn, QKVAttention):
+                raise TypeError(f"attention {type(layer.attn).__name__} is not in the offset form of "
+                                "fsframework.models.attention, so it cannot take keys from other ranks")
+        super().enable_sequence_parallel(parallelism)
+
+    def sequence_layouts(self) -> tuple[str, ...]:
+        """Zigzag too where a query's work grows with its position: the kinds that read the whole
+        prefix (not SWA's window or FS-L's bounded cells)."""
+        if attention_kind(self.cfg.name).keys == "prefix":
+            return ("contiguous", "zigzag")
+        return ("contiguous",)
+
+    def enable_activation_checkpointing(self) -> None:
+        self.activation_checkpointing = True
+
+    def recomputed_blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def decoder_blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def zero3_leaf_modules(self) -> list[type]:
+        """Under the zigzag layout the attention modules: each runs its forward once per run, and as
+        leaves their projections are gathered once per layer call, not once per run
+        (`python tools/bench_zero3_layout.py`: +31% of the parameters gathered per step otherwise)."""
+        if self.parallelism is None or self.parallelism.context.layout != "zigzag":
+            return []
+        return sorted({type(layer.attn) for layer in self.layers}, key=lambda c: f"{c.__module__}.{c.__qualname__}")
+
+    def shape_summary(self) -> str:
+        return f", {self.cfg.n_layers} layers, d_model {self.cfg.d_model}, {self.cfg.n_heads} heads"

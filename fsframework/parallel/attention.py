@@ -23,7 +23,7 @@ Load balancing (`parallel.sp_layout`, `fsframework.parallel.sharding`): under th
 contiguous layout later ranks do more causal work than earlier ones. The zigzag layout
 gives every rank an early and a late run, for the kinds whose work grows with position
 (the "prefix" kinds: TF++, ALiBi, sinusoidal, rewired, FS routing). Each attention module
-then runs once per run (`RunsAttention`), in the offset form, with `RunKeys`: run 0's
+then runs once per run (`ZigzagRunsSource.runs`), in the offset form, with `RunKeys`: run 0's
 keys are all-gathered first (every rank's run 0 covers `[0, M)`), then run 1's (`[M, N)`),
 the same bytes as one all-gather of the whole slices. SWA and FS-L do bounded work per
 query and keep the contiguous layout.
@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from fsframework.models.context import WHOLE_SEQUENCE, CellRouter, KeySource, RetainedCells, Span
+from fsframework.models.context import CellRouter, KeySource, RetainedCells, Span
 from fsframework.parallel.collectives import gather_runs, gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.retained import retained_kv, retained_routed_kv
@@ -133,24 +133,10 @@ class RunKeys(KeySource):
         return super().routed_keys(layer, q, k, v, span, router)
 
 
-class RunsAttention:
-    """Mixin swapped onto each attention module under the zigzag layout: the module's own
-    forward once per run, on that run's rows of `x` `[B, n_0 + n_1, D]`."""
-
-    def forward(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
-        if not isinstance(source, ZigzagRunsSource):
-            return super().forward(x, source)
-        zigzag = ZigzagKeys(source.sp)
-        lengths = [e - s for s, e in source.sp.runs]
-        outs = [super(RunsAttention, self).forward(piece, view)
-                for piece, view in zip(x.split(lengths, dim=1), zigzag.views())]
-        return torch.cat(outs, dim=1)
-
-
 class ZigzagRunsSource(KeySource):
     """What the model hands every layer under the zigzag layout: the rank's runs; each attention
-    module (`RunsAttention`) splits its call by run. `positions` are the runs' absolute positions
-    (for the sinusoidal table)."""
+    module splits its call by run (`runs`, `QKVAttention.forward`), inside its one module call.
+    `positions` are the runs' absolute positions (for the sinusoidal table)."""
 
     def __init__(self, sp: SPContext):
         self.sp = sp
@@ -159,5 +145,11 @@ class ZigzagRunsSource(KeySource):
     def positions(self, n: int, device=None) -> torch.Tensor:
         return torch.cat([torch.arange(s, e, device=device) for s, e in self.sp.runs])
 
-    def keys(self, layer, k, v, span):  # pragma: no cover - RunsAttention never asks the whole source
-        raise RuntimeError("under the zigzag layout keys are fetched per run (RunsAttention)")
+    def runs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, KeySource]]:
+        """This layer call's rows of `x` `[B, n_0 + n_1, D]` per own run, each with its `RunKeys`
+        (one `ZigzagKeys` per layer call: run 1 reads the buffer run 0's gather filled)."""
+        lengths = [e - s for s, e in self.sp.runs]
+        return list(zip(x.split(lengths, dim=1), ZigzagKeys(self.sp).views()))
+
+    def keys(self, layer, k, v, span):  # pragma: no cover - a layer asks each run's source, never this one
+        raise RuntimeError("under the zigzag layout keys are fetched per run (ZigzagRunsSource.runs)")

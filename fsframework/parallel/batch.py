@@ -44,7 +44,7 @@ class RankBatch:
 
     def logits(self, model) -> torch.Tensor:
         """`model`'s logits `[B, n, V]` of this rank's inputs (the model, or the engine wrapping it)."""
-        return model(self.inputs) if self.sp is None else model(self.inputs, self.sp)
+        return model(self.inputs) if self.sp is None else model(self.inputs, sp=self.sp)
 
     def losses(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to optimise, plain CE) of this rank's share (`fsframework.models.losses.lm_losses`)."""
@@ -53,8 +53,8 @@ class RankBatch:
     def scored(self, model, loss_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """`losses` of this rank's share, the model scoring its own targets: its forward returns the
         per-token losses, the output head run `loss_chunk` positions at a time (0: all at once)."""
-        args = (self.inputs,) if self.sp is None else (self.inputs, self.sp)
-        ce = model(*args, targets=self.targets, loss_chunk=loss_chunk)
+        sp = {} if self.sp is None else {"sp": self.sp}
+        ce = model(self.inputs, targets=self.targets, loss_chunk=loss_chunk, **sp)
         return weighted_losses(ce, self.targets, self.weights, self.denominators)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsframework.checkpoints import (ENGINE_TAG, TMP_PREFIX, CheckpointError, client_state_name, read_config,
-                                     weights_only_loads, without_wrapper_prefix)
+                                     safe_load, weights_only_loads, without_wrapper_prefix)
 from fsframework.config import Config
 
 
@@ -140,8 +140,6 @@ def repair_zero3_universal_load(engine, universal: Path) -> None:
 
     Either moves the loss by about 1e-4 within three steps at the tests' sizes. The converted state
     keeps every group's settings; each group gets them back and a `step` of its own."""
-    from fsframework.checkpoints import safe_load
-
     saved = safe_load(universal / ENGINE_TAG / "zero" / "optimizer_state.pt", engine=True)
     groups = saved["optimizer_state_dict"]["param_groups"]
     if len(groups) != len(engine.optimizer.param_groups):

@@ -18,6 +18,7 @@ from fsframework.checkpoints import (ENGINE_TAG, CheckpointError, client_state_n
                                      without_wrapper_prefix)
 from fsframework.config import Config
 from fsframework.parallel.process_group import barrier
+from fsframework.train import resize
 
 
 def rng_state() -> dict[str, Any]:
@@ -58,8 +59,6 @@ def load_engine(engine, ckpt: Path, *, cfg: Optional[Config] = None, world_size:
     a checkpoint written at another data-parallel size is loaded through DeepSpeed's universal form
     (`fsframework.train.resize`); another sequence-parallel size or ZeRO stage is refused naming what
     differs. Every file is read with `weights_only=True`. Returns whether the layout was the same."""
-    from fsframework.train import resize
-
     source, universal = ckpt, False
     if cfg is not None:
         saved, now = resize.saved_layout(ckpt), resize.run_layout(cfg, world_size)

@@ -20,20 +20,26 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_from, writing
+from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_from, read_config, writing
 from fsframework.config import Config, check_world_size, to_yaml
 from fsframework.data.sources import BatchSource
+from fsframework.models.compile import compile_blocks
+from fsframework.models.registry import build_model, check_trainable, count_parameters
+from fsframework.parallel.deepspeed_config import deepspeed_config
+from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.batch import shard_batch
 from fsframework.parallel.health import init_health_group, reraise_naming_rank
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
-from fsframework.train import resume
+from fsframework.train import resume, resume_config
 from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
                                           StopRequests)
+from fsframework.train.resume_config import apply_optimizer_settings
 from fsframework.train.schedule import lr_factor
+from fsframework.train.validation import validation_sets
 
 
 @dataclass
@@ -103,9 +109,6 @@ class Trainer:
 
         from fsframework.data.loader import check_shard_files, data_streams
         from fsframework.data.source_table import BASE_SOURCES
-        from fsframework.models.registry import build_model, count_parameters
-        from fsframework.parallel.deepspeed_config import deepspeed_config
-        from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 
         cfg = self.cfg
         generated = cfg.data.source in BASE_SOURCES  # drawn on the fly: no shards to build or check
@@ -125,16 +128,11 @@ class Trainer:
             init_from(model, cfg.train.init_from)  # a CheckpointError names every tensor that does not fit
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
-        shape = (f", {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, {cfg.model.n_heads} heads"
-                 if hasattr(model, "layers") else f", d_model {cfg.model.d_model}")  # AR-GRC has no layers
+        shape = model.shape_summary()
         self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
         if cfg.train.activation_checkpointing:
-            from fsframework.models.recompute import enable_activation_checkpointing
-
-            enable_activation_checkpointing(model)
+            model.enable_activation_checkpointing()
         if cfg.train.compile:
-            from fsframework.models.compile import compile_blocks
-
             compile_blocks(model)
             self.log("decoder blocks compiled (train.compile): the first step compiles them")
         # only FreeSolo models have readout gains; every other kind gets the two usual groups
@@ -164,9 +162,6 @@ class Trainer:
     def check_resume(self) -> None:
         """Before build(): find the checkpoint to resume from and refuse, in one line, a config
         that changes what it holds (`resume_config`), so the run directory stays as it was."""
-        from fsframework.checkpoints import read_config
-        from fsframework.train import resume_config
-
         self._resume_checked = True
         self.resume_from = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if self.resume_from is None:
@@ -196,8 +191,6 @@ class Trainer:
         self.source.load_state_dict(client["loader"])
         resume.set_rng_state(client["rng"])
         if self.resume_changes:
-            from fsframework.train.resume_config import apply_optimizer_settings
-
             apply_optimizer_settings(self.optimizer_base, self.scheduler, self.resumed_config, self.cfg)
         self.resumed_from = self.last_checkpoint = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}"
@@ -278,8 +271,6 @@ class Trainer:
         stream's as `val/loss/<stream>` (`fsframework.train.validation`). Through the training
         loss path: the same for every model, sequence parallelism and ZeRO stage; averaged over
         all ranks."""
-        from fsframework.train.validation import validation_sets
-
         cfg = self.cfg
         if not hasattr(self, "_val_sets"):
             self._val_sets = validation_sets(cfg)
@@ -412,7 +403,6 @@ class Trainer:
 
 def train(cfg: Config) -> TrainState:
     from fsframework.data.loader import check_data_fits
-    from fsframework.models.registry import check_trainable
 
     check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
     check_data_fits(cfg, heldout_for=f"train.eval_every={cfg.train.eval_every}" if cfg.train.eval_every else None)

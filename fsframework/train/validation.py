@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from fsframework.config import Config
+from fsframework.data.mixture import heldout_streams
+from fsframework.eval.perplexity import heldout_tokens
 
 
 @dataclass
@@ -24,9 +26,6 @@ class ValidationSet:
 
 def validation_sets(cfg: Config) -> list[ValidationSet]:
     """The held-out windows of every stream; ValueError naming a stream whose split holds none."""
-    from fsframework.data.mixture import heldout_streams
-    from fsframework.eval.perplexity import heldout_tokens
-
     length, rows = cfg.data.seq_len, cfg.train.eval_batches * cfg.data.micro_batch_size
     sets = []
     for held_out in heldout_streams(cfg, build=False):

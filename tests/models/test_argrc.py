@@ -12,7 +12,8 @@ import torch
 
 from fsframework.config import ArgrcConfig, AttentionConfig, ConfigError, ModelConfig, load_config
 from fsframework.models import build_model, count_parameters
-from fsframework.models.argrc import ARGRCLanguageModel, aligned_blocks
+from fsframework.models.argrc import ARGRCLanguageModel
+from fsframework.models.argrc_blocks import aligned_blocks
 
 YAMLS = Path(__file__).resolve().parents[2] / "yamls"
 

@@ -37,7 +37,7 @@ def saved_bytes_and_grads(model, tokens: torch.Tensor) -> tuple[int, torch.Tenso
             if isinstance(t, torch.Tensor):
                 pack(t)
 
-    blocks = [model.cell] if hasattr(model, "cell") else list(model.layers)
+    blocks = model.recomputed_blocks()
     hooks = [block.register_forward_pre_hook(keep_inputs) for block in blocks
              if model.activation_checkpointing]
     torch.manual_seed(1)  # the dropout masks

@@ -13,9 +13,9 @@ from deepspeed.utils.z3_leaf_module import set_z3_leaf_modules  # noqa: E402
 
 from fsframework.config import Config, ModelConfig  # noqa: E402
 from fsframework.models.registry import build_model  # noqa: E402
-from fsframework.parallel.attention import RunsAttention  # noqa: E402
+from fsframework.parallel.context import SPContext  # noqa: E402
 from fsframework.parallel.deepspeed_config import deepspeed_config, zero3_leaf_classes  # noqa: E402
-from fsframework.parallel.parallelize import _swap  # noqa: E402
+from fsframework.parallel.parallelize import SequenceParallel  # noqa: E402
 
 
 def tiny(name: str) -> Config:
@@ -29,10 +29,13 @@ def test_zigzag_attention_modules_are_zero3_leaves(name):
     cfg = tiny(name)
     model = build_model(cfg.model)
     assert "leaf_module" not in deepspeed_config(cfg, model)["zero_optimization"]  # contiguous: no leaves
-    for layer in model.layers:  # what parallelize does under the zigzag layout
-        _swap(layer.attn, RunsAttention)
+    contiguous = build_model(cfg.model)
+    contiguous.enable_sequence_parallel(SequenceParallel(SPContext(groups=None, block_size=16, layout="contiguous")))
+    assert "leaf_module" not in deepspeed_config(cfg, contiguous)["zero_optimization"]
+    # what parallelize does under the zigzag layout (the group is not needed to name the leaves)
+    model.enable_sequence_parallel(SequenceParallel(SPContext(groups=None, block_size=16, layout="zigzag")))
     leaves = deepspeed_config(cfg, model)["zero_optimization"]["leaf_module"]["classes"]
-    assert leaves == zero3_leaf_classes(cfg, model) and len(leaves) == 1
+    assert leaves == zero3_leaf_classes(model) and len(leaves) == 1
     # DeepSpeed finds exactly the attention modules by that name
     assert set_z3_leaf_modules(model, leaves) == [layer.attn for layer in model.layers]
     cfg.parallel.zero_stage = 2
@@ -41,4 +44,4 @@ def test_zigzag_attention_modules_are_zero3_leaves(name):
 
 def test_the_kinds_own_leaves_stay():
     cfg = tiny("argrc")
-    assert zero3_leaf_classes(cfg, build_model(cfg.model)) == ["fsframework.models.argrc.TreeScan"]
+    assert zero3_leaf_classes(build_model(cfg.model)) == ["fsframework.models.argrc.TreeScan"]
