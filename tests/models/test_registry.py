@@ -13,6 +13,7 @@ from fsframework.config import AttentionConfig, Config, ConfigError, ModelConfig
 from fsframework.config.kinds import KIND_FACTS, KindFacts, kind_facts
 from fsframework.models import registry
 from fsframework.models.attention import SlidingWindowAttention
+from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.context import RetainedCells
 from fsframework.models.decode_cache import decode_cache
 
@@ -51,6 +52,10 @@ def test_the_registry_takes_its_facts_from_the_config_table():
     assert registry.MODEL_NAMES == tuple(KIND_FACTS)
     assert all(kind.facts is KIND_FACTS[name] for name, kind in registry.KINDS.items())
     assert registry.attention_kind("fsb").routing == "fsb" and not registry.attention_kind("fsb").trainable
+    for kind in registry.KINDS.values():  # the classes agree with the facts they are filed under
+        assert (kind.language_model is None) == kind.decoder_blocks, kind.name
+        assert (kind.module is None) == (kind.keys == ""), kind.name
+        assert (kind.module is FreeSoloAttention) == kind.freesolo, kind.name
 
 
 def test_the_registry_holds_classes_not_dotted_names():
