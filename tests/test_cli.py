@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,15 @@ def test_import_graph_of_the_cli_checkpoints_and_eval():
                                                                     "fsframework/checkpoints/writing.py: "
                                                                     "fsframework.parallel.process_group.barrier"]
     assert _imports_any(sorted((pkg / "eval").glob("*.py")), ("fsframework.train", "fsframework.cli")) == []
+
+
+def test_the_command_line_starts_without_torch_or_numpy():
+    # the commands import what needs torch (models, training) or numpy (shards) when they run, so
+    # `fsf --help`, a usage error or a bad job file answers without loading them (a fresh interpreter:
+    # this one has imported both already)
+    probe = "import sys, fsframework.cli; print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'}))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_yaml_errors_are_one_line_naming_file_line_and_column(tmp_path):

@@ -2,10 +2,10 @@
 
     fsf_kernels < ops < config < models < data, parallel < checkpoints < export < eval < train < cli
 
-`data` and `parallel` are peers and import neither each other. The one import that
-goes up is `config` reading the table of model kinds (`fsframework.models.registry`,
-which imports no torch) to validate `model.name`. Library code imports nothing of
-`experiments/`, and the user tools in `tools/` import no private names.
+`data` and `parallel` are peers and import neither each other. No import goes up: `config`
+validates `model.name` against its own table of kind facts (`fsframework.config.kinds`), which
+the model registry reads. Library code imports nothing of `experiments/`, and the user tools in
+`tools/` import no private names.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ LAYERS = {
     "fsframework": 8,  # the package's own __init__
 }
 PEERS = {"fsframework.data", "fsframework.parallel"}
-ALLOWED_UPWARD = {("fsframework.config", "fsframework.models.registry")}
+ALLOWED_UPWARD: set[tuple[str, str]] = set()  # (importer layer, imported module) pairs allowed to go up
 
 
 def layer_of(module: str) -> str | None:

@@ -8,7 +8,8 @@
   (with FS-B's calibration) and `init_from` on top of it;
 - `writing`: atomic save, manifest, pruning, the tokenizer file (the trainer's; imported as a module).
 
-Torch and DeepSpeed are imported where they are used, so importing this package does not load them.
+Torch, DeepSpeed and the models are imported where they are used, so importing this package does not load
+them (the command line imports it at start-up); `writing`, which the package does not import, uses torch.
 """
 
 from fsframework.checkpoints.layout import (CALIBRATION_FILE, CONFIG_FILE, ENGINE_TAG, EXPORT_HF_CONFIG,

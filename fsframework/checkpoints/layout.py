@@ -37,10 +37,9 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fsframework.config import Config
+from fsframework.config import Config, load_run_config
 
 MANIFEST = "MANIFEST.json"
 CONFIG_FILE = "config.yaml"  # in a run directory and in every checkpoint
@@ -135,8 +134,6 @@ class RunDir:
 def read_config(path: str | Path, overrides: Optional[list[str]] = None) -> "Config":
     """A config.yaml saved by a run (run directory or checkpoint), older schema versions migrated;
     `path` may name the run or checkpoint directory instead of the file."""
-    from fsframework.config import load_run_config
-
     path = Path(path)
     return load_run_config(path / CONFIG_FILE if path.is_dir() else path, overrides)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from fsframework.checkpoints.layout import CALIBRATION_FILE, CheckpointError
 from fsframework.checkpoints.reading import Checkpoint, initial_weights, plain_keys
+from fsframework.config.kinds import kind_facts
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -79,14 +80,14 @@ def load_model(source: "str | Path | Checkpoint", device: Any = "cpu",
     """(model, config) of a run directory, checkpoint or export (or an open `Checkpoint`): the model
     of its config (`overrides` applied) with its weights, fp32, eval mode, FS-B's thresholds set.
     The config's `data.tokenizer` names the checkpoint's saved copy of its tokenizer when it has one."""
-    from fsframework.models.registry import attention_kind, build_model
+    from fsframework.models.registry import build_model  # torch: importing this package loads none (fsf starts fast)
 
     ckpt = source if isinstance(source, Checkpoint) else Checkpoint.open(source)
     cfg = ckpt.config(overrides)
     model = build_model(cfg.model)
     built = f"model {cfg.model.name}" + (f" with {' '.join(overrides)}" if overrides else "")
     load_weights(model, ckpt.state_dict(), f"checkpoint {ckpt.weights_source}", model_name=built)
-    if attention_kind(cfg.model.name).calibrated and cfg.model.attention.fsb.forests != "f0":
+    if kind_facts(cfg.model.name).calibrated and cfg.model.attention.fsb.forests != "f0":
         apply_calibration(model, ckpt, cfg.model.attention.fsb.calibration)
     return model.to(device).eval(), cfg
 
@@ -95,7 +96,7 @@ def apply_calibration(model, ckpt: Checkpoint, path: str = "") -> Path:
     """Set FS-B's thresholds of `model` from `path` (default: the checkpoint's calibration.json);
     `model.fsb_calibration_file` records the file. Raises CheckpointError when it is missing or
     unreadable, ValueError when its tau does not fit the model."""
-    from fsframework.models.freesolo_attention import set_fsb_thresholds
+    from fsframework.models.freesolo_attention import set_fsb_thresholds  # torch, as build_model above
 
     file = Path(path) if path else ckpt.path / CALIBRATION_FILE
     if not file.is_file():

@@ -133,7 +133,7 @@ def read_export_weights(path: Path) -> dict[str, "torch.Tensor"]:
     export, model_type "llama") mapped back, the "model." prefix of the other kinds' files dropped.
     Tied weights are stored once; `load_weights` ties them back. Read with safetensors (no pickle);
     a truncated or foreign file raises CheckpointError."""
-    from fsframework.models.llama import from_llama_name
+    from fsframework.models.llama import from_llama_name  # fsframework.models loads torch: not at import
 
     file = Path(path) / EXPORT_WEIGHTS
     try:

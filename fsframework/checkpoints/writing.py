@@ -15,9 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from fsframework.checkpoints.layout import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
                                             CheckpointError, client_state_name, file_digest, list_checkpoints,
                                             step_name, verify)
+from fsframework.parallel.process_group import barrier
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
@@ -84,10 +87,6 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
     """Write checkpoint `step` atomically (collective: every rank calls it), then prune to the
     newest `keep` verified checkpoints, never deleting `protect` (see `prune`). `tokenizer`, from
     `read_tokenizer`, is written in too."""
-    import torch
-
-    from fsframework.parallel.process_group import barrier
-
     name = step_name(step)
     tmp = ckpt_root / f"{TMP_PREFIX}{name}"
     final = ckpt_root / name

@@ -10,6 +10,7 @@ import sys
 
 import typer
 
+from fsframework import __version__
 from fsframework.cli import calibrate as _calibrate
 from fsframework.cli import config as _config
 from fsframework.cli import eval as _eval
@@ -27,8 +28,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 def _print_version(value: bool) -> None:
     if value:
-        from fsframework import __version__
-
         typer.echo(f"fsframework {__version__}")
         raise typer.Exit()
 

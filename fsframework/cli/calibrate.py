@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from fsframework.checkpoints import CheckpointError
 from fsframework.cli.common import checkpoint_dir, fail, input_dir
 
 
@@ -26,8 +27,7 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     """
     from rich.console import Console
 
-    from fsframework.checkpoints import CheckpointError
-    from fsframework.eval.calibrate import calibrate as run_calibration
+    from fsframework.eval.calibrate import calibrate as run_calibration  # torch: `fsf --help` starts without it
 
     checkpoint_dir(checkpoint)
     if data is not None:

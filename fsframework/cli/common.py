@@ -19,6 +19,9 @@ from typing import List, NoReturn, Optional
 
 import typer
 
+from fsframework.checkpoints import RunDir, read_config
+from fsframework.config import ConfigError, load_config
+
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 
@@ -98,9 +101,6 @@ def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
 
     The config.yaml of a run directory (one holding checkpoints/, e.g. to resume the run) is
     read as the run saved it: older schema versions are migrated (`fsframework.config.migrate`)."""
-    from fsframework.checkpoints import RunDir, read_config
-    from fsframework.config import ConfigError, load_config
-
     if config is not None and config.is_dir():  # a missing file is the config loader's to name
         fail(f"config file {config}: is a directory, not a YAML job file")
     try:

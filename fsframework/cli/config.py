@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from fsframework.cli.common import load_job_config
+from fsframework.config import to_yaml
 
 
 def config(config: Path = typer.Argument(..., help="YAML job file"),
@@ -16,6 +17,4 @@ def config(config: Path = typer.Argument(..., help="YAML job file"),
 
     Example: fsf config yamls/quickstart.yaml model.name=swa parallel.sp=2
     """
-    from fsframework.config import to_yaml
-
     typer.echo(to_yaml(load_job_config(config, overrides)))

@@ -8,6 +8,8 @@ from typing import List, Optional
 import typer
 
 from fsframework.cli.common import fail, flag, input_dir, input_file, output_dir, output_file
+from fsframework.data.corpus import embedded_documents
+from fsframework.data.tokenizers import train_bpe_tokenizer
 
 data_app = typer.Typer(help="Build MDS training shards from .txt/.jsonl/.jsonl.gz/.parquet files and inspect them.",
                        no_args_is_help=True)
@@ -35,7 +37,7 @@ def build(
 
     Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096 --eval-fraction 0.02
     """
-    from fsframework.data.build import DataBuildError, build_shards
+    from fsframework.data.build import DataBuildError, build_shards  # numpy: `fsf --help` starts without it
 
     for path in inputs:
         input_file(path, "input")
@@ -63,7 +65,7 @@ def inspect(
 
     Example: fsf data inspect shards/train --tokenizer tokenizer.json --sample 3
     """
-    from fsframework.data.inspect_shards import ShardError, inspect as run_inspect
+    from fsframework.data.inspect_shards import ShardError, inspect as run_inspect  # numpy, as above
 
     input_dir(directory, "DIRECTORY", "an MDS dataset directory")
     tokenizer_file(tokenizer)
@@ -88,8 +90,7 @@ def tokenizer(
 
     Example: fsf data tokenizer tokenizer.json --vocab-size 4096 --input notes.jsonl
     """
-    from fsframework.data.build import DataBuildError, read_texts
-    from fsframework.data.tokenizers import train_bpe_tokenizer
+    from fsframework.data.build import DataBuildError, read_texts  # numpy, as above
 
     output_file(out, "OUT", replace=False)  # datasets built with a tokenizer record its hash
     for path in inputs:
@@ -100,8 +101,6 @@ def tokenizer(
         except DataBuildError as exc:
             fail(str(exc))
     else:
-        from fsframework.data.corpus import embedded_documents
-
         texts = embedded_documents(python_chars, retrieval_docs, doc_chars=1000)
     try:
         tok = train_bpe_tokenizer(texts, vocab_size, out)

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from fsframework.checkpoints import Checkpoint, CheckpointError
 from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file
 from fsframework.eval.ruler import RULER_TASKS
 
@@ -34,8 +35,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
 
     Example: fsf eval runs/quickstart --tasks perplexity,passkey --lengths 512,1024,2048
     """
-    from fsframework.checkpoints import CheckpointError
-    from fsframework.eval.runner import evaluate_checkpoint
+    from fsframework.eval.runner import evaluate_checkpoint  # torch: `fsf --help` starts without it
 
     checkpoint_dir(checkpoint)
     if out is not None:
@@ -63,9 +63,8 @@ def run_harness_command(checkpoint: Path, tasks: str, include: Optional[Path], o
 
     from rich.console import Console
 
-    from fsframework.checkpoints import Checkpoint, CheckpointError
-    from fsframework.eval.harness import run_harness
-    from fsframework.export import ExportError
+    from fsframework.eval.harness import run_harness  # torch (as fsframework.export): not at start-up
+    from fsframework.export import ExportError  # torch, as run_harness
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if include is not None:

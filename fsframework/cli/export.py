@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from fsframework.checkpoints import CheckpointError, resolve_checkpoint
 from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_dir, output_dir
 
 EXPORT_SUBDIR = "export"  # `fsf convert RUN` without OUT_DIR: <checkpoint>/export
@@ -34,8 +35,6 @@ def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoi
     """
     checkpoint_dir(checkpoint)
     if out_dir is None:
-        from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-
         try:
             out_dir = resolve_checkpoint(checkpoint) / EXPORT_SUBDIR
         except CheckpointError as exc:
@@ -44,8 +43,7 @@ def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoi
 
 
 def _export(checkpoint: Path, out_dir: Path, dtype: str) -> None:
-    from fsframework.checkpoints import CheckpointError
-    from fsframework.export import ExportError, ProofFailed, export_checkpoint
+    from fsframework.export import ExportError, ProofFailed, export_checkpoint  # torch: not at start-up
 
     output_dir(out_dir, "OUT_DIR")
     try:
@@ -71,8 +69,7 @@ def import_(hf_dir: Path = typer.Argument(..., help="transformers Llama checkpoi
 
     Example: fsf import ./Llama-3.2-1B exports/llama-1b
     """
-    from fsframework.checkpoints import CheckpointError
-    from fsframework.export import ExportError, ProofFailed, import_llama
+    from fsframework.export import ExportError, ProofFailed, import_llama  # torch: not at start-up
 
     input_dir(hf_dir, "HF_DIR", "a transformers checkpoint directory")
     output_dir(out_dir, "OUT_DIR")

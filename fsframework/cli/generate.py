@@ -7,7 +7,9 @@ from typing import List, Optional
 
 import typer
 
+from fsframework.checkpoints import Checkpoint, CheckpointError, load_model
 from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_file
+from fsframework.data.tokenizers import load_tokenizer
 
 
 def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint directory or export"),
@@ -28,8 +30,6 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
     """
     from rich.console import Console
 
-    from fsframework.checkpoints import Checkpoint, CheckpointError, load_model
-
     checkpoint_dir(checkpoint)
     if (prompt is None) == (prompt_file is None):
         fail("give the prompt with exactly one of --prompt TEXT or --prompt-file FILE")
@@ -45,8 +45,7 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
     try:
         import torch
 
-        from fsframework.data.tokenizers import load_tokenizer
-        from fsframework.eval.generate import GenerationStats, check_request, stream_tokens
+        from fsframework.eval.generate import GenerationStats, check_request, stream_tokens  # torch: not at start-up
 
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         ckpt = Checkpoint.open(checkpoint)

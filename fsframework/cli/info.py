@@ -24,7 +24,7 @@ def triton_status() -> str:
     except ImportError:
         return "no (triton not installed; reference ops are used)"
     if torch.cuda.is_available():
-        from fsframework.ops.launch_check import kernel_launch_check
+        from fsframework.ops.launch_check import kernel_launch_check  # torch: `fsf --help` starts without it
 
         return kernel_launch_check()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -33,7 +33,7 @@ def triton_status() -> str:
 
 
 def collect_info() -> dict[str, str]:
-    from fsframework.parallel.process_group import setup_environment
+    from fsframework.parallel.process_group import setup_environment  # torch, as above
 
     setup_environment()
     import torch

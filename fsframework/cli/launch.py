@@ -9,6 +9,9 @@ from typing import List, Optional
 import typer
 
 from fsframework.cli.common import fail, flag, input_file, load_job_config
+from fsframework.launcher.errors import LaunchError
+from fsframework.launcher.launch import LaunchOptions, launch
+from fsframework.launcher.scripts import SlurmOptions
 
 
 def launch_command(
@@ -37,9 +40,6 @@ def launch_command(
 
     Example: fsf launch yamls/quickstart.yaml --nodes 2 --gpus-per-node 8 --slurm --time 12:00:00
     """
-    from fsframework.launcher.errors import LaunchError
-    from fsframework.launcher.launch import LaunchOptions, launch
-    from fsframework.launcher.scripts import SlurmOptions
 
     cfg = load_job_config(config, overrides)
     if hostfile is not None:

@@ -10,7 +10,11 @@ from typing import Callable, Iterator, List, Optional, TypeVar
 
 import typer
 
+from fsframework.checkpoints import CheckpointError, resolve_checkpoint
 from fsframework.cli.common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, fail, load_job_config, parents_are_directories
+from fsframework.config import ConfigError
+from fsframework.config.kinds import check_trainable
+from fsframework.parallel.health import RankFailure
 
 T = TypeVar("T")
 
@@ -20,10 +24,8 @@ def guarded(step: Callable[[], T]) -> T:
     (a checkpoint, data shard, missing file or invalid value) 2, a failed rank or a non-finite
     loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
     SLURM batch script requeues on; SIGINT: 130), its message already printed."""
-    from fsframework.checkpoints import CheckpointError
-    from fsframework.config import ConfigError
+    # numpy and torch (the train package): `fsf --help` starts without them
     from fsframework.data.inspect_shards import ShardError
-    from fsframework.parallel.health import RankFailure
     from fsframework.train.nonfinite import NonFiniteLoss
     from fsframework.train.preemption import EXIT_INTERRUPTED, RunStopped
 
@@ -43,9 +45,6 @@ def guarded(step: Callable[[], T]) -> T:
 def trainable_config(config: Path, overrides: Optional[List[str]]):
     """The job's config; exits 2 when its model is a read path only (FS-B: train fs, read it with fsb),
     or when a path it names is of the wrong kind: run_dir a file, train.init_from missing."""
-    from fsframework.config import ConfigError
-    from fsframework.models.registry import check_trainable
-
     cfg = load_job_config(config, overrides)
     try:
         check_trainable(cfg.model.name)
@@ -62,8 +61,6 @@ def trainable_config(config: Path, overrides: Optional[List[str]]):
 def initial_checkpoint(path: Path) -> None:
     """`train.init_from`: a weights file, or a directory holding a complete checkpoint (found
     before the engine is built: a run dir or an export of any size is named in one line)."""
-    from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-
     if not path.exists():
         fail(f"train.init_from {path}: not found")
     if path.is_dir():
@@ -95,6 +92,7 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf train yamls/quickstart.yaml train.max_steps=50 run_dir=runs/try
     """
     cfg = trainable_config(config, overrides)
+    # torch: `fsf --help` and a bad job's error start without it
     from fsframework.parallel.process_group import multi_rank_job
     from fsframework.train.trainer import train as run_training
 
@@ -109,11 +107,11 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf run yamls/quickstart.yaml
     """
     cfg = trainable_config(config, overrides)
+    # torch: `fsf --help` and a bad job's error start without it
     from fsframework.data.loader import check_data_fits
     from fsframework.eval.runner import evaluate_checkpoint, summary_table
-    from fsframework.train.trainer import train as run_training
-
     from fsframework.parallel.process_group import multi_rank_job
+    from fsframework.train.trainer import train as run_training
 
     if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
         guarded(lambda: check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))

@@ -11,6 +11,7 @@
     parallel   ParallelConfig (`parallel.*`) and `check_world_size`
     train      TrainConfig (`train.*`), ResearchConfig (`research.*`)
     evaluation EvalConfig (`eval.*`)
+    kinds      KindFacts, kind_facts: what validation knows of each `model.name` (no model imported)
     job        Config, the job assembled from the groups, and `validate`
     schema     SCHEMA_VERSION and the migration of saved configs of older versions
     yaml_io    load_config (job file + overrides), load_run_config (a run's config.yaml), to_yaml

@@ -32,7 +32,7 @@ class Config:
 
 def validate(cfg: Config) -> Config:
     """Check relations between values; raise ConfigError naming the key and what is allowed.
-    Imports no torch (the model kinds come from the registry's table)."""
+    Imports no torch (the model kinds come from the table of kind facts, `fsframework.config.kinds`)."""
     if cfg.schema_version != SCHEMA_VERSION:
         raise ConfigError(f"schema_version={cfg.schema_version} is not this version's {SCHEMA_VERSION}: a run's "
                           "saved config.yaml of an older version is migrated when the run is read back "

@@ -1,8 +1,7 @@
 """The model's settings (`model.*`): sizes and init, the attention group and AR-GRC's group.
 
-`model.name` is a kind of `fsframework.models.registry`, the one place that knows the kinds;
-the checks ask it (a table that imports no torch) when they run, not at import time, since
-the registry imports this package.
+`model.name` is a kind of the table of kind facts (`fsframework.config.kinds`), which the model
+registry (`fsframework.models.registry`) reads too.
 """
 
 from __future__ import annotations
@@ -12,11 +11,12 @@ from dataclasses import dataclass, field
 from fsframework.config.argrc import ArgrcConfig, check_argrc
 from fsframework.config.attention import AttentionConfig, check_attention
 from fsframework.config.checks import ConfigError, choice, positive_fields
+from fsframework.config.kinds import KIND_NAMES, is_freesolo
 
 
 @dataclass
 class ModelConfig:
-    name: str = "tfpp"  # a kind of fsframework.models.registry
+    name: str = "tfpp"  # a kind of fsframework.config.kinds
     vocab_size: int = 260
     d_model: int = 256
     n_layers: int = 4
@@ -40,24 +40,8 @@ class ModelConfig:
         return ((8 * self.d_model // 3) + 63) // 64 * 64
 
 
-def is_freesolo(name: str) -> bool:
-    """Whether model `name` is a FreeSolo kind (query blocks, cells, routing)."""
-    from fsframework.models.registry import KINDS
-
-    return name in KINDS and KINDS[name].freesolo
-
-
-def has_decoder_blocks(name: str) -> bool:
-    """Whether model `name` is a TransformerLM of decoder blocks (not a language model of its own)."""
-    from fsframework.models.registry import KINDS
-
-    return name in KINDS and KINDS[name].language_model is None
-
-
 def check_model(m: ModelConfig) -> None:
-    from fsframework.models.registry import MODEL_NAMES
-
-    choice("model.name", m.name, MODEL_NAMES)
+    choice("model.name", m.name, KIND_NAMES)
     positive_fields("model", m, ("vocab_size", "d_model", "n_layers", "n_heads"))
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} must be a multiple of model.n_heads={m.n_heads}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from fsframework.config.checks import ConfigError, choice, positive, positive_fields
-from fsframework.config.model import has_decoder_blocks, is_freesolo
+from fsframework.config.kinds import has_decoder_blocks, is_freesolo
 
 if TYPE_CHECKING:
     from fsframework.config.job import Config

@@ -29,6 +29,11 @@ import numpy as np
 import torch
 
 from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint, load_model
+from fsframework.config.kinds import kind_facts
+from fsframework.data.mixture import HeldOutStream, heldout_streams
+from fsframework.data.mqar import recall_rows
+from fsframework.eval.perplexity import heldout_tokens
+from fsframework.models.freesolo_attention import freesolo_layers
 from fsframework.parallel.process_group import init_distributed, shutdown
 
 HEATMAP_FILE = "calibration.png"
@@ -174,8 +179,6 @@ def _gather(values: list[torch.Tensor], world: int, window_rows: int) -> list[to
 def recall_windows(spec, windows: int, seq_len: int, seed: int) -> torch.Tensor:
     """`[windows, seq_len]` associative-recall rows of the run's `data.mqar` sizes (`recall_rows`),
     drawn with `seed`: what a model trained on them is calibrated on."""
-    from fsframework.data.mqar import recall_rows
-
     return recall_rows(torch.Generator().manual_seed(seed), spec, windows, seq_len - 1).tokens
 
 
@@ -217,11 +220,6 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
     """`calibrate`'s work, in whatever process group it finds or starts."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fsframework.data.mixture import HeldOutStream, heldout_streams
-    from fsframework.eval.perplexity import heldout_tokens
-    from fsframework.models.freesolo_attention import freesolo_layers
-    from fsframework.models.registry import attention_kind
-
     if (windows is not None and windows < 1) or (seq_len is not None and seq_len < 1) or batch_size < 1:
         raise ValueError(f"--windows ({windows}), --seq-len ({seq_len}) and the batch size ({batch_size}) must be >= 1")
     rank, world = _world()
@@ -233,7 +231,7 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
     # a run trained on generated recall rows is calibrated on such rows (it has no held-out text)
     recall = cfg.data.source == "mqar" and not data
     streams = [HeldOutStream("data", 1.0, data)] if data else [] if recall else heldout_streams(cfg, build=False)
-    if attention_kind(cfg.model.name).calibrated:
+    if kind_facts(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "
                          f"not with model.name={cfg.model.name}")
     model, cfg = load_model(ckpt, device)

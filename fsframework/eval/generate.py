@@ -15,6 +15,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from fsframework.config.kinds import kind_facts
 from fsframework.eval.decoding import cached_tokens
 from fsframework.models.decode_cache import cache_bytes
 
@@ -37,9 +38,7 @@ class GenerationStats:
 def max_positions(cfg) -> Optional[int]:
     """The longest sequence `cfg`'s model can take, None when unbounded: a kind with absolute
     positions (sinusoidal) only knows the positions it was trained on, `data.seq_len`."""
-    from fsframework.models.registry import attention_kind
-
-    return cfg.data.seq_len if attention_kind(cfg.model.name).absolute_positions else None
+    return cfg.data.seq_len if kind_facts(cfg.model.name).absolute_positions else None
 
 
 def check_request(cfg, prompt_tokens: int, max_new_tokens: int, temperature: float, top_p: float) -> None:

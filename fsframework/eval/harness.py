@@ -12,6 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from fsframework.checkpoints import Checkpoint
+from fsframework.export import export_checkpoint
+from fsframework.models.registry import attention_kind
+
 
 def run_harness(checkpoint: Path, tasks: list[str], *, include_path: Optional[Path] = None, batch_size: int = 1,
                 limit: Optional[int] = None) -> dict:
@@ -24,16 +28,11 @@ def run_harness(checkpoint: Path, tasks: list[str], *, include_path: Optional[Pa
         raise ValueError("--harness needs lm-evaluation-harness: pip install lm-eval accelerate") from exc
     import torch
 
-    from fsframework.checkpoints import Checkpoint
-    from fsframework.export import export_checkpoint
-
     manager = _task_manager(TaskManager, tasks, include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:  # before the export: a typo costs nothing
         raise ValueError(f"--harness: unknown task {', '.join(unknown)} (a task of one's own needs "
                          "--harness-include TASK_DIR)")
-    from fsframework.models.registry import attention_kind
-
     # a native architecture (tfpp: Llama) loads with transformers' own code; the others with theirs
     native = attention_kind(Checkpoint.open(checkpoint).config().model.name).native_export is not None
     with tempfile.TemporaryDirectory(prefix="fsf-harness-") as tmp:

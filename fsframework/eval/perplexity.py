@@ -8,12 +8,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import fsframework.data  # noqa: F401  (streaming without its dataset zoo: fsframework/data/streaming_package.py)
 from fsframework.models.language_model import LanguageModel
 
 
 def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
     """The held-out MDS split as one token stream, in order (at most `max_tokens`)."""
-    import fsframework.data  # noqa: F401  (streaming without its dataset zoo: fsframework/data/streaming_package.py)
     from streaming import StreamingDataset
 
     dataset = StreamingDataset(local=data_dir, shuffle=False, batch_size=1)

@@ -50,6 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from fsframework.data.stdlib_text import stdlib_prose
 from fsframework.data.templates import NIAH_NEEDLE, NIAH_NOISE, NIAH_TEMPLATE
 
 # RULER's DEPTHS: 40 evenly spaced integer percentages, used for the extra needles of a sample
@@ -159,8 +160,6 @@ def _split_sentences(text: str, max_chars: int = 200) -> list[str]:
 
 @lru_cache(maxsize=4)
 def _prose_sentences(max_chars: int) -> tuple[str, ...]:
-    from fsframework.data.stdlib_text import stdlib_prose
-
     # whitespace collapsed as RULER does for its essays
     text = re.sub(r"\s+", " ", " ".join(stdlib_prose(max_chars))).strip()
     return tuple(_split_sentences(text))

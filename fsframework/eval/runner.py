@@ -7,6 +7,15 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from rich.console import Console
+from rich.table import Table
+
+from fsframework.checkpoints import Checkpoint, RunDir, load_model, training_step
+from fsframework.config.kinds import kind_facts
+from fsframework.data.mixture import heldout_streams
+from fsframework.data.tokenizers import load_tokenizer
+from fsframework.eval.suite import run_eval
+from fsframework.eval.tensorboard import log_eval_results  # tensorboard itself is imported when it writes
 
 
 def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
@@ -14,11 +23,6 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                         name: Optional[str] = None) -> dict:
     """Evaluate `checkpoint` (run, checkpoint or export); scores to `out`, and to the run's
     tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label)."""
-    from fsframework.checkpoints import Checkpoint, load_model
-    from fsframework.data.mixture import heldout_streams
-    from fsframework.data.tokenizers import load_tokenizer
-    from fsframework.eval.suite import run_eval
-
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
     # held-out text is needed (and, for the embedded corpus, built) only for perplexity: every
@@ -34,8 +38,6 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                        device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
                        mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
     if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
-        from fsframework.eval.tensorboard import log_eval_results
-
         log_eval_results(ckpt.run.tensorboard, results, checkpoint_step(ckpt.path),
                          label=name or eval_label(read_path(model, cfg), num_samples))
     return results
@@ -43,8 +45,6 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
 
 def checkpoint_step(ckpt: Path) -> int:
     """The optimizer step of checkpoint folder `step_NNNNNNNN`, or the one an export records (0 else)."""
-    from fsframework.checkpoints import training_step
-
     return training_step(ckpt)
 
 
@@ -59,9 +59,7 @@ def eval_label(path: dict, num_samples: int) -> str:
 
 def read_path(model, cfg) -> dict:
     """How the model reads long range, for the scores file: the kind, and FS-B's search and tau file."""
-    from fsframework.models.registry import attention_kind
-
-    kind = attention_kind(cfg.model.name)
+    kind = kind_facts(cfg.model.name)
     path = kind.read_path(cfg.model.attention)
     if kind.calibrated:
         path["tau_file"] = model.fsb_calibration_file
@@ -70,11 +68,6 @@ def read_path(model, cfg) -> dict:
 
 def summary_table(run_dir: Path, scores: dict) -> None:
     """The main job's closing table: training loss first/last, throughput, eval scores."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from fsframework.checkpoints import RunDir
-
     records = [json.loads(line) for line in RunDir(run_dir).metrics.read_text().splitlines() if line.strip()]
     table = Table(title=f"summary of {run_dir}")
     table.add_column("metric")

@@ -18,9 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from torch import nn
 
+from fsframework.data.mixture import HeldOutStream
 from fsframework.eval import decoding
 from fsframework.eval.ffact import FACT_COUNTS, FFACT_GEN_TOKENS, ffact_samples, queries_per_prefix
+from fsframework.eval.mqar import mqar_scores
 from fsframework.eval.passkey import PASSKEY_GEN_TOKENS, passkey_samples
+from fsframework.eval.perplexity import perplexity_vs_length
 from fsframework.eval.ruler import NIAH_GEN_TOKENS, RULER_TASKS, NaturalHaystack, PromptTooLong, niah_samples
 from fsframework.eval.scoring import mean, passkey_match, postprocess_pred, sample_match_all
 
@@ -108,9 +111,6 @@ def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir
     """Perplexity per length of every held-out stream (`data_dir`: one MDS split, or the run's
     `HeldOutStream`s), and of their mixture (`mixture_perplexity`) as the task's score; with
     several streams each one's values go to `breakdown["perplexity"][label]`."""
-    from fsframework.data.mixture import HeldOutStream
-    from fsframework.eval.perplexity import perplexity_vs_length
-
     streams = [HeldOutStream("data", 1.0, data_dir)] if isinstance(data_dir, str) else list(data_dir)
     # num_samples sequences per length, in batches of batch_size
     num_batches = max(1, math.ceil(num_samples / batch_size))
@@ -151,8 +151,6 @@ def mixture_perplexity(values: dict[str, float], weights: dict[str, float]) -> f
 
 
 def _run_mqar(model, spec, reach, lengths, num_samples, seed, batch_size, device, advance, results):
-    from fsframework.eval.mqar import mqar_scores
-
     if spec is None:
         raise ValueError("task 'mqar' needs the run's data.mqar sizes (mqar=...)")
     scores, floors, in_row, breakdown = {}, {}, {}, {}
@@ -265,7 +263,7 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
             results["ruler_mean"][n] = mean(values)
     print_table(results, console)
     if plots_dir:
-        from fsframework.eval.plots import write_plots
+        from fsframework.eval.plots import write_plots  # matplotlib takes ~1 s to import: only for plots
 
         results["plots"] = write_plots(results, plots_dir)
     if out_path:

@@ -22,6 +22,7 @@ from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.writer import (ExportError, ExportResult, ProofFailed, export_tensors, hf_config,
                                        save_weights, staged_out_dir)
 from fsframework.models.llama import NotTransformerPlusPlus, from_llama_name, model_config_from_llama
+from fsframework.models.registry import build_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 # buffers some older Llama checkpoints store: recomputed from rope_theta, not weights
@@ -55,8 +56,6 @@ def import_llama(hf_dir: str | Path, out: str | Path, *, dtype: str = "fp32", to
     """Write export directory `out` (a tfpp model) from Llama checkpoint `hf_dir`, proved:
     transformers' LlamaForCausalLM on `hf_dir` and our tfpp read back from `out` give logits
     within `tolerance` (fp32)."""
-    from fsframework.models.registry import build_model
-
     started = time.perf_counter()
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / EXPORT_HF_CONFIG).is_file():

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from fsframework.export.remote import build_language_model
+
 
 class FSFrameworkConfig(PretrainedConfig):
     """config.json of the export: `fsframework` holds the model config and the versions."""
@@ -33,8 +35,6 @@ class FSFrameworkForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config):
         super().__init__(config)
-        from fsframework.export.remote import build_language_model
-
         self.model = build_language_model(config.fsframework["model"], config.fsframework.get("schema_version"))
         self.post_init()
 

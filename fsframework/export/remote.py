@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fsframework.config import ModelConfig, migrate
+from fsframework.models.registry import build_model
 
 MODELING_FILE = "modeling_fsframework.py"
 TENSOR_PREFIX = "model."  # FSFrameworkForCausalLM holds the fsframework model as `self.model`
@@ -32,8 +33,6 @@ def model_config_from_dict(data: dict[str, Any], schema_version: Optional[int] =
 
 def build_language_model(data: dict[str, Any], schema_version: Optional[int] = None):
     """The fsframework model of config.json's `fsframework.model` (random weights, eval mode)."""
-    from fsframework.models.registry import build_model
-
     return build_model(model_config_from_dict(data, schema_version)).eval()
 
 

@@ -34,11 +34,11 @@ from fsframework.checkpoints import (CALIBRATION_FILE, CONFIG_FILE, EXPORT_HF_CO
                                      Checkpoint, CheckpointError, checkpoint_tokenizer, load_model, load_weights,
                                      read_config, training_step)
 from fsframework.config import SCHEMA_VERSION, Config, ModelConfig, to_yaml
-from fsframework.export.hf_tokenizer import generation_config
+from fsframework.export.hf_tokenizer import generation_config, write_tokenizer_files
 from fsframework.export.proof import logits_of, max_difference, proof_batch
 from fsframework.export.remote import TENSOR_PREFIX, remote_code_config, write_modeling_file
 from fsframework.models.llama import model_config_dict
-from fsframework.models.registry import attention_kind
+from fsframework.models.registry import attention_kind, build_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -115,8 +115,6 @@ def absolute_paths(cfg: Config, base: Path) -> Config:
 
 def _write_tokenizer(ckpt: Checkpoint, cfg: Config, spec: str, tmp: Path) -> int:
     """The tokenizer files (fsframework.export.hf_tokenizer); returns the EOS id."""
-    from fsframework.export.hf_tokenizer import write_tokenizer_files
-
     source = None
     if spec != "byte":
         source = Path(checkpoint_tokenizer(ckpt.path, spec))
@@ -181,8 +179,6 @@ def staged_out_dir(out: Path) -> Iterator[Path]:
 def export_checkpoint(source: str | Path, out: str | Path, *, dtype: str = "fp32",
                       log: Callable[[str], Any] = lambda _m: None) -> ExportResult:
     """Export the checkpoint at `source` (run dir, checkpoint or export) to `out`, proved."""
-    from fsframework.models.registry import build_model
-
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     started = time.perf_counter()

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from fsframework.config import COMBINE_MODES, ModelConfig
+from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
-from fsframework.models.registry import attention_kind
 from fsframework.ops.freesolo import (cell_readout, select_cells, select_cells_from_summaries, summarize_cells,
                                       unit_gradient_gain)
 from fsframework.ops.offset_attention import window_attention_at
@@ -47,8 +47,8 @@ class FreeSoloAttention(QKVAttention):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         a = cfg.attention
-        # the registry entry names the routing variant (fsframework.models.registry)
-        self.routing = attention_kind(cfg.name).routing
+        # the kind's facts name the routing variant (fsframework.config.kinds)
+        self.routing = kind_facts(cfg.name).routing
         if not self.routing:
             raise ValueError(f"FreeSoloAttention needs a FreeSolo kind (its registry entry names a routing "
                              f"variant), got model.name={cfg.name!r}")

@@ -15,7 +15,6 @@ from dataclasses import asdict
 from typing import Any
 
 from fsframework.config import ModelConfig
-from fsframework.models.registry import native_kind
 
 # our per-layer names -> Llama's (under `model.layers.<i>.`)
 _LAYER_NAMES = {
@@ -131,6 +130,8 @@ def model_config_dict(model: ModelConfig) -> dict[str, Any]:
 
 def _kind() -> str:
     """The registered kind this module writes as Llama (its registry entry's `native_export`)."""
+    from fsframework.models.registry import native_kind  # cycle: the registry imports this module
+
     return native_kind(__name__)
 
 

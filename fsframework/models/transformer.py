@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from fsframework.config import ModelConfig
+from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.models.decode_cache import DecodeCache
 from fsframework.models.language_model import LanguageModel, SequenceParallelism
 from fsframework.models.recompute import recomputed, wants_recompute
-from fsframework.models.registry import attention_kind
 
 
 class DecoderBlock(nn.Module):
@@ -41,10 +41,13 @@ class TransformerLM(LanguageModel):
     activation_checkpointing = False  # recompute each block in backward (fsframework.models.recompute)
 
     def __init__(self, cfg: ModelConfig, attention_factory: Callable[[ModelConfig, int], nn.Module],
-                 absolute_positions: bool = False):
+                 absolute_positions: bool = False, layer_cache: Optional[type] = None):
         super().__init__()
         self.cfg = cfg
         self.absolute_positions = absolute_positions
+        # one layer's decode cache class (the kind's registry entry, `AttentionKind.cache_class`);
+        # passed in because the registry, which builds this model, imports this module
+        self.layer_cache = layer_cache
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.embed_drop = dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderBlock(cfg, attention_factory(cfg, i)) for i in range(cfg.n_layers))
@@ -93,7 +96,9 @@ class TransformerLM(LanguageModel):
         return self.hidden_states(tokens, self.parallelism.key_source(sp))
 
     def decode_state(self, chunk: Optional[int] = None) -> DecodeCache:
-        return DecodeCache(self, attention_kind(self.cfg.name).cache_class(), chunk)
+        if self.layer_cache is None:
+            raise TypeError(f"this {self.cfg.name} model was built without a layer cache class, so it cannot decode")
+        return DecodeCache(self, self.layer_cache, chunk)
 
     def decodable(self) -> bool:
         """Not sequence parallel, and every layer in the offset form a cache can feed."""
@@ -111,7 +116,7 @@ class TransformerLM(LanguageModel):
     def sequence_layouts(self) -> tuple[str, ...]:
         """Zigzag too where a query's work grows with its position: the kinds that read the whole
         prefix (not SWA's window or FS-L's bounded cells)."""
-        if attention_kind(self.cfg.name).keys == "prefix":
+        if kind_facts(self.cfg.name).keys == "prefix":
             return ("contiguous", "zigzag")
         return ("contiguous",)
 

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import types
 
 import pytest
 import torch
 
 from fsframework.config import ModelConfig
 from fsframework.data.tokenizers import load_tokenizer
-from fsframework.eval import decoding
+from fsframework.eval import decoding, suite
 from fsframework.eval.ruler import NIAH_GEN_TOKENS
 from fsframework.eval.suite import TASKS, UNPROMPTED, run_eval
 from fsframework.models.registry import build_model
@@ -65,8 +63,7 @@ def test_perplexity_task_calls_the_pinned_function(tmp_path, monkeypatch):
         calls.append((lengths, data_dir, num_batches, batch_size, device))
         return {n: 10.0 + n / 1024 if n < 1000 else float("nan") for n in lengths}
 
-    monkeypatch.setitem(sys.modules, "fsframework.eval.perplexity",
-                        types.SimpleNamespace(perplexity_vs_length=fake))
+    monkeypatch.setattr(suite, "perplexity_vs_length", fake)
     results = run_eval(_tiny_model(), TOK, tasks=["perplexity"], lengths=[512, 256, 4096], num_samples=5, seed=0,
                        batch_size=2, out_path=None, plots_dir=str(tmp_path), data_dir="data/eval", device="cpu")
     assert calls == [([256, 512, 4096], "data/eval", 3, 2, "cpu")]

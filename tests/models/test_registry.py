@@ -1,13 +1,19 @@
-"""The registry entry is all a kind needs: module, key span, positions."""
+"""The registry entry is all a kind needs: its facts (`fsframework.config.kinds`) and its classes."""
 
 from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from fsframework.config import AttentionConfig, ConfigError, ModelConfig
+from fsframework.config import AttentionConfig, Config, ConfigError, ModelConfig, validate
+from fsframework.config.kinds import KIND_FACTS, KindFacts, kind_facts
 from fsframework.models import registry
 from fsframework.models.attention import SlidingWindowAttention
+from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.context import RetainedCells
 from fsframework.models.decode_cache import decode_cache
 
@@ -29,15 +35,45 @@ def test_built_modules_carry_their_span():
     assert all(isinstance(layer.attn, SlidingWindowAttention) and layer.attn.key_span == 6 for layer in model.layers)
 
 
-def test_unknown_kind_names_the_registered_ones():
-    with pytest.raises(ConfigError, match="tfpp, swa"):
-        registry.attention_kind("nope")
+@pytest.mark.parametrize("lookup", [registry.attention_kind, kind_facts])
+def test_unknown_kind_is_one_line_naming_the_registered_ones(lookup):
+    with pytest.raises(ConfigError) as error:
+        lookup("nope")
+    assert str(error.value) == f"model.name='nope' is not registered; choose one of {', '.join(KIND_FACTS)}"
+    assert "\n" not in str(error.value) and "tfpp, swa" in str(error.value)
+
+
+def test_validation_refuses_an_unknown_kind_by_the_table():
+    with pytest.raises(ConfigError, match="model.name='nope' is not allowed; choose one of tfpp, swa"):
+        validate(Config(model=ModelConfig(name="nope")))
+
+
+def test_the_registry_takes_its_facts_from_the_config_table():
+    assert registry.MODEL_NAMES == tuple(KIND_FACTS)
+    assert all(kind.facts is KIND_FACTS[name] for name, kind in registry.KINDS.items())
+    assert registry.attention_kind("fsb").routing == "fsb" and not registry.attention_kind("fsb").trainable
+    for kind in registry.KINDS.values():  # the classes agree with the facts they are filed under
+        assert (kind.language_model is None) == kind.decoder_blocks, kind.name
+        assert (kind.module is None) == (kind.keys == ""), kind.name
+        assert (kind.module is FreeSoloAttention) == kind.freesolo, kind.name
+
+
+def test_the_registry_holds_classes_not_dotted_names():
+    # a "package.module:Class" string hides the import from the reader, the linter and the layering test
+    source = (Path(registry.__file__)).read_text()
+    tree = ast.parse(source)
+    dotted = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+              and re.fullmatch(r"fsframework(\.\w+)+[:.]\w+", n.value)]
+    assert not dotted, dotted
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    assert "importlib" not in imported and "import_module" not in source
+    for kind in registry.KINDS.values():
+        assert all(c is None or isinstance(c, type) for c in (kind.module, kind.cache, kind.language_model))
 
 
 def test_a_new_entry_is_enough_for_cached_decoding(monkeypatch):
     # a kind that exists only as an entry: NoPE attention over a window, no new code anywhere
-    entry = registry.AttentionKind("nope_window", "fsframework.models.attention:SlidingWindowAttention", "window",
-                                   "test kind")
+    entry = registry.AttentionKind(KindFacts("nope_window", "window", "test kind"), SlidingWindowAttention)
     monkeypatch.setitem(registry.KINDS, entry.name, entry)
     cfg = ModelConfig(name="nope_window", vocab_size=32, d_model=16, n_layers=2, n_heads=2,
                       attention=AttentionConfig(window=5, impl="reference"))
