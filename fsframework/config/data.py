@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class StreamConfig:
-    """One dataset of a mixture: an MDS directory (local path or s3://... prefix) with
+    """One dataset of a mixture: an MDS directory at `path` (local or s3://... prefix) with
     `train/` and `eval/` splits, drawn with `proportion` (None: by size)."""
 
-    source: str = ""
+    path: str = ""
     proportion: Optional[float] = None
 
 
@@ -58,7 +58,7 @@ class DataConfig:
     # shards at `path`), mqar (associative recall)
     source: str = "embedded"
     path: str = ""  # the data of a source that reads a path: a local MDS directory or an s3:// prefix
-    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, `source` is ignored
+    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, it replaces the source
     cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
     tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
     seq_len: int = 512
@@ -82,8 +82,8 @@ def check_data(cfg: Config) -> None:
     positive_fields("data", d, ("seq_len", "micro_batch_size", "embedded_retrieval_max_fraction"))
     positive("data.num_workers", d.num_workers, zero_ok=True)
     for i, stream in enumerate(d.streams):
-        if not stream.source:
-            raise ConfigError(f"data.streams[{i}].source is empty: give a local directory or an s3:// prefix")
+        if not stream.path:
+            raise ConfigError(f"data.streams[{i}].path is empty: give a local directory or an s3:// prefix")
         if stream.proportion is not None and stream.proportion <= 0:
             raise ConfigError(f"data.streams[{i}].proportion={stream.proportion} must be > 0")
     if not 0.0 <= d.eval_fraction < 1.0:

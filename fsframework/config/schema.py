@@ -3,8 +3,9 @@
 A run's saved config.yaml records `schema_version` (files written before it was recorded are
 version 1). `migrate` brings such a file, as a nested dict, to SCHEMA_VERSION: removed keys
 dropped, moved keys put in their new place (SCHEMA_MIGRATIONS), added keys set to what the old
-version did (SCHEMA_ADDED), values that changed meaning rewritten (SCHEMA_REWRITES). A job file and an override are written in the current schema: a key
-of an older version fails with one line naming its new place (`reject_old_keys`).
+version did (SCHEMA_ADDED), values that changed meaning rewritten (SCHEMA_REWRITES). A job file
+and an override are written in the current schema: a key of an older version fails with one
+line naming its new place (`reject_old_keys`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ SCHEMA_MIGRATIONS: dict[int, dict[str, Optional[str]]] = {
                  ("top_k", "beam_width", "bound_c", "forests", "calibration")),
         **_moved("model.attention.rewired_", "model.attention.rewired.", ("runway", "score", "head")),
     },
-    4: {},  # data.source's path moved to data.path by value (SCHEMA_REWRITES)
+    # data.source's path moved to data.path by value, each stream's source to its path (SCHEMA_REWRITES)
+    4: {"data.streams[].source": "data.streams[].path"},
 }
 
 # SCHEMA_ADDED[v]: the keys added from schema version v to v + 1, with the value every run of
@@ -54,13 +56,18 @@ SCHEMA_ADDED: dict[int, dict[str, Any]] = {
 
 
 def _source_path_to_data_path(data: dict) -> None:
-    """Schema 4 named shards by their path in `data.source`; schema 5 names the source
-    (`data.source=shards`) and puts the path in `data.path` (fsframework.config.sources)."""
+    """Schema 4 named shards by their path in `data.source` and a mixture's datasets by theirs in
+    each `data.streams[i].source`; schema 5 names the source (`data.source=shards`) and puts each
+    path in `path` (fsframework.config.sources)."""
     section = data.get("data")
-    if not isinstance(section, dict) or section.get("source", "embedded") in ("embedded", "mqar"):
-        return  # schema 4's only source names
-    section["path"] = section["source"]
-    section["source"] = "shards"
+    if not isinstance(section, dict):
+        return
+    if section.get("source", "embedded") not in ("embedded", "mqar"):  # schema 4's only source names
+        section["path"] = section["source"]
+        section["source"] = "shards"
+    for stream in section.get("streams") or []:
+        if isinstance(stream, dict) and "source" in stream:
+            stream["path"] = stream.pop("source")
 
 
 # SCHEMA_REWRITES[v]: changes from schema version v to v + 1 that depend on a value, applied to
@@ -96,6 +103,8 @@ def migrate(data: dict) -> dict:
                           f"1 .. {SCHEMA_VERSION}")
     for v in range(version, SCHEMA_VERSION):
         for old, new in SCHEMA_MIGRATIONS[v].items():
+            if "[]" in old:
+                continue  # a key of every entry of a list: SCHEMA_REWRITES moves it
             *parents, leaf = old.split(".")
             node = _node(data, parents, create=False)
             if node is None or leaf not in node:
@@ -112,7 +121,8 @@ def migrate(data: dict) -> dict:
 
 
 def old_key_error(key: str) -> Optional[ConfigError]:
-    """The error for a dotted key that an older schema version had, None for any other key."""
+    """The error for a dotted key that an older schema version had, None for any other key (a key of
+    a list's entries is written `data.streams[].path`)."""
     for version in sorted(SCHEMA_MIGRATIONS):
         changes = SCHEMA_MIGRATIONS[version]
         if key in changes:

@@ -46,7 +46,7 @@ def _dataset_roots(cfg: Config) -> list[str]:
     from fsframework.config.sources import data_path
 
     if cfg.data.streams:
-        return [s.source for s in cfg.data.streams]
+        return [s.path for s in cfg.data.streams]
     return [data_path(cfg)] if data_path(cfg) else []
 
 
@@ -120,7 +120,7 @@ def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> li
         raise FileNotFoundError(f"data.source={cfg.data.source} generates its rows: the run has no text "
                                 "shards to read")
     if cfg.data.streams:
-        return [(_split_location(s.source, split), s.proportion) for s in cfg.data.streams]
+        return [(_split_location(s.path, split), s.proportion) for s in cfg.data.streams]
     return [(prepare_data_dir(cfg, split, build=build), None)]
 
 

@@ -102,7 +102,7 @@ def absolute_paths(cfg: Config, base: Path) -> Config:
     d = cfg.data
     d.path = absolute(d.path)
     for stream in d.streams:
-        stream.source = absolute(stream.source)
+        stream.path = absolute(stream.path)
     d.cache_dir = absolute(d.cache_dir)
     if d.tokenizer != "byte":
         d.tokenizer = absolute(d.tokenizer)

@@ -67,7 +67,7 @@ def _context(tmp_path: Path) -> SourceContext:
 
 
 def test_a_registered_source_is_a_valid_data_source_and_is_built(tables, tmp_path):
-    with pytest.raises(ConfigError, match="data.source='counting' is not a source; choose one of embedded, shards, mqar"):
+    with pytest.raises(ConfigError, match="data.source='counting' is not a source; choose one of embedded, shards"):
         load_config(None, ["data.source=counting"])
     register_source("counting", lambda cfg, ctx: Counting(cfg.data.seq_len))
     cfg = load_config(None, ["data.source=counting", "data.seq_len=8"])
@@ -108,7 +108,7 @@ def test_every_source_has_facts_and_a_builder():
      "data.path=data/fineweb-edu-4k"),
     (["data.source=s3://bucket/shards"], "write data.source=shards data.path=s3://bucket/shards"),
     (["data.source=shards"], "data.source=shards reads the data at data.path, which is not set"),
-    (["data.source=mqar", "data.streams=[{source: data/x}]", "train.eval_every=0"],
+    (["data.source=mqar", "data.streams=[{path: data/x}]", "train.eval_every=0"],
      "data.source=mqar generates its data: remove data.streams"),
 ])
 def test_a_wrong_source_or_path_fails_in_one_line(overrides, message):
@@ -149,6 +149,22 @@ def test_a_schema_4_path_source_is_migrated_to_shards_and_its_path(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("data:\n  source: data/fineweb-edu-4k\n")
     with pytest.raises(ConfigError, match="write data.source=shards data.path=data/fineweb-edu-4k"):
+        load_config(job)
+
+
+def test_a_schema_4_mixture_names_each_dataset_by_its_path(tmp_path):
+    streams = [{"source": "data/prose", "proportion": 3}, {"source": "s3://bucket/digits", "proportion": None}]
+    cfg = load_run_config(_schema_4(tmp_path, {"streams": streams}))
+    assert [(s.path, s.proportion) for s in cfg.data.streams] == [("data/prose", 3), ("s3://bucket/digits", None)]
+    assert cfg.data.source == "embedded", "the mixture replaces the default source, as before"
+    expected = "config key data.streams[].source moved to data.streams[].path in schema_version 5"
+    for overrides in (["data.streams=[{source: data/prose}]"],
+                      ["data.streams=[{path: data/prose}, {source: data/digits, proportion: 1}]"]):
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            load_config(None, overrides)
+    job = tmp_path / "job.yaml"
+    job.write_text("data:\n  streams:\n  - source: data/prose\n")
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         load_config(job)
 
 
