@@ -3,8 +3,8 @@
 A fault is `KIND:RANK:STEP`: `raise` makes rank RANK raise at the start of optimizer step
 STEP (1-based), `hang` makes it sleep forever there (its peers must notice through the
 process-group timeout), `nan` makes that rank's loss of that step NaN (`train.nonfinite`).
-It enters through the trainer's batch-source hook (`Trainer.make_source`, docs/training.md):
-the rank's source raises, hangs or serves a batch whose recall weights are NaN.
+It enters as a wrapper of the source table (`fsframework.data.source_table.register_wrapper`,
+docs/training.md): the rank's source raises, hangs or serves a batch whose recall weights are NaN.
 
 - in the test process: `inject(monkeypatch, "raise:0:1")` before `run_fsf(...)`;
 - in a process of its own (torchrun): `python -m tests.faults ARGS` is `fsf ARGS` with the
@@ -20,9 +20,10 @@ from typing import Callable
 
 import torch
 
+from fsframework.data import source_table
+from fsframework.data.source_table import SourceContext
 from fsframework.data.sources import Batch, BatchSource, WrappedSource
 from fsframework.parallel.health import RankFailure
-from fsframework.train.trainer import Trainer
 
 FAULT_ENV = "FSF_FAULT"
 KINDS = ("raise", "hang", "nan")
@@ -60,24 +61,23 @@ class FaultySource(WrappedSource):
         return {**batch, "weights": torch.full(batch["targets"].shape, float("nan"))}
 
 
-def faulty_make_source(spec: str) -> Callable[[Trainer, list], BatchSource]:
-    """`Trainer.make_source` with fault `spec` injected into the source it builds."""
+def fault_wrapper(spec: str) -> Callable[..., BatchSource]:
+    """A source-table wrapper that injects fault `spec` into every run's source, outermost."""
     kind, rank, step = parse(spec)
-    make_source = Trainer.make_source
 
-    def faulty(self: Trainer, streams: list) -> BatchSource:
-        return FaultySource(make_source(self, streams), kind, rank, step, self.dist.rank)
+    def faulty(cfg, source: BatchSource, ctx: SourceContext) -> BatchSource:
+        return FaultySource(source, kind, rank, step, ctx.rank)
 
     return faulty
 
 
 def inject(monkeypatch, spec: str) -> None:
     """Every Trainer built in this test injects fault `spec`."""
-    monkeypatch.setattr(Trainer, "make_source", faulty_make_source(spec))
+    monkeypatch.setitem(source_table.WRAPPERS, "fault", fault_wrapper(spec))
 
 
 if __name__ == "__main__":
     from fsframework.cli import app
 
-    Trainer.make_source = faulty_make_source(os.environ[FAULT_ENV])
+    source_table.register_wrapper("fault", fault_wrapper(os.environ[FAULT_ENV]))
     app(prog_name="fsf")

@@ -125,9 +125,9 @@ def test_the_research_keys_are_checked_under_their_new_names():
 def test_saved_configs_record_the_schema_version():
     from fsframework.config import SCHEMA_VERSION, Config, to_yaml
 
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     text = to_yaml(Config())
-    assert text.startswith("schema_version: 4\n")
+    assert text.startswith("schema_version: 5\n")
     assert "max_seq_len" not in text and "research:\n  copy_warmup_steps: 0" in text
 
 
@@ -135,7 +135,7 @@ def test_version_1_run_configs_are_migrated():
     from fsframework.config import load_run_config
 
     cfg = load_run_config(V1_FREESOLO)
-    assert cfg.schema_version == 4 and cfg.model.name == "fs"
+    assert cfg.schema_version == 5 and cfg.model.name == "fs"
     a = cfg.model.attention
     assert (a.readout_gain_param, a.readout_gain_lr, a.readout_backward) == ("linear", 1.0, "gain"), \
         "an old run keeps how it trained its gains"
@@ -157,7 +157,7 @@ def test_migrate_is_a_pure_function_of_the_saved_dict():
 
     old = {"model": {"name": "fs", "max_seq_len": 4096}, "train": {"copy_warmup_steps": 3, "max_steps": 7}}
     new = migrate(old)
-    assert new == {"schema_version": 4, "model": {"name": "fs", "attention": {"readout_gain_param": "linear", "readout_gain_lr": 1.0,
+    assert new == {"schema_version": 5, "model": {"name": "fs", "attention": {"readout_gain_param": "linear", "readout_gain_lr": 1.0,
                                                              "readout_backward": "gain"}},
                    "train": {"max_steps": 7}, "research": {"copy_warmup_steps": 3}}
     assert old["train"]["copy_warmup_steps"] == 3, "the input is left alone"
@@ -199,7 +199,7 @@ def test_the_checkpoint_reader_migrates_through_the_one_load_function(tmp_path):
     assert read_config(run.config).research.copy_warmup_steps == 3
     # `fsf config` (as `fsf train`) reads a run's own config.yaml migrated, e.g. to resume it
     proc = run_fsf("config", str(run.config))
-    assert "schema_version: 4" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
+    assert "schema_version: 5" in proc.stdout and "copy_warmup_steps: 3" in proc.stdout
     bad = run_fsf("config", str(V1_FREESOLO), check=False)
     assert bad.returncode == 2 and "moved to research.copy_warmup_steps" in bad.stderr
 
@@ -244,7 +244,7 @@ def test_version_3_flat_kind_settings_are_migrated_into_their_groups():
     saved = yaml.safe_load(V3_FLAT.read_text())
     assert saved["schema_version"] == 3 and all(k.rpartition(".")[2] in saved["model"]["attention"] for k in FLAT_KEYS)
     cfg = load_run_config(V3_FLAT)
-    assert cfg.schema_version == 4
+    assert cfg.schema_version == 5
     for new, value in FLAT_KEYS.values():
         assert _get(cfg, new) == value, new
     attention = migrate(saved)["model"]["attention"]

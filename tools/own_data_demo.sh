@@ -28,7 +28,7 @@ print(f"{len(docs)} documents: {half} in docs.jsonl, {len(docs) - half} in docs.
 EOF
 
 fsf data build "$WORK/docs.jsonl" "$WORK/docs.parquet" --out "$WORK/shards" --seq-len 256 --eval-fraction 0.1
-fsf train yamls/quickstart.yaml run_dir="$WORK/run" data.source="$WORK/shards" data.seq_len=256 \
+fsf train yamls/quickstart.yaml run_dir="$WORK/run" data.source=shards data.path="$WORK/shards" data.seq_len=256 \
     data.micro_batch_size=4 model.d_model=64 model.n_layers=2 model.n_heads=2 train.max_steps=20 \
     train.eval_every=5 train.eval_batches=2 train.ckpt_every=10 train.log_every=5 optim.warmup_steps=5 \
     "eval.lengths=[256,512]"

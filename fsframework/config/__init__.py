@@ -7,6 +7,7 @@
         rewired    RewiredConfig (`model.attention.rewired.*`)
       argrc      ArgrcConfig (`model.argrc.*`)
     data       DataConfig, StreamConfig, MqarConfig, WarmupConfig (`data.*`)
+    sources    the sources `data.source` names and what each reads (SOURCE_FACTS)
     optim      OptimConfig (`optim.*`);  loss: LossConfig (`loss.*`)
     parallel   ParallelConfig (`parallel.*`) and `check_world_size`
     train      TrainConfig (`train.*`), ResearchConfig (`research.*`)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, List, Optional
 
 from fsframework.config.checks import ConfigError, positive, positive_fields
+from fsframework.config.sources import check_source
 
 if TYPE_CHECKING:
     from fsframework.config.job import Config
@@ -14,10 +15,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class StreamConfig:
-    """One dataset of a mixture: an MDS directory (local path or s3://... prefix) with
+    """One dataset of a mixture: an MDS directory at `path` (local or s3://... prefix) with
     `train/` and `eval/` splits, drawn with `proportion` (None: by size)."""
 
-    source: str = ""
+    path: str = ""
     proportion: Optional[float] = None
 
 
@@ -53,9 +54,11 @@ class WarmupConfig:
 
 @dataclass
 class DataConfig:
-    # "embedded" (built-in corpus), a local/remote MDS directory, or "mqar" (associative recall)
+    # the batch source (fsframework.config.sources): embedded (built-in corpus), shards (MDS
+    # shards at `path`), mqar (associative recall)
     source: str = "embedded"
-    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, `source` is ignored
+    path: str = ""  # the data of a source that reads a path: a local MDS directory or an s3:// prefix
+    streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, it replaces the source
     cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
     tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
     seq_len: int = 512
@@ -74,18 +77,19 @@ class DataConfig:
 
 
 def check_data(cfg: Config) -> None:
-    """`cfg.data`, and how the mqar source fits the model, the loss and validation."""
+    """`cfg.data`, and how its source fits the model, the loss and validation."""
     d = cfg.data
     positive_fields("data", d, ("seq_len", "micro_batch_size", "embedded_retrieval_max_fraction"))
     positive("data.num_workers", d.num_workers, zero_ok=True)
     for i, stream in enumerate(d.streams):
-        if not stream.source:
-            raise ConfigError(f"data.streams[{i}].source is empty: give a local directory or an s3:// prefix")
+        if not stream.path:
+            raise ConfigError(f"data.streams[{i}].path is empty: give a local directory or an s3:// prefix")
         if stream.proportion is not None and stream.proportion <= 0:
             raise ConfigError(f"data.streams[{i}].proportion={stream.proportion} must be > 0")
     if not 0.0 <= d.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must lie in [0, 1)")
     _check_mqar(cfg)
+    check_source(cfg)
     _check_warmup(cfg)
 
 
@@ -107,7 +111,8 @@ def _check_warmup(cfg: Config) -> None:
 
 
 def _check_mqar(cfg: Config) -> None:
-    """The associative-recall source (docs/evaluation.md §4.6): ids within the vocabulary, room for the pairs."""
+    """The associative-recall settings (docs/evaluation.md §4.6); how they fit a run on the source is
+    the source's own check (`fsframework.config.sources`)."""
     m = cfg.data.mqar
     positive_fields("data.mqar", m, ("pairs", "queries", "keys", "values", "filler"))
     if m.queries > m.pairs:
@@ -116,20 +121,3 @@ def _check_mqar(cfg: Config) -> None:
     if m.pairs > m.keys:
         raise ConfigError(f"data.mqar.pairs={m.pairs} exceeds data.mqar.keys={m.keys}: the keys of one sequence "
                           "are distinct")
-    if cfg.data.source != "mqar":
-        return
-    ids = m.keys + m.values + m.filler
-    if ids > cfg.model.vocab_size:
-        raise ConfigError(f"data.mqar uses {ids} token ids (keys + values + filler), more than "
-                          f"model.vocab_size={cfg.model.vocab_size}")
-    if 2 * (m.pairs + m.queries) > cfg.data.seq_len:
-        raise ConfigError(f"data.seq_len={cfg.data.seq_len} cannot hold data.mqar's {m.pairs} pairs and "
-                          f"{m.queries} queries (2 tokens each)")
-    if cfg.data.streams:
-        raise ConfigError("data.source=mqar generates its data: remove data.streams")
-    if cfg.loss.recall_weighting:
-        raise ConfigError("loss.recall_weighting does not apply to data.source=mqar (its loss is on the "
-                          "queried values only): set loss.recall_weighting=false")
-    if cfg.train.eval_every:
-        raise ConfigError("train.eval_every reads the held-out text split, which data.source=mqar has not: "
-                          "set train.eval_every=0 and score recall with `fsf eval RUN --tasks mqar`")

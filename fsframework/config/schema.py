@@ -3,18 +3,19 @@
 A run's saved config.yaml records `schema_version` (files written before it was recorded are
 version 1). `migrate` brings such a file, as a nested dict, to SCHEMA_VERSION: removed keys
 dropped, moved keys put in their new place (SCHEMA_MIGRATIONS), added keys set to what the old
-version did (SCHEMA_ADDED). A job file and an override are written in the current schema: a key
-of an older version fails with one line naming its new place (`reject_old_keys`).
+version did (SCHEMA_ADDED), values that changed meaning rewritten (SCHEMA_REWRITES). A job file
+and an override are written in the current schema: a key of an older version fails with one
+line naming its new place (`reject_old_keys`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fsframework.config.checks import ConfigError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _moved(old_prefix: str, new_prefix: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -38,6 +39,8 @@ SCHEMA_MIGRATIONS: dict[int, dict[str, Optional[str]]] = {
                  ("top_k", "beam_width", "bound_c", "forests", "calibration")),
         **_moved("model.attention.rewired_", "model.attention.rewired.", ("runway", "score", "head")),
     },
+    # data.source's path moved to data.path by value, each stream's source to its path (SCHEMA_REWRITES)
+    4: {"data.streams[].source": "data.streams[].path"},
 }
 
 # SCHEMA_ADDED[v]: the keys added from schema version v to v + 1, with the value every run of
@@ -48,7 +51,28 @@ SCHEMA_ADDED: dict[int, dict[str, Any]] = {
     2: {"model.attention.readout_gain_param": "linear", "model.attention.readout_gain_lr": 1.0,
         "model.attention.readout_backward": "gain"},
     3: {},
+    4: {},
 }
+
+
+def _source_path_to_data_path(data: dict) -> None:
+    """Schema 4 named shards by their path in `data.source` and a mixture's datasets by theirs in
+    each `data.streams[i].source`; schema 5 names the source (`data.source=shards`) and puts each
+    path in `path` (fsframework.config.sources)."""
+    section = data.get("data")
+    if not isinstance(section, dict):
+        return
+    if section.get("source", "embedded") not in ("embedded", "mqar"):  # schema 4's only source names
+        section["path"] = section["source"]
+        section["source"] = "shards"
+    for stream in section.get("streams") or []:
+        if isinstance(stream, dict) and "source" in stream:
+            stream["path"] = stream.pop("source")
+
+
+# SCHEMA_REWRITES[v]: changes from schema version v to v + 1 that depend on a value, applied to
+# the nested dict after the key moves
+SCHEMA_REWRITES: dict[int, Callable[[dict], None]] = {4: _source_path_to_data_path}
 
 
 def _node(data: dict, parents: list[str], *, create: bool) -> Optional[dict]:
@@ -71,7 +95,7 @@ def _place(data: dict, key: str) -> dict:
 def migrate(data: dict) -> dict:
     """A saved config (nested dict, any schema version; none recorded: version 1) brought to
     SCHEMA_VERSION: removed keys dropped, moved keys put in their new place, added keys set to
-    the value the old version used (SCHEMA_ADDED). A new dict."""
+    the value the old version used (SCHEMA_ADDED), values rewritten (SCHEMA_REWRITES). A new dict."""
     data = copy.deepcopy(data)
     version = data.pop("schema_version", 1)
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
@@ -79,6 +103,8 @@ def migrate(data: dict) -> dict:
                           f"1 .. {SCHEMA_VERSION}")
     for v in range(version, SCHEMA_VERSION):
         for old, new in SCHEMA_MIGRATIONS[v].items():
+            if "[]" in old:
+                continue  # a key of every entry of a list: SCHEMA_REWRITES moves it
             *parents, leaf = old.split(".")
             node = _node(data, parents, create=False)
             if node is None or leaf not in node:
@@ -88,12 +114,15 @@ def migrate(data: dict) -> dict:
                 _place(data, new)[new.rpartition(".")[2]] = value
         for added, value in SCHEMA_ADDED[v].items():
             _place(data, added).setdefault(added.rpartition(".")[2], value)
+        if v in SCHEMA_REWRITES:
+            SCHEMA_REWRITES[v](data)
     data["schema_version"] = SCHEMA_VERSION
     return data
 
 
 def old_key_error(key: str) -> Optional[ConfigError]:
-    """The error for a dotted key that an older schema version had, None for any other key."""
+    """The error for a dotted key that an older schema version had, None for any other key (a key of
+    a list's entries is written `data.streams[].path`)."""
     for version in sorted(SCHEMA_MIGRATIONS):
         changes = SCHEMA_MIGRATIONS[version]
         if key in changes:

@@ -20,7 +20,22 @@ def _flat_keys(data: Any, prefix: str = "") -> list[str]:
         full = f"{prefix}{key}"
         keys.append(full)
         keys.extend(_flat_keys(value, full + "."))
+        for entry in value if isinstance(value, list) else []:  # a key of a list's entries: `full[].key`
+            keys.extend(k for k in _flat_keys(entry, full + "[].") if k not in keys)
     return keys
+
+
+def _reject_old_list_keys(data: Optional[dict], overrides: Optional[list[str]]) -> None:
+    """The one-line error for a key of a list entry (`data.streams[].source`) that an older schema
+    had, in the job file or an override's value."""
+    from omegaconf import OmegaConf
+
+    nested = [data or {}]
+    try:
+        nested.append(OmegaConf.to_container(OmegaConf.from_dotlist([o.lstrip("+~") for o in overrides or []])))
+    except Exception:  # an override omegaconf cannot read: its own error says so
+        pass
+    reject_old_keys([key for tree in nested for key in _flat_keys(tree) if "[]." in key])
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -67,6 +82,7 @@ def _build(data: Optional[dict], overrides: Optional[list[str]]) -> Config:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None)
+        _reject_old_list_keys(data, overrides)  # omegaconf names no place for a list entry's key
         msg = str(exc).splitlines()[0]
         raise ConfigError(f"invalid config{f' key {key!r}' if key else ''}: {msg}") from None
     return validate(cfg)

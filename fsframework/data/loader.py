@@ -40,8 +40,14 @@ def _split_location(source: str, split: str) -> str:
                             "(build shards with `fsf data build`)")
 
 
-def _sources(cfg: Config) -> list[str]:
-    return [s.source for s in cfg.data.streams] if cfg.data.streams else [cfg.data.source]
+def _dataset_roots(cfg: Config) -> list[str]:
+    """The MDS datasets the run names: its mixture's, or the one at `data.path` (the embedded corpus,
+    built here, is none)."""
+    from fsframework.config.sources import data_path
+
+    if cfg.data.streams:
+        return [s.path for s in cfg.data.streams]
+    return [data_path(cfg)] if data_path(cfg) else []
 
 
 def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
@@ -53,9 +59,10 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
     import json
 
     from fsframework.config import ConfigError
+    from fsframework.config.sources import reads_text
     from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
-    if cfg.data.source == "mqar" and not cfg.data.streams:
+    if not reads_text(cfg):
         return  # generated ids, checked against the vocabulary by the config
     try:
         tok = load_tokenizer(cfg.data.tokenizer)
@@ -65,9 +72,9 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
         raise ConfigError(f"data.tokenizer={cfg.data.tokenizer} has {tok.vocab_size} tokens, more than "
                           f"model.vocab_size={cfg.model.vocab_size}: set model.vocab_size={tok.vocab_size} or more")
     mine = tokenizer_identity(tok)
-    for source in _sources(cfg):
+    for source in _dataset_roots(cfg):
         recipe_file = Path(source) / "build.json"
-        if source == "embedded" or "://" in source or not recipe_file.is_file():
+        if "://" in source or not recipe_file.is_file():
             continue
         built = json.loads(recipe_file.read_text())["recipe"].get("tokenizer_identity")
         if built is not None and (built["vocab_size"], built["eos_id"], built["sha256"]) != (
@@ -75,9 +82,7 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
             raise ConfigError(f"dataset {source} was built with tokenizer {built['name']} (vocabulary "
                               f"{built['vocab_size']}), not data.tokenizer={cfg.data.tokenizer} (vocabulary "
                               f"{mine['vocab_size']}): set data.tokenizer={built['name']} or rebuild the dataset")
-    for source in _sources(cfg):
-        if source == "embedded":
-            continue
+    for source in _dataset_roots(cfg):
         _split_location(source, "train")
         if heldout_for:  # validation and perplexity read every stream's held-out split
             try:
@@ -87,28 +92,35 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
 
 
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
-    """Location of the single MDS dataset for `split` (`train` or `eval`); builds the
-    embedded corpus on first use."""
-    data = cfg.data
-    if data.source == "embedded":
-        root = Path(data.cache_dir)
-        if build:
-            from fsframework.data.corpus import build_embedded_corpus
-            from fsframework.data.tokenizers import load_tokenizer
+    """Location of the single MDS dataset for `split` (`train` or `eval`): the shards at `data.path`
+    (data.source=shards), else the embedded corpus, built on first use."""
+    from fsframework.config.sources import data_path
 
-            build_embedded_corpus(root, load_tokenizer(data.tokenizer), data.seq_len,
-                                  python_chars=data.embedded_python_chars,
-                                  retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
-                                  retrieval_max_fraction=data.embedded_retrieval_max_fraction,
-                                  seed=0)
-        return str(root / split)
-    return _split_location(data.source, split)
+    data = cfg.data
+    if data_path(cfg):
+        return _split_location(data_path(cfg), split)
+    root = Path(data.cache_dir)
+    if build:
+        from fsframework.data.corpus import build_embedded_corpus
+        from fsframework.data.tokenizers import load_tokenizer
+
+        build_embedded_corpus(root, load_tokenizer(data.tokenizer), data.seq_len,
+                              python_chars=data.embedded_python_chars,
+                              retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
+                              retrieval_max_fraction=data.embedded_retrieval_max_fraction,
+                              seed=0)
+    return str(root / split)
 
 
 def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> list[tuple[str, float | None]]:
     """(location, proportion) of every stream of the configured mixture."""
+    from fsframework.config.sources import reads_text
+
+    if not reads_text(cfg):
+        raise FileNotFoundError(f"data.source={cfg.data.source} generates its rows: the run has no text "
+                                "shards to read")
     if cfg.data.streams:
-        return [(_split_location(s.source, split), s.proportion) for s in cfg.data.streams]
+        return [(_split_location(s.path, split), s.proportion) for s in cfg.data.streams]
     return [(prepare_data_dir(cfg, split, build=build), None)]
 
 

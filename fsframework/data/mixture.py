@@ -21,7 +21,7 @@ from fsframework.config import Config
 class HeldOutStream:
     label: str  # the stream's short name: its directory's name (numbered when two share one)
     weight: float  # its share of the mixture, the weights summing to 1
-    location: str  # its held-out MDS split (`<source>/eval`)
+    location: str  # its held-out MDS split (`<path>/eval`)
 
 
 def heldout_streams(cfg: Config, *, build: bool = True) -> list[HeldOutStream]:
@@ -38,7 +38,7 @@ def stream_labels(cfg: Config) -> list[str]:
     """A short name per stream (its directory's name; numbered when two share one), as a tag."""
     if not cfg.data.streams:
         return ["data"]
-    names = [re.sub(r"[^\w.-]", "_", Path(s.source.rstrip("/")).name) or "stream" for s in cfg.data.streams]
+    names = [re.sub(r"[^\w.-]", "_", Path(s.path.rstrip("/")).name) or "stream" for s in cfg.data.streams]
     if len(set(names)) < len(names):
         names = [f"{i}-{name}" for i, name in enumerate(names)]
     return names

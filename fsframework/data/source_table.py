@@ -1,9 +1,11 @@
 """Which batch source a run trains on, from its config alone (`fsframework.data.sources`).
 
-A run's source is a base source chosen by `data.source` (`BASE_SOURCES`: a generated task by
-name, anything else text shards), wrapped by each configured warm-up in `WRAPPERS` order (the
-last wrapper serves first: the induction warm-up comes before the short sequences). A new source
-or warm-up is a row here; the training loop only asks the built source for batches.
+A run's source is the base source that `data.source` names (`SOURCES`; what each reads is in
+`fsframework.config.sources`), wrapped by each wrapper of `WRAPPERS` in order (the last wrapper
+serves first: the induction warm-up comes before the short sequences); a wrapper its config
+leaves off returns None. A new source or wrapper is a row: `register_source` / `register_wrapper`
+(a test's injected fault, an experiment's batches). The trainer asks `source_streams` for the
+text it reads and `build_source` for its batches, and names no source.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from fsframework.config.sources import SourceFacts, declare_source, reads_text
 from fsframework.data.sources import BatchSource
+
+Builder = Callable[..., BatchSource]  # (cfg, ctx) -> the base source
+Wrapper = Callable[..., "BatchSource | None"]  # (cfg, source, ctx) -> the wrapped source, None: off
 
 
 @dataclass
@@ -64,16 +70,40 @@ def _induction_warmup(cfg, source: BatchSource, ctx: SourceContext) -> BatchSour
     return InductionWarmup(source, cfg, ctx.rank) if cfg.data.warmup.steps else None
 
 
-# data.source -> the base source; a source not named here is a path or the embedded corpus (text shards)
-BASE_SOURCES: dict[str, Callable[..., BatchSource]] = {"mqar": _recall_source}
+# data.source -> the base source; the embedded corpus and shards at data.path are both text shards
+# (`fsframework.data.loader.data_streams` finds them), a mixture in data.streams too
+SOURCES: dict[str, Builder] = {"embedded": _text_source, "shards": _text_source, "mqar": _recall_source}
 
-# each returns the wrapped source, or None when its warm-up is off
-WRAPPERS: tuple[Callable[..., BatchSource | None], ...] = (_short_sequences, _copy_warmup, _induction_warmup)
+# name -> wrapper, applied in this order (the last one wraps outermost)
+WRAPPERS: dict[str, Wrapper] = {"short_sequences": _short_sequences, "copy_warmup": _copy_warmup,
+                                "induction_warmup": _induction_warmup}
+
+
+def register_source(name: str, builder: Builder, facts: SourceFacts = SourceFacts(text=False)) -> None:
+    """Make `data.source=name` build its base source with `builder(cfg, ctx)`; `facts` tell config
+    validation what it reads (default: nothing, its rows are generated)."""
+    declare_source(name, facts)
+    SOURCES[name] = builder
+
+
+def register_wrapper(name: str, wrapper: Wrapper) -> None:
+    """Wrap every run's source with `wrapper(cfg, source, ctx)` (None: leave it as it is), outermost
+    of the wrappers registered so far."""
+    WRAPPERS.pop(name, None)
+    WRAPPERS[name] = wrapper
+
+
+def source_streams(cfg, *, build: bool) -> list:
+    """The `(location, weight)` text streams the run's source reads ([] for generated rows); with
+    `build`, the embedded corpus is built first if missing (on one rank, before the others read)."""
+    from fsframework.data.loader import data_streams
+
+    return data_streams(cfg, "train", build=build) if reads_text(cfg) else []
 
 
 def build_source(cfg, ctx: SourceContext) -> BatchSource:
     """The batch source of a run of config `cfg`."""
-    source = BASE_SOURCES.get(cfg.data.source, _text_source)(cfg, ctx)
-    for wrap in WRAPPERS:
+    source = SOURCES[cfg.data.source](cfg, ctx)
+    for wrap in WRAPPERS.values():
         source = wrap(cfg, source, ctx) or source
     return source

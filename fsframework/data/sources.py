@@ -18,9 +18,8 @@ The sources: text shards (`fsframework.data.loader.TokenLoader`), associative re
 another source serves during the first steps: `ShortSequences` (`train.short_seq_*`, here),
 the copy warmup (`research.copy_warmup_*`, `fsframework.data.copy_warmup`) and the induction
 warm-up (`data.warmup.*`, `fsframework.data.warmups`). `fsframework.data.source_table`
-chooses them from the config; `fsframework.train.trainer.Trainer.make_source` calls it. A test
-or an experiment that wants other batches (an injected fault, a drill) wraps or replaces that
-method, and the loop stays as it is.
+chooses them from the config for the trainer. A test or an experiment that wants other batches
+(an injected fault, a drill) registers a source or a wrapper there, and the loop stays as it is.
 """
 
 from __future__ import annotations

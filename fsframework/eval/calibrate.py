@@ -30,6 +30,7 @@ import torch
 
 from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint, load_model
 from fsframework.config.kinds import kind_facts
+from fsframework.config.sources import reads_text
 from fsframework.data.mixture import HeldOutStream, heldout_streams
 from fsframework.data.mqar import recall_rows
 from fsframework.eval.perplexity import heldout_tokens
@@ -229,7 +230,7 @@ def _calibrate(checkpoint: str | Path, *, data: Optional[str], windows: Optional
     cfg = ckpt.config()
     # what is read, found (or a stream without held-out split named) before the model is loaded;
     # a run trained on generated recall rows is calibrated on such rows (it has no held-out text)
-    recall = cfg.data.source == "mqar" and not data
+    recall = not reads_text(cfg) and not data
     streams = [HeldOutStream("data", 1.0, data)] if data else [] if recall else heldout_streams(cfg, build=False)
     if kind_facts(cfg.model.name).calibrated:
         raise ValueError("calibrate the FS or FS-L checkpoint as it was trained (its saved config), "

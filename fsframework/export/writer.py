@@ -92,7 +92,7 @@ def _training_cwd(cfg: Config, run_root: Path) -> Path:
 
 def absolute_paths(cfg: Config, base: Path) -> Config:
     """`cfg` with its local paths (data, cache, tokenizer, run dir, init_from, tau file) made
-    absolute against `base`; remote (`s3://`) sources, "embedded" and "byte" are names, kept."""
+    absolute against `base`; remote (`s3://`) data and "byte" are kept."""
 
     def absolute(value: Optional[str]) -> Optional[str]:
         if not value or "://" in value or Path(value).is_absolute():
@@ -100,10 +100,9 @@ def absolute_paths(cfg: Config, base: Path) -> Config:
         return str((base / value).resolve())
 
     d = cfg.data
-    if d.source != "embedded":
-        d.source = absolute(d.source)
+    d.path = absolute(d.path)
     for stream in d.streams:
-        stream.source = absolute(stream.source)
+        stream.path = absolute(stream.path)
     d.cache_dir = absolute(d.cache_dir)
     if d.tokenizer != "byte":
         d.tokenizer = absolute(d.tokenizer)

@@ -22,6 +22,8 @@ from torch import nn
 
 from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_from, read_config, writing
 from fsframework.config import Config, check_world_size, to_yaml
+from fsframework.data.loader import check_data_fits, check_shard_files
+from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.data.sources import BatchSource
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
@@ -101,25 +103,20 @@ class Trainer:
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
-        self.source = None  # the batch source, made in build() (make_source)
+        self.source = None  # the batch source, made in build() (fsframework.data.source_table)
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
 
     def build(self) -> None:
         import deepspeed
 
-        from fsframework.data.loader import check_shard_files, data_streams
-        from fsframework.data.source_table import BASE_SOURCES
-
         cfg = self.cfg
-        generated = cfg.data.source in BASE_SOURCES  # drawn on the fly: no shards to build or check
         if self.dist.is_main:
             self.tokenizer = writing.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run.config.write_text(to_yaml(cfg))
-            if not generated:
-                data_streams(cfg, "train")  # builds the embedded corpus once, before other ranks read it
+            source_streams(cfg, build=True)  # builds the built-in corpus once, before other ranks read it
         barrier()
-        streams = [] if generated else data_streams(cfg, "train", build=False)
+        streams = source_streams(cfg, build=False)  # none for generated rows
         check_shard_files([location for location, _ in streams])
 
         torch.manual_seed(cfg.train.seed)
@@ -149,15 +146,9 @@ class Trainer:
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
         self.model = model
         self.sp = sp_context(model)  # None unless sequence parallel
-        self.source = self.make_source(streams)
-
-    def make_source(self, streams: list) -> BatchSource:
-        """The run's batch source, chosen by its config (`fsframework.data.source_table`). The hook
-        for other batches: tests and experiments wrap or replace this method."""
-        from fsframework.data.source_table import SourceContext, build_source
-
-        return build_source(self.cfg, SourceContext(streams=streams, dp_rank=self.groups.dp_rank,
-                                                    rank=self.dist.rank, data_cache=self.run.data_cache))
+        # the source the config names, wrapped as the table says (other batches: register a source)
+        self.source = build_source(cfg, SourceContext(streams=streams, dp_rank=self.groups.dp_rank,
+                                                      rank=self.dist.rank, data_cache=self.run.data_cache))
 
     def check_resume(self) -> None:
         """Before build(): find the checkpoint to resume from and refuse, in one line, a config
@@ -402,8 +393,6 @@ class Trainer:
 
 
 def train(cfg: Config) -> TrainState:
-    from fsframework.data.loader import check_data_fits
-
     check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
     check_data_fits(cfg, heldout_for=f"train.eval_every={cfg.train.eval_every}" if cfg.train.eval_every else None)
     return Trainer(cfg).fit()

@@ -59,7 +59,7 @@ def test_own_data_trains_with_validation_and_evaluates(tmp_path):
     run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
             "--seq-len", "32", "--eval-fraction", "0.1")
     run = tmp_path / "run"
-    run_fsf("train", QUICKSTART, f"run_dir={run}", f"data.source={tmp_path / 'shards'}", *TINY,
+    run_fsf("train", QUICKSTART, f"run_dir={run}", "data.source=shards", f"data.path={tmp_path / 'shards'}", *TINY,
             "train.max_steps=4", "train.eval_every=2", "train.eval_batches=1")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("val/loss" in r for r in records)
@@ -71,15 +71,15 @@ def test_own_data_trains_with_validation_and_evaluates(tmp_path):
 def test_a_dataset_without_held_out_split_is_named_before_any_work(tmp_path):
     run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
             "--seq-len", "32")
-    source = f"data.source={tmp_path / 'shards'}"
+    source = ("data.source=shards", f"data.path={tmp_path / 'shards'}")
     for command, extra in (("train", ["train.eval_every=2"]), ("run", [])):
         run = tmp_path / f"run_{command}"
-        proc = run_fsf(command, QUICKSTART, f"run_dir={run}", source, *TINY, "train.max_steps=2", *extra, check=False)
+        proc = run_fsf(command, QUICKSTART, f"run_dir={run}", *source, *TINY, "train.max_steps=2", *extra, check=False)
         assert proc.returncode == 2, proc.stderr
         assert "--eval-fraction" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert not run.exists()
     run = tmp_path / "run"
-    run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, "train.max_steps=2")
+    run_fsf("train", QUICKSTART, f"run_dir={run}", *source, *TINY, "train.max_steps=2")
     proc = run_fsf("eval", str(run), "--tasks", "perplexity", "--lengths", "32", check=False)
     assert proc.returncode == 2 and "--eval-fraction" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -92,11 +92,11 @@ def test_tokenizer_mismatch_is_refused_before_any_work(tmp_path):
     train_bpe_tokenizer([f"some text number {i} and more words" for i in range(200)], 400, tok)
     run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
             "--seq-len", "32")
-    source = f"data.source={tmp_path / 'shards'}"
+    source = ("data.source=shards", f"data.path={tmp_path / 'shards'}")
     run = tmp_path / "run"
-    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, f"data.tokenizer={tok}",
+    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", *source, *TINY, f"data.tokenizer={tok}",
                    "model.vocab_size=260", "train.max_steps=2", check=False)
     assert proc.returncode == 2 and "model.vocab_size=" in proc.stderr and not run.exists(), proc.stderr
-    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", source, *TINY, f"data.tokenizer={tok}",
+    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", *source, *TINY, f"data.tokenizer={tok}",
                    "model.vocab_size=512", "train.max_steps=2", check=False)
     assert proc.returncode == 2 and "was built with tokenizer byte" in proc.stderr and not run.exists(), proc.stderr

@@ -110,8 +110,8 @@ def test_sequence_parallel_groups_share_samples(tmp_path):
 def _train_on(source: Path, run_dir: Path):
     from tests.utils import run_fsf
 
-    return run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}", f"data.source={source}",
-                   "data.seq_len=32", "data.micro_batch_size=2", "model.name=tfpp", "model.d_model=32",
+    return run_fsf("train", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={run_dir}",
+                   "data.source=shards", f"data.path={source}", "data.seq_len=32", "data.micro_batch_size=2", "model.name=tfpp", "model.d_model=32",
                    "model.n_layers=1", "model.n_heads=2", "train.max_steps=40", "train.progress=false",
                    "train.tensorboard=false", check=False)
 

@@ -36,7 +36,7 @@ def _config(streams, *mixture):
 
 
 def test_every_stream_gives_its_own_held_out_windows(streams):
-    cfg = _config(streams, f"{{source: {streams / 'prose'}}}", f"{{source: {streams / 'digits'}}}")
+    cfg = _config(streams, f"{{path: {streams / 'prose'}}}", f"{{path: {streams / 'digits'}}}")
     sets = validation_sets(cfg)
     assert [s.label for s in sets] == ["prose", "digits"]
     for held_out, name in zip(sets, ("prose", "digits")):
@@ -47,16 +47,16 @@ def test_every_stream_gives_its_own_held_out_windows(streams):
     samples = [sum(s["samples"] for s in json.loads((streams / n / "train" / "index.json").read_text())["shards"])
                for n in ("prose", "digits")]
     assert [s.weight for s in sets] == pytest.approx([samples[0] / sum(samples), samples[1] / sum(samples)])
-    assert mixture_weights(_config(streams, f"{{source: {streams / 'prose'}, proportion: 3}}",
-                                   f"{{source: {streams / 'digits'}, proportion: 1}}")) == [0.75, 0.25]
-    same_name = _config(streams, f"{{source: {streams / 'prose'}}}", f"{{source: {streams / 'x' / 'prose'}}}")
+    assert mixture_weights(_config(streams, f"{{path: {streams / 'prose'}, proportion: 3}}",
+                                   f"{{path: {streams / 'digits'}, proportion: 1}}")) == [0.75, 0.25]
+    same_name = _config(streams, f"{{path: {streams / 'prose'}}}", f"{{path: {streams / 'x' / 'prose'}}}")
     assert stream_labels(same_name) == ["0-prose", "1-prose"]
 
 
 def test_training_logs_each_streams_validation_loss_and_their_mix(streams, tmp_path):
     run = tmp_path / "run"
-    mixture = (f"data.streams=[{{source: {streams / 'prose'}, proportion: 3}}, "
-               f"{{source: {streams / 'digits'}, proportion: 1}}]")
+    mixture = (f"data.streams=[{{path: {streams / 'prose'}, proportion: 3}}, "
+               f"{{path: {streams / 'digits'}, proportion: 1}}]")
     proc = run_fsf("train", QUICKSTART, f"run_dir={run}", mixture, *TINY, "train.max_steps=2", "train.eval_every=2",
                    "train.eval_batches=1")
     record = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
@@ -69,7 +69,7 @@ def test_training_logs_each_streams_validation_loss_and_their_mix(streams, tmp_p
 def test_a_stream_without_held_out_split_is_named_before_any_work(streams, tmp_path):
     run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32")
     run = tmp_path / "run"
-    mixture = f"data.streams=[{{source: {streams / 'prose'}}}, {{source: {tmp_path / 'no_eval'}}}]"
+    mixture = f"data.streams=[{{path: {streams / 'prose'}}}, {{path: {tmp_path / 'no_eval'}}}]"
     proc = run_fsf("train", QUICKSTART, f"run_dir={run}", mixture, *TINY, "train.max_steps=2", "train.eval_every=1",
                    check=False)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -83,7 +83,7 @@ FS = ["model.name=fs", "model.attention.cell_size=4", "model.attention.block_siz
 
 
 def _mixture(streams, *names_and_proportions) -> str:
-    return "data.streams=[" + ", ".join(f"{{source: {streams / name}, proportion: {p}}}"
+    return "data.streams=[" + ", ".join(f"{{path: {streams / name}, proportion: {p}}}"
                                         for name, p in names_and_proportions) + "]"
 
 
@@ -135,8 +135,8 @@ def test_mixture_windows_share_the_count_by_weight():
 def test_calibrate_names_a_stream_without_held_out_split(streams, tmp_path):
     run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32")
     run = tmp_path / "fs"
-    run_fsf("train", QUICKSTART, f"run_dir={run}", f"data.streams=[{{source: {streams / 'prose'}}}, "
-            f"{{source: {tmp_path / 'no_eval'}}}]", *TINY, *FS)
+    run_fsf("train", QUICKSTART, f"run_dir={run}", f"data.streams=[{{path: {streams / 'prose'}}}, "
+            f"{{path: {tmp_path / 'no_eval'}}}]", *TINY, *FS)
     proc = run_fsf("calibrate", str(run), "--windows", "2", "--seq-len", "16", check=False)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(tmp_path / "no_eval") in proc.stderr
