@@ -24,7 +24,6 @@ from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_f
 from fsframework.config import Config, check_world_size, to_yaml
 from fsframework.data.loader import check_data_fits, check_shard_files
 from fsframework.data.source_table import SourceContext, build_source, source_streams
-from fsframework.data.sources import BatchSource
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
 from fsframework.parallel.deepspeed_config import deepspeed_config
