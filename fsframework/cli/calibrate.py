@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from fsframework.checkpoints import CheckpointError
-from fsframework.cli.common import checkpoint_dir, fail, input_dir
+from fsframework.cli.common import checkpoint_dir, fail, input_dir, runtime
 
 
 def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory (FS or FS-L)"),
@@ -27,13 +27,11 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
     """
     from rich.console import Console
 
-    from fsframework.eval.calibrate import calibrate as run_calibration  # torch: `fsf --help` starts without it
-
     checkpoint_dir(checkpoint)
     if data is not None:
         data = mds_directory(data)
     try:
-        record = run_calibration(checkpoint, data=str(data) if data else None, windows=windows, seq_len=seq_len,
+        record = runtime().calibrate.calibrate(checkpoint, data=str(data) if data else None, windows=windows, seq_len=seq_len,
                                  seed=seed, batch_size=batch_size)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))

@@ -26,6 +26,14 @@ EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 
 
+def runtime():
+    """`fsframework.cli.runtime`: the modules the commands run (numpy, torch, the models), imported
+    on a command's first use of them."""
+    from fsframework.cli import runtime as modules  # torch: `fsf --help` and config errors start without it
+
+    return modules
+
+
 def flag(help: str, *names: str):
     """A boolean option shown as a bare flag in the help (typer would print `<bool>` after it)."""
     return typer.Option(False, *names, help=help, metavar="")

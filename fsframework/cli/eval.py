@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from fsframework.checkpoints import Checkpoint, CheckpointError
-from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file
+from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file, runtime
 from fsframework.eval.ruler import RULER_TASKS
 
 # the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
@@ -35,8 +35,6 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
 
     Example: fsf eval runs/quickstart --tasks perplexity,passkey --lengths 512,1024,2048
     """
-    from fsframework.eval.runner import evaluate_checkpoint  # torch: `fsf --help` starts without it
-
     checkpoint_dir(checkpoint)
     if out is not None:
         output_file(out, "--out", replace=True)  # scores are rewritten by each evaluation, as the default file
@@ -50,7 +48,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
     except ValueError as exc:
         fail(str(exc))
     try:
-        evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
+        runtime().runner.evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
                             overrides=overrides or [], name=name)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
@@ -63,16 +61,14 @@ def run_harness_command(checkpoint: Path, tasks: str, include: Optional[Path], o
 
     from rich.console import Console
 
-    from fsframework.eval.harness import run_harness  # torch (as fsframework.export): not at start-up
-    from fsframework.export import ExportError  # torch, as run_harness
-
+    rt = runtime()
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if include is not None:
         input_dir(include, "--harness-include", "a directory of task YAML files")
     try:
         out = out or Checkpoint.open(checkpoint).run.eval_dir / "harness.json"
-        results = run_harness(checkpoint, names, include_path=include)
-    except (CheckpointError, ExportError, FileNotFoundError, ValueError) as exc:
+        results = rt.harness.run_harness(checkpoint, names, include_path=include)
+    except (CheckpointError, rt.export.ExportError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_dir, output_dir
+from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_dir, output_dir, runtime
 
 EXPORT_SUBDIR = "export"  # `fsf convert RUN` without OUT_DIR: <checkpoint>/export
 
@@ -43,14 +43,13 @@ def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoi
 
 
 def _export(checkpoint: Path, out_dir: Path, dtype: str) -> None:
-    from fsframework.export import ExportError, ProofFailed, export_checkpoint  # torch: not at start-up
-
+    export = runtime().export
     output_dir(out_dir, "OUT_DIR")
     try:
-        result = export_checkpoint(checkpoint, out_dir, dtype=dtype, log=typer.echo)
-    except (CheckpointError, ExportError) as exc:  # ConfigError is a ValueError, as ExportError
+        result = export.export_checkpoint(checkpoint, out_dir, dtype=dtype, log=typer.echo)
+    except (CheckpointError, export.ExportError) as exc:  # ConfigError is a ValueError, as ExportError
         fail(str(exc))
-    except ProofFailed as exc:
+    except export.ProofFailed as exc:
         fail(str(exc), code=EXIT_RUN_FAILED)
     except ValueError as exc:
         fail(str(exc))
@@ -69,14 +68,13 @@ def import_(hf_dir: Path = typer.Argument(..., help="transformers Llama checkpoi
 
     Example: fsf import ./Llama-3.2-1B exports/llama-1b
     """
-    from fsframework.export import ExportError, ProofFailed, import_llama  # torch: not at start-up
-
+    export = runtime().export
     input_dir(hf_dir, "HF_DIR", "a transformers checkpoint directory")
     output_dir(out_dir, "OUT_DIR")
     try:
-        result = import_llama(hf_dir, out_dir, dtype=dtype, tolerance=tolerance, log=typer.echo)
-    except (CheckpointError, ExportError) as exc:
+        result = export.import_llama(hf_dir, out_dir, dtype=dtype, tolerance=tolerance, log=typer.echo)
+    except (CheckpointError, export.ExportError) as exc:
         fail(str(exc))
-    except ProofFailed as exc:
+    except export.ProofFailed as exc:
         fail(str(exc), code=EXIT_RUN_FAILED)
     typer.echo(f"wrote {result.out} ({result.tensors} tensors, {result.seconds:.1f}s)")

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from fsframework.checkpoints import Checkpoint, CheckpointError, load_model
-from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_file
+from fsframework.cli.common import EXIT_RUN_FAILED, checkpoint_dir, fail, input_file, runtime
 from fsframework.data.tokenizers import load_tokenizer
 
 
@@ -45,21 +45,20 @@ def generate(checkpoint: Path = typer.Argument(..., help="run directory, checkpo
     try:
         import torch
 
-        from fsframework.eval.generate import GenerationStats, check_request, stream_tokens  # torch: not at start-up
-
+        generate = runtime().generate
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         ckpt = Checkpoint.open(checkpoint)
         cfg = ckpt.config(overrides or [])
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         ids = tokenizer.encode(prompt)
-        check_request(cfg, len(ids), max_new_tokens, temperature, top_p)
+        generate.check_request(cfg, len(ids), max_new_tokens, temperature, top_p)
         model, cfg = load_model(ckpt, device, overrides or [])
     except (CheckpointError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
-    console, stats, new = Console(highlight=False, soft_wrap=True), GenerationStats(), []
+    console, stats, new = Console(highlight=False, soft_wrap=True), generate.GenerationStats(), []
     shown = ""
     try:
-        for token in stream_tokens(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        for token in generate.stream_tokens(model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                    seed=seed, eos_id=tokenizer.eos_id, stats=stats):
             new.append(token)
             text = tokenizer.decode(new)

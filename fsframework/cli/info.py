@@ -6,6 +6,8 @@ import importlib
 import os
 import platform
 
+from fsframework.cli.common import runtime
+
 
 def _version(module: str) -> str:
     try:
@@ -24,18 +26,14 @@ def triton_status() -> str:
     except ImportError:
         return "no (triton not installed; reference ops are used)"
     if torch.cuda.is_available():
-        from fsframework.ops.launch_check import kernel_launch_check  # torch: `fsf --help` starts without it
-
-        return kernel_launch_check()
+        return runtime().launch_check.kernel_launch_check()
     if os.environ.get("TRITON_INTERPRET") == "1":
         return "no GPU; interpreter on CPU (slow: for tests)"
     return "no GPU (the interpreter runs them on CPU with TRITON_INTERPRET=1; models use reference ops)"
 
 
 def collect_info() -> dict[str, str]:
-    from fsframework.parallel.process_group import setup_environment  # torch, as above
-
-    setup_environment()
+    runtime().process_group.setup_environment()
     import torch
 
     devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -11,7 +11,8 @@ from typing import Callable, Iterator, List, Optional, TypeVar
 import typer
 
 from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-from fsframework.cli.common import EXIT_BAD_INPUT, EXIT_RUN_FAILED, fail, load_job_config, parents_are_directories
+from fsframework.cli.common import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, fail, load_job_config, parents_are_directories,
+                                    runtime)
 from fsframework.config import ConfigError
 from fsframework.config.kinds import check_trainable
 from fsframework.parallel.health import RankFailure
@@ -24,21 +25,17 @@ def guarded(step: Callable[[], T]) -> T:
     (a checkpoint, data shard, missing file or invalid value) 2, a failed rank or a non-finite
     loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
     SLURM batch script requeues on; SIGINT: 130), its message already printed."""
-    # numpy and torch (the train package): `fsf --help` starts without them
-    from fsframework.data.inspect_shards import ShardError
-    from fsframework.train.nonfinite import NonFiniteLoss
-    from fsframework.train.preemption import EXIT_INTERRUPTED, RunStopped
-
+    rt = runtime()
     try:
         return step()
-    except RunStopped as exc:
+    except rt.preemption.RunStopped as exc:
         raise typer.Exit(exc.code) from None
     except KeyboardInterrupt:  # a second Ctrl-C: no wait for the step boundary
         fail("interrupted in the middle of a step; a rerun resumes from the newest complete checkpoint",
-             code=EXIT_INTERRUPTED)
-    except (RankFailure, NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
+             code=rt.preemption.EXIT_INTERRUPTED)
+    except (RankFailure, rt.nonfinite.NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
         fail(str(exc), code=EXIT_RUN_FAILED)
-    except (CheckpointError, ConfigError, FileNotFoundError, ShardError) as exc:  # bad input
+    except (CheckpointError, ConfigError, FileNotFoundError, rt.inspect_shards.ShardError) as exc:  # bad input
         fail(str(exc))
 
 
@@ -92,12 +89,9 @@ def train(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf train yamls/quickstart.yaml train.max_steps=50 run_dir=runs/try
     """
     cfg = trainable_config(config, overrides)
-    # torch: `fsf --help` and a bad job's error start without it
-    from fsframework.parallel.process_group import multi_rank_job
-    from fsframework.train.trainer import train as run_training
-
-    with multi_rank_job(), no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
-        guarded(lambda: run_training(cfg))
+    rt = runtime()
+    with rt.process_group.multi_rank_job(), no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
+        guarded(lambda: rt.trainer.train(cfg))
 
 
 def run(config: Path = typer.Argument(..., help="YAML job file"),
@@ -107,18 +101,13 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     Example: fsf run yamls/quickstart.yaml
     """
     cfg = trainable_config(config, overrides)
-    # torch: `fsf --help` and a bad job's error start without it
-    from fsframework.data.loader import check_data_fits
-    from fsframework.eval.runner import evaluate_checkpoint, summary_table
-    from fsframework.parallel.process_group import multi_rank_job
-    from fsframework.train.trainer import train as run_training
-
+    rt = runtime()
     if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
-        guarded(lambda: check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
-    with multi_rank_job():
+        guarded(lambda: rt.loader.check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
+    with rt.process_group.multi_rank_job():
         with no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
-            guarded(lambda: run_training(cfg))
-        scores = guarded(lambda: evaluate_checkpoint(
+            guarded(lambda: rt.trainer.train(cfg))
+        scores = guarded(lambda: rt.runner.evaluate_checkpoint(
             Path(cfg.run_dir), tasks=list(cfg.eval.tasks), lengths=None, num_samples=cfg.eval.num_samples,
             batch_size=None, seed=cfg.train.seed, out=None, overrides=[]))
-    summary_table(Path(cfg.run_dir), scores)
+    rt.runner.summary_table(Path(cfg.run_dir), scores)

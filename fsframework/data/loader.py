@@ -16,8 +16,14 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from fsframework.config import Config
+from fsframework.config import Config, ConfigError
+from fsframework.config.sources import data_path, reads_text
+from fsframework.data.corpus import build_embedded_corpus
+from fsframework.data.inspect_shards import ShardError, read_index, read_shard
+from fsframework.data.masks import loss_weights, recall_masks
+from fsframework.data.sample_loader import SampleCountingLoader
 from fsframework.data.sources import StreamSource
+from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
 
 def _split_location(source: str, split: str) -> str:
@@ -43,7 +49,6 @@ def _split_location(source: str, split: str) -> str:
 def _dataset_roots(cfg: Config) -> list[str]:
     """The MDS datasets the run names: its mixture's, or the one at `data.path` (the embedded corpus,
     built here, is none)."""
-    from fsframework.config.sources import data_path
 
     if cfg.data.streams:
         return [s.path for s in cfg.data.streams]
@@ -57,10 +62,6 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
     held-out split exists.
     Raises ConfigError or FileNotFoundError (both one line, naming the option to change)."""
     import json
-
-    from fsframework.config import ConfigError
-    from fsframework.config.sources import reads_text
-    from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
     if not reads_text(cfg):
         return  # generated ids, checked against the vocabulary by the config
@@ -94,16 +95,12 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
     """Location of the single MDS dataset for `split` (`train` or `eval`): the shards at `data.path`
     (data.source=shards), else the embedded corpus, built on first use."""
-    from fsframework.config.sources import data_path
 
     data = cfg.data
     if data_path(cfg):
         return _split_location(data_path(cfg), split)
     root = Path(data.cache_dir)
     if build:
-        from fsframework.data.corpus import build_embedded_corpus
-        from fsframework.data.tokenizers import load_tokenizer
-
         build_embedded_corpus(root, load_tokenizer(data.tokenizer), data.seq_len,
                               python_chars=data.embedded_python_chars,
                               retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
@@ -114,7 +111,6 @@ def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -
 
 def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> list[tuple[str, float | None]]:
     """(location, proportion) of every stream of the configured mixture."""
-    from fsframework.config.sources import reads_text
 
     if not reads_text(cfg):
         raise FileNotFoundError(f"data.source={cfg.data.source} generates its rows: the run has no text "
@@ -142,8 +138,6 @@ class Collate:
         return batch
 
     def _weights(self, tokens: np.ndarray, doc_ids: np.ndarray) -> np.ndarray:
-        from fsframework.data.masks import loss_weights, recall_masks
-
         r = self.recall
         f, chi = recall_masks(tokens, doc_ids, ngram=r.ngram, min_distance=r.min_distance,
                               switch_window=r.switch_window)
@@ -180,7 +174,6 @@ def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, bat
 
 def _local_shards(locations: list[str]) -> Iterator[tuple[Path, dict]]:
     """(dataset root, index entry) of every shard of the local streams (remote ones are skipped)."""
-    from fsframework.data.inspect_shards import read_index
 
     for location in locations:
         if "://" in location:
@@ -192,7 +185,6 @@ def _local_shards(locations: list[str]) -> Iterator[tuple[Path, dict]]:
 def check_shard_files(locations: list[str]) -> None:
     """Cheap start-up check of local streams: every shard file present with its indexed size.
     Raises ShardError naming the shard (hashes are checked only when a read fails)."""
-    from fsframework.data.inspect_shards import ShardError
 
     for root, shard in _local_shards(locations):
         candidates = [info for info in (shard.get("zip_data"), shard["raw_data"]) if info]
@@ -207,7 +199,6 @@ def check_shard_files(locations: list[str]) -> None:
 
 def find_bad_shard(locations: list[str]) -> str | None:
     """Read and verify every shard of the local streams; the first problem found, or None."""
-    from fsframework.data.inspect_shards import ShardError, read_shard
 
     for root, shard in _local_shards(locations):
         try:
@@ -227,8 +218,6 @@ class TokenLoader(StreamSource):
 
     def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None,
                  locations: list[str] | None = None):
-        from fsframework.data.sample_loader import SampleCountingLoader
-
         self.dataset = dataset
         self.locations = locations or []
         self.loader = SampleCountingLoader(dataset, batch_size=batch_size, num_workers=num_workers,
@@ -251,7 +240,6 @@ class TokenLoader(StreamSource):
                 problem = find_bad_shard(self.locations)
                 if problem is None:
                     raise
-                from fsframework.data.inspect_shards import ShardError
 
                 raise ShardError(f"cannot read training data: {problem}") from exc
         raise RuntimeError("the dataset yields no full batch: fewer samples than data.micro_batch_size per rank")

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsframework.config import Config
+from fsframework.data.inspect_shards import read_index
+from fsframework.data.loader import data_streams
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,6 @@ class HeldOutStream:
 def heldout_streams(cfg: Config, *, build: bool = True) -> list[HeldOutStream]:
     """Every stream's held-out split; FileNotFoundError naming a stream that has none (`build`:
     build the embedded corpus when it is the source and not built yet)."""
-    from fsframework.data.loader import data_streams
 
     locations = [location for location, _ in data_streams(cfg, "eval", build=build)]
     return [HeldOutStream(label, weight, location)
@@ -52,8 +53,6 @@ def mixture_weights(cfg: Config) -> list[float]:
     if all(s.proportion is not None for s in streams):
         raw = [float(s.proportion) for s in streams]
     else:
-        from fsframework.data.loader import data_streams
-
         sizes = [_training_samples(location) for location, _ in data_streams(cfg, "train", build=False)]
         raw = [float(size) for size in sizes] if all(sizes) else [1.0] * len(streams)
     return [w / sum(raw) for w in raw]
@@ -61,7 +60,6 @@ def mixture_weights(cfg: Config) -> list[float]:
 
 def _training_samples(location: str) -> int:
     """Samples in a training split (0 when it cannot be read here: a remote one)."""
-    from fsframework.data.inspect_shards import read_index
 
     if "://" in location:
         return 0

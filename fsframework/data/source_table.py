@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 from fsframework.config.sources import SourceFacts, declare_source, reads_text
-from fsframework.data.sources import BatchSource
+from fsframework.data.copy_warmup import CopyWarmup
+from fsframework.data.loader import TokenLoader, data_streams, make_streaming_dataset
+from fsframework.data.mqar import RecallTaskLoader
+from fsframework.data.sources import BatchSource, ShortSequences
+from fsframework.data.warmups import InductionWarmup
 
 Builder = Callable[..., BatchSource]  # (cfg, ctx) -> the base source
 Wrapper = Callable[..., "BatchSource | None"]  # (cfg, source, ctx) -> the wrapped source, None: off
@@ -34,15 +38,11 @@ class SourceContext:
 
 
 def _recall_source(cfg, ctx: SourceContext) -> BatchSource:
-    from fsframework.data.mqar import RecallTaskLoader
-
     return RecallTaskLoader(cfg.data.mqar, cfg.data.micro_batch_size, cfg.data.seq_len, cfg.data.shuffle_seed,
                             ctx.dp_rank)
 
 
 def _text_source(cfg, ctx: SourceContext) -> BatchSource:
-    from fsframework.data.loader import TokenLoader, make_streaming_dataset
-
     dataset = make_streaming_dataset(ctx.streams, batch_size=cfg.data.micro_batch_size, shuffle=cfg.data.shuffle,
                                      seed=cfg.data.shuffle_seed, replication=cfg.parallel.sp,
                                      local_cache=str(ctx.data_cache))
@@ -52,21 +52,15 @@ def _text_source(cfg, ctx: SourceContext) -> BatchSource:
 
 
 def _short_sequences(cfg, source: BatchSource, ctx: SourceContext) -> BatchSource | None:
-    from fsframework.data.sources import ShortSequences
-
     t = cfg.train
     return ShortSequences(source, t.short_seq_len, t.short_seq_steps) if t.short_seq_steps else None
 
 
 def _copy_warmup(cfg, source: BatchSource, ctx: SourceContext) -> BatchSource | None:
-    from fsframework.data.copy_warmup import CopyWarmup
-
     return CopyWarmup(source, cfg, ctx.rank) if cfg.research.copy_warmup_steps else None
 
 
 def _induction_warmup(cfg, source: BatchSource, ctx: SourceContext) -> BatchSource | None:
-    from fsframework.data.warmups import InductionWarmup
-
     return InductionWarmup(source, cfg, ctx.rank) if cfg.data.warmup.steps else None
 
 
@@ -96,7 +90,6 @@ def register_wrapper(name: str, wrapper: Wrapper) -> None:
 def source_streams(cfg, *, build: bool) -> list:
     """The `(location, weight)` text streams the run's source reads ([] for generated rows); with
     `build`, the embedded corpus is built first if missing (on one rank, before the others read)."""
-    from fsframework.data.loader import data_streams
 
     return data_streams(cfg, "train", build=build) if reads_text(cfg) else []
 

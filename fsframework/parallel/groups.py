@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
+from fsframework.config import check_world_size
 
 
 @dataclass
@@ -61,8 +62,6 @@ def init_groups(sp: int, timeout_s: Optional[int] = None, backend: Optional[str]
     if not dist.is_initialized():
         raise RuntimeError("init_groups needs an initialised default process group")
     from datetime import timedelta
-
-    from fsframework.config import check_world_size
 
     world, rank = dist.get_world_size(), dist.get_rank()
     dp = check_world_size(world, sp)
