@@ -119,6 +119,53 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     assert any("_layering_probe.py:2" in p and "may not import fsframework.train" in p for p in problems)
 
 
+# imports of the project's own modules inside functions: each one says why (a cycle, an optional
+# dependency, a start-up cost) in a comment on its line or the line above; a few, not a habit
+MOST_FUNCTION_LEVEL_IMPORTS = 15
+
+
+def function_level_imports(files: list[Path], root: Path = ROOT) -> list[tuple[str, bool]]:
+    """(place, has a reason comment) of each project import nested in a function of `files`."""
+    found = []
+    for path in files:
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), filename=str(path))
+        seen: set[int] = set()
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if id(node) in seen or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
+                if node.__class__ is ast.ImportFrom and node.level or any(
+                        n.split(".")[0] in ("fsframework", "fsf_kernels") for n in names):
+                    seen.add(id(node))
+                    above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                    reason = "#" in lines[node.end_lineno - 1] or above.startswith("#")
+                    found.append((f"{path.relative_to(root)}:{node.lineno}", reason))
+    return found
+
+
+def test_project_imports_sit_at_module_level_unless_a_comment_says_why():
+    found = function_level_imports(sorted((ROOT / "fsframework").rglob("*.py")))
+    unexplained = [place for place, reason in found if not reason]
+    assert not unexplained, "imports inside functions without a comment saying why:\n" + "\n".join(unexplained)
+    assert len(found) <= MOST_FUNCTION_LEVEL_IMPORTS, (
+        f"{len(found)} project imports inside functions (at most {MOST_FUNCTION_LEVEL_IMPORTS}): "
+        + ", ".join(place for place, _ in found))
+
+
+def test_the_function_level_scan_finds_an_unexplained_import(tmp_path):
+    path = tmp_path / "fsframework" / "probe.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("def f():\n    from fsframework.models import registry\n\n\n"
+                    "def g():\n    # torch: not at start-up\n    from fsframework.train import trainer\n\n\n"
+                    "def h():\n    import json\n")
+    assert function_level_imports([path], tmp_path) == [("fsframework/probe.py:2", False),
+                                                         ("fsframework/probe.py:7", True)]
+
+
 def test_tools_use_public_names_only():
     problems = []
     for path in sorted((ROOT / "tools").glob("*.py")):

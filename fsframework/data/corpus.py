@@ -52,7 +52,7 @@ def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, pytho
                           retrieval_docs: int, eval_fraction: float, seed: int = 0,
                           retrieval_max_fraction: float = 1.5) -> dict:
     """Write `out_dir/train` and `out_dir/eval` MDS datasets (skipped when the same build exists)."""
-    from fsframework.data.shards import pack_documents, write_mds
+    from fsframework.data.shards import pack_documents, write_mds  # numpy: `fsf data` imports this module at start-up
 
     out_dir = Path(out_dir)
     recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,

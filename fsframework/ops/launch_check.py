@@ -17,7 +17,7 @@ def kernel_launch_check(device: str = "cuda") -> str:
     if torch.device(device).type == "cuda":
         if not torch.cuda.is_available():
             return "NO: no CUDA device is visible to torch"
-        from fsf_kernels.common.support import SHARED_LIMIT, device_target, device_unsupported
+        from fsf_kernels.common.support import SHARED_LIMIT, device_target, device_unsupported  # triton: optional
 
         refused = device_unsupported(torch.device(device))
         if refused:
