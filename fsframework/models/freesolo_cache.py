@@ -38,7 +38,8 @@ from torch import nn
 from fsframework.models.kv_cache import GrowingBuffer, WindowKV, tensor_bytes
 from fsframework.ops.freesolo import cell_readout_kept
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
-from fsframework.ops.freesolo_routing import BlockCandidates, FSLState, admit_fsl, block_candidates, cell_summaries
+from fsframework.ops.freesolo_routing import (BlockCandidates, FSLState, admit_fsl, block_candidates, cell_summaries,
+                                               query_blocks)
 from fsframework.ops.offset_attention import window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -68,14 +69,13 @@ class _FreeSoloLayerCache:
         A piece that crosses query blocks (a prefill chunk) is run block by block."""
         if start != self.length:
             raise ValueError(f"the cache holds {self.length} positions, got a piece starting at {start}")
-        ends = list(range(start - start % self.block_size + self.block_size, start + q.shape[1], self.block_size))
-        if not ends:
+        pieces = list(query_blocks(self.block_size, start, start + q.shape[1]))
+        if len(pieces) <= 1:  # a decoded token, or a chunk inside one block: no copy
             return self._block_branches(q, k, v, start, gain)
-        outs, at = [], 0
-        for stop in ends + [start + q.shape[1]]:
-            piece = slice(at, stop - start)
-            outs.append(self._block_branches(q[:, piece], k[:, piece], v[:, piece], start + at, gain))
-            at = stop - start
+        outs = []
+        for lo, hi in pieces:
+            piece = slice(lo - start, hi - start)
+            outs.append(self._block_branches(q[:, piece], k[:, piece], v[:, piece], lo, gain))
         return torch.cat([o[0] for o in outs], dim=1), torch.cat([o[1] for o in outs], dim=1)
 
     def _block_branches(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,

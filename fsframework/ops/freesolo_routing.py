@@ -24,6 +24,7 @@ and ties in the routing score `r_ic` are both won by the earlier cell.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,7 @@ from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 
 __all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_summaries",
-           "check_query_offset", "check_routing_args", "prior_per_head", "route_candidates",
+           "check_query_offset", "check_routing_args", "prior_per_head", "query_blocks", "route_candidates",
            "select_cells_from_summaries_reference", "select_cells_reference", "summaries_by_head", "top_k_earliest"]
 
 
@@ -254,12 +255,19 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index.view(*index.shape, *([1] * (x.dim() - 3))).expand(*index.shape, *x.shape[3:]))
 
 
+def query_blocks(block_size: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+    """The pieces of positions `[begin, end)` that lie in one query block each, in order: `(lo, hi)`, the
+    block's positions clipped to `[begin, end)`. The queries of a block share their available cells
+    (docs/freesolo.md §1.3), so routing, FS-B's search and the decode caches all walk blocks with it."""
+    for first in range(begin - begin % block_size, end, block_size):
+        yield max(first, begin), min(first + block_size, end)
+
+
 def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int):
     """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
     cell_size, block_size = config.cell_size, config.block_size
     seq = q_start + q.shape[1]
-    for start in range(max(block_size, q_start), seq, block_size):  # the first block has no eligible cell
-        end = min(start + block_size, seq)
+    for start, end in query_blocks(block_size, max(block_size, q_start), seq):  # the first block has no cell
         num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
         rows = slice(start - q_start, end - q_start)
         # position == cell index
@@ -277,8 +285,7 @@ def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: Rout
     cell_size, block_size, recent = config.cell_size, config.block_size, config.recent_cells
     seq = q_start + num_q
     state, num_seen = None, 0
-    for start in range(block_size, seq, block_size):
-        end = min(start + block_size, seq)
+    for start, end in query_blocks(block_size, block_size, seq):
         num = start // cell_size
         new = FSLState(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
                        a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])

@@ -48,7 +48,7 @@ from fsf_kernels.common.args import check_routing_args
 from fsf_kernels.common.support import fsb_search_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
-from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
+from fsframework.ops.freesolo_routing import cell_summaries, query_blocks, top_k_earliest
 from fsframework.ops.fsb_forest import Forests, NodeStore
 from fsframework.ops.fsb_states import forest_states
 
@@ -443,7 +443,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
                    .reshape(bsz * heads, cells, cell_size, dim))
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
-        starts = list(range(block_size, seq, block_size))  # the first block has no eligible cell
+        starts = [start for start, _ in query_blocks(block_size, block_size, seq)]  # the first has no cell
         # the first block holding queries of q (none when q is empty or there is one block)
         first = next((j for j, start in enumerate(starts) if start + block_size > q_start), None)
         if first is None:
