@@ -40,7 +40,9 @@ def _id(case):
 def _cells(kind, q, k, cell_size, top_k, gen):
     bsz, seq, heads, _ = q.shape
     if kind == "fs":
-        return reference_select(q.float(), k.float(), fs_config("fs", cell_size=cell_size, block_size=2 * cell_size, top_k=top_k, impl="reference"), fs_prior())
+        return reference_select(q.float(), k.float(),
+                                fs_config("fs", cell_size=cell_size, block_size=2 * cell_size, top_k=top_k,
+                                          impl="reference"), fs_prior())
     num = seq // cell_size
     cells = torch.randint(0, num, (bsz, seq, heads, top_k), generator=gen)
     cells[torch.rand(cells.shape, generator=gen) < 0.2] = -1
@@ -115,7 +117,8 @@ def test_the_by_cell_backward_is_deterministic(device):
     """No atomics: the same inputs give bit-identical dk and dv on every run."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 256, 2, 32, generator=gen).to(device).requires_grad_() for _ in range(3))
-    cells = reference_select(q.detach(), k.detach(), fs_config(cell_size=16, block_size=32, top_k=4, impl="reference"), fs_prior())
+    cells = reference_select(q.detach(), k.detach(),
+                             fs_config(cell_size=16, block_size=32, top_k=4, impl="reference"), fs_prior())
     grad = torch.randn(1, 256, 2, 32, generator=gen).to(device)
     runs = [torch.autograd.grad(cell_readout(q, k, v, cells, fs_config(cell_size=16)), (k, v), grad) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
@@ -189,7 +192,8 @@ def test_offset_call_equals_the_rows_of_the_whole_call(device):
     bsz, seq, heads, dim, s = 1, 112, 2, 16, 8
     q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device).requires_grad_() for _ in range(3))
     g = (1 + 0.3 * torch.randn(heads, dim, generator=gen)).to(device).requires_grad_()
-    cells = reference_select(q.detach(), k.detach(), fs_config(cell_size=s, block_size=16, top_k=3, impl="reference"), fs_prior())
+    cells = reference_select(q.detach(), k.detach(), fs_config(cell_size=s, block_size=16, top_k=3, impl="reference"),
+                             fs_prior())
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device)
     for q_start, n in ((48, 64),):
         end = q_start + n
@@ -197,14 +201,16 @@ def test_offset_call_equals_the_rows_of_the_whole_call(device):
         row_grad = grad[:, :end].clone()
         row_grad[:, :q_start] = 0
         want = torch.autograd.grad(whole, (q, k, v, g), row_grad)
-        got_out = cell_readout(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], fs_config(cell_size=s), rms_weight=g, q_start=q_start)
+        got_out = cell_readout(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end],
+                               fs_config(cell_size=s), rms_weight=g, q_start=q_start)
         assert got_out.shape == (bsz, n, heads, dim)
         assert torch.equal(got_out, whole[:, q_start:])
         got = torch.autograd.grad(got_out, (q, k, v, g), grad[:, q_start:end])
         for name, a, b in zip(("dq", "dk", "dv", "drms_weight"), got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} at q_start={q_start}")
         # through the op's dispatcher, as the FreeSolo layer calls it
-        via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], fs_config(cell_size=s, impl="triton"), rms_weight=g, q_start=q_start)
+        via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end],
+                           fs_config(cell_size=s, impl="triton"), rms_weight=g, q_start=q_start)
         assert torch.equal(via_op, got_out)
 
 

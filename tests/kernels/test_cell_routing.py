@@ -137,7 +137,8 @@ def test_reference_module_dispatches_here(device):
     """fsframework's impl="triton" path reaches this kernel by its pinned name."""
     q, k = (torch.randn(1, 100, 1, 16, device=device) for _ in range(2))
     kwargs = dict(variant="fsl", cell_size=8, block_size=16, top_k=2, retained_cells=3, recent_cells=1)
-    assert torch.equal(reference(q, k, *fs_pair(**kwargs, impl="triton")), reference(q, k, *fs_pair(**kwargs, impl="reference")))
+    assert torch.equal(reference(q, k, *fs_pair(**kwargs, impl="triton")),
+                       reference(q, k, *fs_pair(**kwargs, impl="reference")))
 
 
 @gpu  # also in the GPU check: on a device this runs the compiled kernels

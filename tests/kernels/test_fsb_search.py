@@ -44,7 +44,8 @@ def grown_forests(rows: int, cells: int, dim: int, dtype, *, seed: int, same_cel
 
 
 def search(forests: Forests, q, pos, lam, sigma, impl: str, beam_width: int, bound_c: float = 8.0):
-    return beam_search(forests.store, forests.root, q, pos, fs_config(beam_width=beam_width, bound_c=bound_c, impl=impl), fs_prior(lam=lam, sigma=sigma))
+    return beam_search(forests.store, forests.root, q, pos,
+                       fs_config(beam_width=beam_width, bound_c=bound_c, impl=impl), fs_prior(lam=lam, sigma=sigma))
 
 
 def as_sets(cells: torch.Tensor) -> torch.Tensor:

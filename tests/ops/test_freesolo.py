@@ -96,7 +96,9 @@ def test_select_cells_matches_dense(variant, cfg, heads, seq):
     s, blk, K, P, W = cfg
     q, k = randn(2, seq, heads, 6, seed=seq), randn(2, seq, heads, 6, seed=seq + 1) * 1.5
     sigma, lam = torch.linspace(1.0, 6.0, heads, dtype=F64), torch.linspace(0.5, 2.0, heads, dtype=F64)
-    got = select_cells(q, k, fs_config(variant, cell_size=s, block_size=blk, top_k=K, recent_cells=W, retained_cells=P), fs_prior(sigma=sigma, lam=lam))
+    got = select_cells(q, k,
+                       fs_config(variant, cell_size=s, block_size=blk, top_k=K, recent_cells=W, retained_cells=P),
+                       fs_prior(sigma=sigma, lam=lam))
     want = dense_select(q, k, variant=variant, s=s, blk=blk, K=K, sigma=sigma, lam=lam, W=W, P=P)
     assert got.shape == (2, seq, heads, K) and got.dtype == torch.long
     assert torch.equal(got, want)
@@ -160,7 +162,9 @@ def test_readout_reads_a_repeated_cell_twice(readout_layout):
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
 def test_first_block_is_zero_with_finite_grads(variant):
     q, k, v = (randn(1, 70, 2, 8, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
-    out = long_range_attention(q, k, v, fs_config(variant, cell_size=4, block_size=16, top_k=2, recent_cells=1, retained_cells=2), fs_prior())
+    out = long_range_attention(q, k, v,
+                               fs_config(variant, cell_size=4, block_size=16, top_k=2, recent_cells=1,
+                                         retained_cells=2), fs_prior())
     assert torch.equal(out[:, :16], torch.zeros_like(out[:, :16]))
     assert (out[:, 16:].abs().sum(-1) > 0).all()
     out.pow(2).sum().backward()
@@ -272,7 +276,8 @@ def test_ties_go_to_the_earlier_cell():
     k2[:, 2:4, :, 0] = 2.0  # cell 1 and cell 3 tie on top, cell 2 below
     k2[:, 6:8, :, 0] = 2.0
     k2[:, 4:6, :, 0] = 1.0
-    assert select_cells(q2, k2, fs_config("fs", cell_size=2, block_size=8, top_k=2), fs_prior(lam=0.0))[0, 8, 0].tolist() == [1, 3]
+    chosen = select_cells(q2, k2, fs_config("fs", cell_size=2, block_size=8, top_k=2), fs_prior(lam=0.0))
+    assert chosen[0, 8, 0].tolist() == [1, 3]
 
 
 def test_low_precision_routing_and_readout():
@@ -290,7 +295,9 @@ def test_no_quadratic_tensor(variant):
     seq, s = 2048, 4
     q, k, v = (randn(1, seq, 1, 4, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
     with WorkCounter() as mode:
-        long_range_attention(q, k, v, fs_config(variant, cell_size=s, block_size=16, top_k=2, recent_cells=2, retained_cells=4), fs_prior()).sum().backward()
+        long_range_attention(q, k, v,
+                             fs_config(variant, cell_size=s, block_size=16, top_k=2, recent_cells=2,
+                                       retained_cells=4), fs_prior()).sum().backward()
     assert mode.largest < seq * seq // s // 4  # far below N x N / s
 
 
@@ -354,11 +361,13 @@ def test_routing_from_slice_summaries_equals_routing_from_the_keys(variant):
     kbar, a = (torch.cat([p[i] for p in pieces], dim=2) for i in range(2))
     assert kbar.shape == (2, 2, 37, 8) and a.shape == (2, 2, 37)
     for lo, hi in slices[1:]:
-        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 4], a[:, :, :hi // 4], *fs_pair(impl="reference", **settings, **prior), q_start=lo)
+        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 4], a[:, :, :hi // 4],
+                                          *fs_pair(impl="reference", **settings, **prior), q_start=lo)
         assert torch.equal(got, whole[:, lo:hi]), (lo, hi)
     with pytest.raises(ValueError, match="summaries of the 28 complete cells"):
         select_cells_from_summaries(q[:, 48:112], kbar, a, *fs_pair(impl="reference", **settings, **prior), q_start=48)
     with pytest.raises(ValueError, match="multiple of block_size"):
-        select_cells_from_summaries(q[:, 40:112], kbar[:, :, :28], a[:, :, :28], *fs_pair(impl="reference", **settings, **prior), q_start=40)
+        select_cells_from_summaries(q[:, 40:112], kbar[:, :, :28], a[:, :, :28],
+                                    *fs_pair(impl="reference", **settings, **prior), q_start=40)
     with pytest.raises(ValueError, match="'fs' and 'fsl'"):
         select_cells_from_summaries(q, kbar, a, fs_config("fsb"), fs_prior())

@@ -34,7 +34,9 @@ def test_route_and_read_over_every_cell_equal_the_whole_sequence_ops():
     for block in (8, 24, 56):
         num = block // s
         rows = slice(block, block + 8)
-        choice = route_candidates(q[:, rows], block, kbar[:, :num].transpose(1, 2), a[:, :num].transpose(1, 2), (torch.arange(num, dtype=torch.float64) + 0.5) * s, None, fs_prior(sigma=sigma, lam=lam), 3)
+        choice = route_candidates(q[:, rows], block, kbar[:, :num].transpose(1, 2), a[:, :num].transpose(1, 2),
+                                  (torch.arange(num, dtype=torch.float64) + 0.5) * s, None,
+                                  fs_prior(sigma=sigma, lam=lam), 3)
         assert torch.equal(choice, cells[:, rows])
         view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
         values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()

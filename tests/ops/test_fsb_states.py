@@ -56,7 +56,8 @@ def test_whole_sequence_routing_builds_each_chunk_size_once(monkeypatch):
     monkeypatch.setattr(states, "build_trees", counting)
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1024, 2, 8, generator=gen), torch.randn(1, 1024, 2, 8, generator=gen)
-    select_cells(q, k, fs_config("fsb", cell_size=4, block_size=16, top_k=2, beam_width=4), fs_prior(tau=torch.zeros(2)))  # 63 blocks, 252 cells
+    select_cells(q, k, fs_config("fsb", cell_size=4, block_size=16, top_k=2, beam_width=4),
+                 fs_prior(tau=torch.zeros(2)))  # 63 blocks, 252 cells
     assert len(calls) == 1, calls
     assert len(calls[0]) == len(set(calls[0])) <= (252).bit_length(), calls
 

@@ -44,7 +44,8 @@ def test_offset_must_be_block_aligned_and_shapes_consistent():
     with pytest.raises(ValueError, match="needs keys"):
         long_range_attention(q[:, 32:], k[:, :40], v[:, :40], *fs_pair(**KW), q_start=32)
     with pytest.raises(ValueError, match="needs keys"):
-        cell_readout(q[:, 32:], k[:, :40], v[:, :40], torch.zeros(2, 32, 3, 2, dtype=torch.long), fs_config(cell_size=4), q_start=32)
+        cell_readout(q[:, 32:], k[:, :40], v[:, :40], torch.zeros(2, 32, 3, 2, dtype=torch.long),
+                     fs_config(cell_size=4), q_start=32)
 
 
 def test_triton_kernels_take_the_offset_through_padding():
