@@ -38,6 +38,7 @@ FREESOLO = dict(cell_size=32, block_size=128, top_k=4, sigma=4.0, lam=1.0, recen
 def _op(case: str):
     import torch.nn.functional as F
 
+    from fsframework.models.freesolo_settings import fs_pair
     from fsframework.ops.freesolo import long_range_attention
     from fsframework.ops.local_attention import sliding_window_attention
 
@@ -52,7 +53,8 @@ def _op(case: str):
         return sliding_window_attention(q, k, v, window=WINDOW, impl="auto")
 
     def long_range(variant):
-        return lambda q, k, v: long_range_attention(q, k, v, variant=variant, impl="reference", **FREESOLO)
+        config, prior = fs_pair(variant=variant, impl="reference", **FREESOLO)
+        return lambda q, k, v: long_range_attention(q, k, v, config, prior)
 
     def both(variant):
         lr = long_range(variant)

@@ -53,6 +53,7 @@ def median_tau(k, cell_size: int):
 def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int, device: str = "cpu") -> dict:
     import torch
 
+    from fsframework.models.freesolo_settings import fs_pair
     from fsframework.ops.freesolo import select_cells
 
     torch.set_num_threads(threads)
@@ -62,9 +63,10 @@ def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int
 
     def run(q, k):
         if case == "fs":
-            return select_cells(q, k, variant="fs", impl="auto", **ROUTING)
+            return select_cells(q, k, *fs_pair(variant="fs", impl="auto", **ROUTING))
         impl = "reference" if case == "fsb-torch" else "auto"
-        return select_cells(q, k, variant="fsb", tau=median_tau(k, ROUTING["cell_size"]), impl=impl, **ROUTING)
+        tau = median_tau(k, ROUTING["cell_size"])
+        return select_cells(q, k, *fs_pair(variant="fsb", tau=tau, impl=impl, **ROUTING))
 
     run(*(torch.randn(1, 512, heads, dim, generator=gen).to(device) for _ in range(2)))  # warm-up (and compile)
     q, k = (torch.randn(1, seq, heads, dim, generator=gen).to(device) for _ in range(2))
@@ -132,6 +134,7 @@ def keys_for(kind: str, seq: int, heads: int, dim: int, needles: int, seed: int 
 def recall_table(args) -> str:
     import torch
 
+    from fsframework.models.freesolo_settings import fs_pair
     from fsframework.ops.freesolo import select_cells
 
     torch.set_num_threads(args.threads)
@@ -151,8 +154,9 @@ def recall_table(args) -> str:
                 hit = ((rows[..., :, None] == got[..., None, :]) & (rows[..., :, None] >= 0)).any(-1).sum().item()
                 return hit / total
 
-            values = [recall(select_cells(q, k, variant="fsb", tau=tau, beam_width=w, **ROUTING)) for w in args.beams]
-            values += [recall(select_cells(q, k, variant="fsb", tau=tau, beam_width=16, forests=f, **ROUTING))
+            values = [recall(select_cells(q, k, *fs_pair(variant="fsb", tau=tau, beam_width=w, **ROUTING)))
+                      for w in args.beams]
+            values += [recall(select_cells(q, k, *fs_pair(variant="fsb", tau=tau, beam_width=16, forests=f, **ROUTING)))
                        for f in ("f0", "ftau")]
             lines.append(f"{kind:<9}{seq:>7}" + "".join(f"{v:>9.3f}" for v in values))
             print(lines[-1], flush=True)

@@ -27,6 +27,8 @@ import time
 
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_prior
+
 HBM_TBPS = 4.8  # H200 HBM3e
 
 
@@ -70,18 +72,19 @@ def correctness_check(device, shape=(1, 2053, 4, 64)) -> bool:
     print(f"check swa      out/dq/dk/dv rel-RMS: " + " ".join(f"{e:.1e}" for e in errs))
 
     for variant in ("fs", "fsl"):
-        got = select_cells(q.detach(), k.detach(), variant=variant)
-        want_c = ref_select(q.detach().float(), k.detach().float(), variant=variant, impl="reference")
+        got = select_cells(q.detach(), k.detach(), fs_config(variant), fs_prior())
+        want_c = ref_select(q.detach().float(), k.detach().float(), fs_config(variant, impl="reference"),
+                            fs_prior())
         agree = (got == want_c).all(-1).float().mean().item()
         ok &= agree > 0.98  # tf32 content scores may reorder near-ties
         print(f"check {variant:<4} routing rows identical to the reference: {agree:.4f}")
 
-    cells = ref_select(q.detach().float(), k.detach().float(), variant="fs", impl="reference")
+    cells = ref_select(q.detach().float(), k.detach().float(), fs_config("fs", impl="reference"), fs_prior())
     w = torch.ones(shape[2], shape[3], device=device, dtype=torch.bfloat16, requires_grad=True)
-    out = cell_readout(q, k, v, cells, rms_weight=w)
+    out = cell_readout(q, k, v, cells, fs_config(), rms_weight=w)
     grads = torch.autograd.grad(out, (q, k, v, w), g)
     f32w = w.detach().float().requires_grad_()
-    ref = ref_readout(*f32, cells, rms_weight=f32w, impl="reference")
+    ref = ref_readout(*f32, cells, fs_config(impl="reference"), rms_weight=f32w)
     want = torch.autograd.grad(ref, (*f32, f32w), g.float())
     errs = [rel_rms(out, ref)] + [rel_rms(a, b) for a, b in zip(grads, want)]
     ok &= max(errs) < 2e-2
@@ -115,8 +118,8 @@ def layers(window):
 
     def freesolo(variant):
         def layer(q, k, v):
-            cells = select_cells(q.detach(), k.detach(), variant=variant)
-            return sliding_window_attention(q, k, v, window=window) + cell_readout(q, k, v, cells)
+            cells = select_cells(q.detach(), k.detach(), fs_config(variant), fs_prior())
+            return sliding_window_attention(q, k, v, window=window) + cell_readout(q, k, v, cells, fs_config())
         return layer
 
     return {"dense": dense, "swa": swa, "fs": freesolo("fs"), "fsl": freesolo("fsl")}
@@ -139,12 +142,13 @@ def run_size(n, args, device, fns):
             print(f"  N={n} {name}: out of memory, skipped", flush=True)
         torch.cuda.empty_cache()
     for variant in ("fs", "fsl"):
-        row["route_" + variant] = bench(lambda: select_cells(q.detach(), k.detach(), variant=variant))
-    cells = select_cells(q.detach(), k.detach(), variant="fsl")
-    row["readout"] = bench(lambda: cell_readout(q, k, v, cells))
+        config = fs_config(variant)
+        row["route_" + variant] = bench(lambda: select_cells(q.detach(), k.detach(), config, fs_prior()))
+    cells = select_cells(q.detach(), k.detach(), fs_config("fsl"), fs_prior())
+    row["readout"] = bench(lambda: cell_readout(q, k, v, cells, fs_config()))
     for dkdv in ("by_cell", "atomic"):  # the backward's two ways to form dk/dv, side by side
         row["readout_fwdbwd_" + dkdv] = bench(
-            lambda: torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), g))
+            lambda: torch.autograd.grad(cell_readout(q, k, v, cells, fs_config(), dkdv=dkdv), (q, k, v), g))
     top_k, cell = cells.shape[-1], 32
     gather_bytes = n * args.heads * top_k * cell * args.dim * 2 * 2  # k and v, bf16, per query and head
     row["readout_tbps"] = gather_bytes / (row["readout"] * 1e-3) / 1e12

@@ -57,6 +57,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.config import AttentionConfig
+from fsframework.models.freesolo_settings import fs_config, fs_prior
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import cell_summaries, route_candidates
 from fsframework.parallel.attention import gather_kv
@@ -125,7 +126,7 @@ def route_from_summaries(q, kbar, norm, q_start: int, att):
     for start in range(max(block, q_start), end, block):  # a query sees the cells complete before its block
         num, rows = start // s, slice(start - q_start, min(start + block, end) - q_start)
         out[:, rows] = route_candidates(q[:, rows], start, kbar_h[:, :, :num], norm_h[:, :, :num], centers[:num],
-                                        None, top_k=att.top_k, sigma=att.sigma, lam=att.lam)
+                                        None, fs_prior(sigma=att.sigma, lam=att.lam), att.top_k)
     return out
 
 
@@ -234,9 +235,8 @@ def check_selected(q, sp, att, selected: dict, gathered: tuple, grads: dict) -> 
     """The `selected` scheme against the all-gathered keys (at the smallest N): the same routing as
     `select_cells`, the same cells, the same gradients."""
     gk, gv = gathered
-    reference = select_cells(q, gk, variant="fs", q_start=sp.start, cell_size=att.cell_size,
-                             block_size=att.block_size, top_k=att.top_k, sigma=att.sigma, lam=att.lam,
-                             impl="reference")
+    config = fs_config("fs", cell_size=att.cell_size, block_size=att.block_size, top_k=att.top_k, impl="reference")
+    reference = select_cells(q, gk, config, fs_prior(sigma=att.sigma, lam=att.lam), q_start=sp.start)
     assert torch.equal(reference, selected["cells"]), "routing from summaries differs from select_cells"
     expected = cells_of(torch.cat((gk, gv), dim=-1), selected["rows"], 0, att.cell_size)
     assert torch.equal(expected, selected["fetched"]), "fetched cells differ from the gathered ones"

@@ -33,7 +33,7 @@ def launch(world: int, spec: dict, script: str, timeout_s: float = 3600) -> list
     for rank in range(world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO)}
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "kernels")])}  # this checkout's kernels too
         log = tempfile.TemporaryFile(mode="w+")
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], env=env,

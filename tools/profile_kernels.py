@@ -31,6 +31,8 @@ from collections import Counter
 
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_prior
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -124,7 +126,7 @@ def freesolo_calls(n: int, args) -> dict:
     shape = (1, n, args.heads, args.dim)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    cells = select_cells(q.detach(), k.detach(), variant="fsl")
+    cells = select_cells(q.detach(), k.detach(), fs_config("fsl"), fs_prior())
 
     def both(f):
         return (lambda: f()), (lambda: torch.autograd.grad(f(), (q, k, v), g))
@@ -132,13 +134,13 @@ def freesolo_calls(n: int, args) -> dict:
     calls = {}
     for name, f in (
         ("swa", lambda: sliding_window_attention(q, k, v, window=args.window)),
-        ("readout by_cell", lambda: cell_readout(q, k, v, cells)),
-        ("readout atomic", lambda: cell_readout(q, k, v, cells, dkdv="atomic")),
+        ("readout by_cell", lambda: cell_readout(q, k, v, cells, fs_config())),
+        ("readout atomic", lambda: cell_readout(q, k, v, cells, fs_config(), dkdv="atomic")),
     ):
         calls[name + " fwd"], calls[name + " fwd+bwd"] = both(f)
     for variant in ("fs", "fsl"):
         calls[f"routing {variant} fwd"] = lambda variant=variant: select_cells(q.detach(), k.detach(),
-                                                                               variant=variant)
+                                                                               fs_config(variant), fs_prior())
     return calls
 
 

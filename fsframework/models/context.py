@@ -35,6 +35,8 @@ from typing import Optional, Protocol, Union
 
 import torch
 
+from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
+
 
 @dataclass(frozen=True)
 class RetainedCells:
@@ -53,19 +55,18 @@ Span = Union[None, int, RetainedCells]
 
 class CellRouter(Protocol):
     """What a source needs of a routed layer to route for it from cell summaries
-    (`fsframework.models.freesolo_attention.FreeSoloAttention`)."""
+    (`fsframework.models.freesolo_attention.FreeSoloAttention`): data, which the source hands to the
+    FreeSolo ops (`fsframework.ops.freesolo.summarize_cells`, `select_cells_from_summaries`)."""
 
-    cfg: object  # the model config: `cfg.attention` has cell_size, block_size, window
+    settings: "FreeSoloConfig"  # the layer's FreeSolo settings (cell_size, block_size, window, ...)
+
+    @property
+    def prior(self) -> "RoutingPrior":
+        """The layer's routing prior (sigma, lam per head)."""
 
     @property
     def routes_from_summaries(self) -> bool:
         """Its routing reads only the cells' summaries (FS), so a source may route from gathered ones."""
-
-    def summarize(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Own keys `[B, n, H, d]` -> their complete cells' summaries kbar `[B, H, C, d]`, a `[B, H, C]`."""
-
-    def route_summaries(self, q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, q_start: int) -> torch.Tensor:
-        """Queries of `[q_start, q_start + n)` and the summaries of the cells of `[0, q_start + n)` -> cells."""
 
 
 class KeySource(ABC):

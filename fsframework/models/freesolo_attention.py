@@ -25,8 +25,8 @@ from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
-from fsframework.ops.freesolo import (cell_readout, select_cells, select_cells_from_summaries, summarize_cells,
-                                      unit_gradient_gain)
+from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
+from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 from fsframework.ops.offset_attention import window_attention_at
 
 
@@ -55,6 +55,8 @@ class FreeSoloAttention(QKVAttention):
         if a.combine not in COMBINE_MODES:
             raise ValueError(f"model.attention.combine={a.combine!r} is not one of {COMBINE_MODES}")
         super().__init__(cfg, layer_idx, key_span)  # wq, wk, wv, wo
+        # the settings the FreeSolo ops read, built once and passed whole (to the ops, SP and the caches)
+        self.settings = FreeSoloConfig.from_attention(a, self.routing)
         # the readout gain g, learned as g itself or as log g (docs/freesolo.md §1.6); the two
         # forms have different names, so weights of one never load silently into the other
         if a.readout_gain_param == "log":
@@ -103,42 +105,22 @@ class FreeSoloAttention(QKVAttention):
             return self.lr_norm_log_gain.exp()
         return self.lr_norm_weight
 
+    @property
+    def prior(self) -> RoutingPrior:
+        """The routing prior as data: the buffers sigma, lam `[H]` and FS-B's thresholds tau `[H]`
+        (None but for FS-B; ValueError when FS-B's were never set, `fsb_tau`)."""
+        return RoutingPrior(sigma=self.sigma, lam=self.lam, tau=self.fsb_tau() if self.routing == "fsb" else None)
+
     def route(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """Unrotated q of positions `[q_start, q_start + n)` and k of `[0, q_start + n)`
-        `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient). One method, so
-        diagnostics can measure or replace it."""
-        if self.routing == "fsb":
-            return self.route_fsb(q, k, q_start)
-        return select_cells(q, k, sigma=self.sigma, lam=self.lam, q_start=q_start, **self._routing_settings())
+        `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient; FS-B: `fsb.top_k` cells,
+        docs/freesolo.md §1.8). One method, so diagnostics can measure or replace it."""
+        return select_cells(q, k, self.settings, self.prior, q_start=q_start)
 
     @property
     def routes_from_summaries(self) -> bool:
         """FS routing reads only the cells' summaries; FS-L's pruning and FS-B's rescoring read more."""
         return self.routing == "fs"
-
-    def _routing_settings(self) -> dict:
-        """The `select_cells` settings of this layer's routing (FS, FS-L), from the config."""
-        a = self.cfg.attention
-        return dict(variant=self.routing, cell_size=a.cell_size, block_size=a.block_size, top_k=a.top_k,
-                    recent_cells=a.recent_cells, retained_cells=a.retained_cells, impl=a.impl)
-
-    def summarize(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unrotated keys `[B, n, H, Dh]` -> the summaries `route` reads of their complete cells:
-        kbar `[B, H, C, Dh]`, a `[B, H, C]` (no gradient)."""
-        return summarize_cells(k, **self._routing_settings())
-
-    def route_summaries(self, q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, q_start: int) -> torch.Tensor:
-        """`route` from the summaries (`summarize`) of the cells of `[0, q_start + n)` instead of the keys
-        (FS; a sequence-parallel rank gathers them from the earlier ranks) -> the same cells."""
-        return select_cells_from_summaries(q, kbar, a, sigma=self.sigma, lam=self.lam, q_start=q_start,
-                                           **self._routing_settings())
-
-    def route_fsb(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
-        """FS-B routing (docs/freesolo.md §1.8): `[B, n, H, fsb.top_k]` cells, no gradient."""
-        a = self.cfg.attention
-        return select_cells(q, k, variant="fsb", cell_size=a.cell_size, block_size=a.block_size, top_k=a.fsb.top_k,
-                            sigma=self.sigma, lam=self.lam, q_start=q_start, beam_width=a.fsb.beam_width,
-                            bound_c=a.fsb.bound_c, forests=a.fsb.forests, tau=self.fsb_tau(), impl=a.impl)
 
     def fsb_tau(self) -> Optional[torch.Tensor]:
         """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""
@@ -179,19 +161,19 @@ class FreeSoloAttention(QKVAttention):
             q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
         if cells is None:
             cells = self.route(q, k, start - pad)
-        if a.readout_backward == "unit":  # the branch learns as if read at gain 1 (docs/freesolo.md §1.6)
-            long_range = unit_gradient_gain(cell_readout(q, k, v, cells, cell_size=a.cell_size, impl=a.impl,
-                                                         q_start=own_at - pad), self.readout_gain())
+        if self.settings.readout_backward == "unit":  # learns as if read at gain 1 (docs/freesolo.md §1.6)
+            long_range = unit_gradient_gain(cell_readout(q, k, v, cells, self.settings, q_start=own_at - pad),
+                                            self.readout_gain())
         else:
-            long_range = cell_readout(q, k, v, cells, cell_size=a.cell_size, rms_weight=self.readout_gain(),
-                                      impl=a.impl, q_start=own_at - pad)
+            long_range = cell_readout(q, k, v, cells, self.settings, rms_weight=self.readout_gain(),
+                                      q_start=own_at - pad)
         return local, long_range[:, pad:]
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
         if isinstance(source, LayerStateSource):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
             q, k, v = self.project(x, source.start)
-            return source.layer_state(self.layer_idx).branches(self, q, k, v, source.start)
+            return source.layer_state(self.layer_idx).branches(q, k, v, source.start, self.readout_gain())
         q, k, v = self.project(x, source.start)
         k, v, cells = source.routed_keys(self.layer_idx, q, k, v, self.key_span, self)
         return self.attend(q, k, v, source.start, cells)

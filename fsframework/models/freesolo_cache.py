@@ -21,7 +21,9 @@ largest key norm `a`) are computed once, from their raw keys.
   keys/values and summaries. Its size, the keys and values of `w + Bq + (P + W) s`
   positions, does not depend on the context.
 
-The caches hold tensors and call the ops of the whole-sequence path: `block_candidates`
+A cache is built from its layer's data (`settings`, a `FreeSoloConfig`; `prior`, a `RoutingPrior`;
+`fsframework.ops.freesolo_config`) and is handed the readout gain with each piece: it calls
+nothing of the layer. The caches hold tensors and call the ops of the whole-sequence path: `block_candidates`
 prepares what a block's queries are scored against (once per block, at its first token) and its
 `route` scores them, `admit_fsl` / `admit_fsb` advance FS-L's candidate set and FS-B's
 forests at a boundary, `cell_readout_kept` is `cell_readout` over the kept cells. So all give
@@ -35,7 +37,9 @@ from torch import nn
 
 from fsframework.models.kv_cache import GrowingBuffer, WindowKV, tensor_bytes
 from fsframework.ops.freesolo import cell_readout_kept
-from fsframework.ops.freesolo_routing import BlockCandidates, FSLState, admit_fsl, block_candidates, cell_summaries
+from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
+from fsframework.ops.freesolo_routing import (BlockCandidates, FSLState, admit_fsl, block_candidates, cell_summaries,
+                                               query_blocks)
 from fsframework.ops.offset_attention import window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -44,7 +48,10 @@ class _FreeSoloLayerCache:
     """What the FreeSolo caches share: the piece checks, the local branch and the long-range read."""
 
     def __init__(self, module: nn.Module):
-        a = module.cfg.attention
+        # the layer's settings and routing prior, as data (the prior's tensors are the layer's buffers)
+        self.settings: FreeSoloConfig = module.settings
+        self.prior: RoutingPrior = module.prior
+        a = self.settings
         self.window, self.cell_size, self.block_size = a.window, a.cell_size, a.block_size
         self.num_cells = 0  # cells eligible for the current block: c < num_cells
         self.length = 0
@@ -54,40 +61,39 @@ class _FreeSoloLayerCache:
         # the last piece's choice and what maps it to cell ids (`selected`)
         self._selection: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
-    def branches(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unrotated q, k, v `[B, n, H, d]` of positions `[start, start + n)` -> (local, LR) `[B, n, H, d]`.
+    def branches(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                 gain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unrotated q, k, v `[B, n, H, d]` of positions `[start, start + n)` -> (local, LR) `[B, n, H, d]`;
+        gain: the layer's readout RMSNorm gain `[H, d]` (docs/freesolo.md §1.6).
 
         A piece that crosses query blocks (a prefill chunk) is run block by block."""
         if start != self.length:
             raise ValueError(f"the cache holds {self.length} positions, got a piece starting at {start}")
-        ends = list(range(start - start % self.block_size + self.block_size, start + q.shape[1], self.block_size))
-        if not ends:
-            return self._block_branches(module, q, k, v, start)
-        outs, at = [], 0
-        for stop in ends + [start + q.shape[1]]:
-            piece = slice(at, stop - start)
-            outs.append(self._block_branches(module, q[:, piece], k[:, piece], v[:, piece], start + at))
-            at = stop - start
+        pieces = list(query_blocks(self.block_size, start, start + q.shape[1]))
+        if len(pieces) <= 1:  # a decoded token, or a chunk inside one block: no copy
+            return self._block_branches(q, k, v, start, gain)
+        outs = []
+        for lo, hi in pieces:
+            piece = slice(lo - start, hi - start)
+            outs.append(self._block_branches(q[:, piece], k[:, piece], v[:, piece], lo, gain))
         return torch.cat([o[0] for o in outs], dim=1), torch.cat([o[1] for o in outs], dim=1)
 
-    def _block_branches(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _block_branches(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                        gain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`branches` for a piece inside one query block: its queries share one available set."""
         n = q.shape[1]
         block = start - start % self.block_size
         if block // self.cell_size > self.num_cells:
             self._admit(block // self.cell_size)  # a new block: its eligible prefix moves
             self.candidates = None
-        a = module.cfg.attention
-        local = self._local(q, k, v, start, a)
+        local = self._local(q, k, v, start, self.settings)
         self.length += n
         if self.num_cells == 0:  # the first block reads nothing long range: exactly 0, as in the full form
             self._selection = (torch.full((*q.shape[:3], self.top_k), -1, dtype=torch.long, device=q.device), None)
             return local, torch.zeros_like(q)
-        choice, cells_k, cells_v, ids = self._route(module, q, start)
+        choice, cells_k, cells_v, ids = self._route(q, start)
         self._selection = (choice, ids)
-        return local, cell_readout_kept(q, cells_k, cells_v, choice, rms_weight=module.readout_gain())
+        return local, cell_readout_kept(q, cells_k, cells_v, choice, rms_weight=gain)
 
     @property
     def selected(self) -> torch.Tensor | None:
@@ -138,15 +144,14 @@ class FSCache(_FreeSoloLayerCache):
         bsz, heads, capacity, dim = x.shape
         return x.view(bsz, heads, capacity // self.cell_size, self.cell_size, dim)
 
-    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
+    def _route(self, q: torch.Tensor, start: int):
         """Eq. 7 over every eligible cell: the choice `[B, n, H, K]` (cell ids), the archive cell-major,
         None (the choice is the cell ids)."""
         if self.candidates is None:
             kbar, a = self.summaries.view()
             a = a.transpose(1, 2)  # B H C
             centers = self._centers(torch.arange(self.num_cells, device=a.device), a)
-            self.candidates = block_candidates(kbar.transpose(1, 2), a, centers, None, sigma=module.sigma,
-                                               lam=module.lam)
+            self.candidates = block_candidates(kbar.transpose(1, 2), a, centers, None, self.prior)
         keys, values = self.archive.tensors
         return self.candidates.route(q, start, self.top_k), self.cells(keys), self.cells(values), None
 
@@ -160,8 +165,7 @@ class FSLCache(_FreeSoloLayerCache):
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        a = module.cfg.attention
-        self.retained, self.recent = a.retained_cells, a.recent_cells
+        self.retained, self.recent = self.settings.retained_cells, self.settings.recent_cells
         self.local = WindowKV(self.window)
         # B Bq H d keys, values of positions [num_cells * s, length): one block at most, cleared when it ends
         self.pending = GrowingBuffer(min_capacity=self.block_size)
@@ -200,14 +204,13 @@ class FSLCache(_FreeSoloLayerCache):
         self.pending.clear()  # the block's positions now live in the candidates (or are dropped)
         self.num_cells = num_cells
 
-    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
+    def _route(self, q: torch.Tensor, start: int):
         """Eq. 7 over the candidates: the choice `[B, n, H, K]` (positions into them), their raw keys and
         values `[B, H, M, s, d]`, and their cell ids `[B, H, M]`."""
         st = self.state
         if self.candidates is None:
             self.candidates = block_candidates(st.kbar, st.a, self._centers(st.cells, st.a),
-                                               st.valid(self.num_cells, self.recent), sigma=module.sigma,
-                                               lam=module.lam)
+                                               st.valid(self.num_cells, self.recent), self.prior)
         return self.candidates.route(q, start, self.top_k), st.keys, st.values, st.cells
 
     @property

@@ -11,7 +11,7 @@ from torch import nn
 
 from fsframework.models.freesolo_cache import FSCache
 from fsframework.models.kv_cache import GrowingBuffer
-from fsframework.ops.freesolo_routing import prior_per_head
+from fsframework.ops.freesolo_config import RoutingPrior
 from fsframework.ops.fsb_search import FSBState, admit_fsb, route_fsb_block, start_fsb
 
 
@@ -24,15 +24,12 @@ class FSBCache(FSCache):
     at each boundary, so a token does not transpose FS's `[B, C, H]` copy)."""
 
     def __init__(self, module: nn.Module):
-        super().__init__(module)
-        a = module.cfg.attention
-        self.forest_choice = a.fsb.forests
-        tau = module.fsb_tau()  # raises by name when the thresholds were never set
+        super().__init__(module)  # the layer's prior: tau raises by name when the thresholds were never set
+        tau = self.prior.tau
         self.tau = None if tau is None else tau.detach().clone()
-        self.beam_width, self.bound_c, self.top_k = a.fsb.beam_width, a.fsb.bound_c, a.fsb.top_k
         self.state: FSBState | None = None
         self.priorities = GrowingBuffer(dim=1)  # a `[G, C]`, rows g = (b, h)
-        self.prior: tuple[torch.Tensor, torch.Tensor] | None = None  # sigma, lam `[G]`, built by the first route
+        self.prior_rows: RoutingPrior | None = None  # sigma, lam `[G]`, built by the first route
 
     def _admit(self, num_cells: int) -> None:
         seen = self.num_cells
@@ -40,27 +37,24 @@ class FSBCache(FSCache):
         kbar, a = self.summaries.view(seen, num_cells)  # B n H d, B n H
         bsz, _, heads, dim = kbar.shape
         if self.state is None:
-            self.state = start_fsb(self.tau, self.forest_choice, bsz, heads, dim, like=a)
+            self.state = start_fsb(self.tau, self.settings.forests, bsz, heads, dim, like=a)
         ids = torch.arange(seen, num_cells, device=a.device)
         # rows g = (b, h), as the whole-sequence search's
         a_rows = a.transpose(1, 2).flatten(0, 1)
         self.priorities.append(a_rows)
         self.state = admit_fsb(self.state, kbar.transpose(1, 2).flatten(0, 1), a_rows, self._centers(ids, a), ids)
 
-    def _route(self, module: nn.Module, q: torch.Tensor, start: int):
+    def _route(self, q: torch.Tensor, start: int):
         bsz, num, heads, dim = q.shape
         a = self.priorities.view()[0]  # G C
         acc = a.dtype
-        if self.prior is None:  # per row g = (b, h), once: the batch, heads and dtype are the cache's for life
-            self.prior = prior_per_head(module.sigma, module.lam, heads, like=a, batch=bsz)
-        sigma, lam = self.prior
+        if self.prior_rows is None:  # per row g = (b, h), once: the batch, heads and dtype are the cache's for life
+            self.prior_rows = RoutingPrior(*self.prior.per_head(heads, like=a, batch=bsz))
         q_g = q.detach().to(acc).permute(0, 2, 1, 3).reshape(bsz * heads, num, dim)
         pos = torch.arange(start, start + num, device=q.device, dtype=acc)
         keys, values = (self.cells(x) for x in self.archive.tensors)  # B H C' s d, read in place
         with torch.no_grad():
-            choice = route_fsb_block(self.state, q_g, pos, keys.flatten(0, 1), a, cell_size=self.cell_size,
-                                     lam=lam, sigma=sigma, beam_width=self.beam_width, bound_c=self.bound_c,
-                                     top_k=self.top_k, impl=module.cfg.attention.impl)
+            choice = route_fsb_block(self.state, q_g, pos, keys.flatten(0, 1), a, self.settings, self.prior_rows)
         choice = choice.view(bsz, heads, num, self.top_k).transpose(1, 2)
         return choice, keys, values, None  # the choice is cell ids
 

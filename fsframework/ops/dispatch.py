@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from fsf_kernels.common.support import device_unsupported  # torch only: loads no Triton
 from fsframework.ops.impls import IMPLS, check_impl  # noqa: F401 (IMPLS re-exported: ops import it from here)
 
 _warned: set[str] = set()  # what "auto" has already reported: failed imports and refused calls
@@ -50,8 +51,6 @@ def kernel_for(module: str, name: str, impl: str, tensor: torch.Tensor,
         return None
     target = f"fsf_kernels.{module}.{name}"
     if unsupported is None and tensor.is_cuda:
-        from fsf_kernels.common.support import device_unsupported  # torch only
-
         unsupported = device_unsupported(tensor.device)
     if unsupported is not None:
         if impl == "triton":

@@ -24,15 +24,17 @@ and ties in the routing score `r_ic` are both won by the earlier cell.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, check_summaries, prior_per_head
+from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 
 __all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_summaries",
-           "check_query_offset", "check_routing_args", "prior_per_head", "route_candidates",
+           "check_query_offset", "check_routing_args", "prior_per_head", "query_blocks", "route_candidates",
            "select_cells_from_summaries_reference", "select_cells_reference", "summaries_by_head", "top_k_earliest"]
 
 
@@ -104,23 +106,17 @@ def _top_k_by_sort(scores: torch.Tensor, valid: torch.Tensor | None, kt: int) ->
     return taken if valid is None else torch.where(valid.expand_as(scores).gather(-1, taken), taken, -1)
 
 
-def select_cells_reference(q: torch.Tensor, k: torch.Tensor, *, variant: str = "fs", cell_size: int = 32,
-                           block_size: int = 128, top_k: int = 4, sigma: float | torch.Tensor = 4.0,
-                           lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
-                           retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
+def select_cells_reference(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior, *,
+                           q_start: int = 0) -> torch.Tensor:
     """Selected cells `[Bt, N, H, top_k]` (descending score, -1 = none) for unrotated q, k `[Bt, N, H, d]`.
 
     With `q_start` > 0, q holds only the queries of positions `[q_start, q_start + n)`
     and k the keys of `[0, q_start + n)`; the result is then `[Bt, n, H, top_k]`.
     See `fsframework.ops.freesolo.select_cells` for the full contract.
     """
-    check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                       recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
-    kbar, a = summaries_by_head(k, cell_size)
-    return select_cells_from_summaries_reference(q, kbar, a, variant=variant, cell_size=cell_size,
-                                                 block_size=block_size, top_k=top_k, sigma=sigma, lam=lam,
-                                                 recent_cells=recent_cells, retained_cells=retained_cells,
-                                                 q_start=q_start)
+    check_routing_args(q, k, config, q_start=q_start)
+    kbar, a = summaries_by_head(k, config.cell_size)
+    return select_cells_from_summaries_reference(q, kbar, a, config, prior, q_start=q_start)
 
 
 def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,26 +126,23 @@ def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, to
     return kbar.transpose(1, 2), a.transpose(1, 2).contiguous()
 
 
-def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *,
-                                          variant: str = "fs", cell_size: int = 32, block_size: int = 128,
-                                          top_k: int = 4, sigma: float | torch.Tensor = 4.0,
-                                          lam: float | torch.Tensor = 1.0, recent_cells: int = 8,
-                                          retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
+def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, config: FreeSoloConfig,
+                                          prior: RoutingPrior, *, q_start: int = 0) -> torch.Tensor:
     """`select_cells_reference` from the keys' summaries (`summaries_by_head`): q `[Bt, n, H, d]` at
     positions `[q_start, q_start + n)`, kbar `[Bt, H, C, d]` and a `[Bt, H, C]` of the complete cells of
     `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype."""
     bsz, seq, heads, dim = q.shape
+    cell_size = config.cell_size
     check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
     num_cells = (q_start + seq) // cell_size
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
-    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
-    out = torch.full((bsz, seq, heads, top_k), -1, dtype=torch.long, device=q.device)
+    prior_h = RoutingPrior(*prior.per_head(heads, like=like))
+    out = torch.full((bsz, seq, heads, config.top_k), -1, dtype=torch.long, device=q.device)
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         centers = (torch.arange(num_cells, device=q.device, dtype=acc) + 0.5) * cell_size
-        route = _route_fs if variant == "fs" else _route_fsl
-        route(q, kbar, a, centers, out, cell_size=cell_size, block_size=block_size, top_k=top_k,
-              sigma=sigma_h, lam=lam_h, recent=recent_cells, retained=retained_cells, q_start=q_start)
+        route = _route_fs if config.variant == "fs" else _route_fsl
+        route(q, kbar, a, centers, out, config, prior_h, q_start)
     return out
 
 
@@ -177,22 +170,21 @@ class BlockCandidates:
             return top_k_earliest(content + prior, self.valid, top_k)
 
 
-def block_candidates(kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, valid: torch.Tensor | None, *,
-                     sigma: float | torch.Tensor, lam: float | torch.Tensor) -> BlockCandidates:
+def block_candidates(kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, valid: torch.Tensor | None,
+                     prior: RoutingPrior) -> BlockCandidates:
     """A block's `BlockCandidates` from its candidates' summaries: kbar `[Bt, H, M, d]`, a `[Bt, H, M]`,
-    centers `(c + 1/2) s` broadcastable to `[Bt, H, M]`, valid bool `[Bt, H, M]` or None; sigma (> 0) and
-    lam (>= 0) floats or `[H]` tensors. Candidates are listed in cell order among the valid ones, so
-    ties go to the earlier cell."""
+    centers `(c + 1/2) s` broadcastable to `[Bt, H, M]`, valid bool `[Bt, H, M]` or None; the prior's
+    sigma (> 0) and lam (>= 0) floats or `[H]` tensors. Candidates are listed in cell order among the
+    valid ones, so ties go to the earlier cell."""
     like = torch.empty((), dtype=kbar.dtype, device=kbar.device)
-    sigma_h, lam_h = prior_per_head(sigma, lam, kbar.shape[1], like=like)
+    sigma_h, lam_h = prior.per_head(kbar.shape[1], like=like)
     return BlockCandidates(kbar=kbar, amplitude=(lam_h[:, None] * a)[:, None],
                            centers=centers.expand_as(a)[:, None], width=(2.0 * sigma_h)[:, None],
                            valid=None if valid is None else valid[:, None])
 
 
 def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
-                     valid: torch.Tensor | None, *, top_k: int, sigma: float | torch.Tensor,
-                     lam: float | torch.Tensor) -> torch.Tensor:
+                     valid: torch.Tensor | None, prior: RoutingPrior, top_k: int) -> torch.Tensor:
     """Eq. 7 and top-K for the queries of one query block over its available cells -> `[Bt, n, H, K]`
     positions into M, best first, -1 where fewer are valid: `block_candidates(...).route(q, q_start, top_k)`.
 
@@ -201,7 +193,7 @@ def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch
     broadcastable to `[Bt, H, M]`; valid: bool `[Bt, H, M]` or None. Candidates are listed in cell
     order among the valid ones, so ties go to the earlier cell.
     """
-    return block_candidates(kbar, a, centers, valid, sigma=sigma, lam=lam).route(q, q_start, top_k)
+    return block_candidates(kbar, a, centers, valid, prior).route(q, q_start, top_k)
 
 
 @dataclass(frozen=True)
@@ -263,40 +255,47 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index.view(*index.shape, *([1] * (x.dim() - 3))).expand(*index.shape, *x.shape[3:]))
 
 
-def _route_fs(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, q_start=0, **_):
+def query_blocks(block_size: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+    """The pieces of positions `[begin, end)` that lie in one query block each, in order: `(lo, hi)`, the
+    block's positions clipped to `[begin, end)`. The queries of a block share their available cells
+    (docs/freesolo.md §1.3), so routing, FS-B's search and the decode caches all walk blocks with it."""
+    for first in range(begin - begin % block_size, end, block_size):
+        yield max(first, begin), min(first + block_size, end)
+
+
+def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int):
     """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
+    cell_size, block_size = config.cell_size, config.block_size
     seq = q_start + q.shape[1]
-    for start in range(max(block_size, q_start), seq, block_size):  # the first block has no eligible cell
-        end = min(start + block_size, seq)
+    for start, end in query_blocks(block_size, max(block_size, q_start), seq):  # the first block has no cell
         num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
         rows = slice(start - q_start, end - q_start)
         # position == cell index
         out[:, rows] = route_candidates(q[:, rows], start, kbar_h[:, :, :num], a_h[:, :, :num], centers[:num], None,
-                                        top_k=top_k, sigma=sigma, lam=lam)
+                                        prior, config.top_k)
 
 
-def _route_fsl(q, kbar_h, a_h, centers, out, *, cell_size, block_size, top_k, sigma, lam, recent, retained,
-               q_start=0):
+def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int):
     """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, the candidates kept by `admit_fsl`.
 
     The retained set is built from the first block on even when queries start at
     `q_start` (it depends on the whole history); only blocks from `q_start` are scored.
     """
     bsz, num_q, heads, dim = q.shape
+    cell_size, block_size, recent = config.cell_size, config.block_size, config.recent_cells
     seq = q_start + num_q
     state, num_seen = None, 0
-    for start in range(block_size, seq, block_size):
-        end = min(start + block_size, seq)
+    for start, end in query_blocks(block_size, block_size, seq):
         num = start // cell_size
         new = FSLState(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
                        a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
-        state = admit_fsl(state, new, retained=retained, recent=recent)
+        state = admit_fsl(state, new, retained=config.retained_cells, recent=recent)
         num_seen = num
         if start < q_start:
             continue
         rows = slice(start - q_start, end - q_start)
         cells = state.cells
         choice = route_candidates(q[:, rows], start, state.kbar, state.a, centers[cells], state.valid(num, recent),
-                                  top_k=top_k, sigma=sigma, lam=lam)
+                                  prior, config.top_k)
         chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
         out[:, rows] = torch.where(choice >= 0, chosen, -1)

@@ -44,10 +44,11 @@ from typing import NamedTuple
 
 import torch
 
-from fsf_kernels.common.args import check_routing_args, prior_per_head
+from fsf_kernels.common.args import check_routing_args
 from fsf_kernels.common.support import fsb_search_unsupported
 from fsframework.ops.dispatch import kernel_for
-from fsframework.ops.freesolo_routing import cell_summaries, top_k_earliest
+from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
+from fsframework.ops.freesolo_routing import cell_summaries, query_blocks, top_k_earliest
 from fsframework.ops.fsb_forest import Forests, NodeStore
 from fsframework.ops.fsb_states import forest_states
 
@@ -248,14 +249,14 @@ def shared_walk(links: torch.Tensor, roots: torch.Tensor, beam_width: int) -> tu
     return beam, leaf, cells, children
 
 
-def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, *, beam_width: int,
-                lam: torch.Tensor, sigma: torch.Tensor, bound_c: float, impl: str = "reference",
-                walks: dict | None = None) -> torch.Tensor:
+def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, config: FreeSoloConfig,
+                prior: RoutingPrior, *, walks: dict | None = None) -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
-    With `impl` picking the kernel (`fsf_kernels.fsb_search`), the same cells per (row, query),
-    in slots of its own (the slots are storage: the rescoring sorts them).
+    With `config.impl` picking the kernel (`fsf_kernels.fsb_search`), the same cells per (row, query),
+    in slots of its own (the slots are storage: the rescoring sorts them). Reads config's beam_width
+    (Wb) and bound_c.
 
-    roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, lam, sigma `[G]`. A step keeps
+    roots `[G]` (-1: an empty forest), q `[G, Q, d]`, pos `[Q]`, the prior's lam, sigma `[G]`. A step keeps
     the beam's leaves in their slots and fills its other slots with the children of its inner
     nodes in order of `U_v` (ties: smaller `pmin_v`). The nodes a beam holds are disjoint
     subtrees, so their `pmin_v` differ and the order is total: slots are only storage.
@@ -264,7 +265,8 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     state of the forests where `walks` keeps them (a dict per forests' state, keyed by beam width:
     a decoded block's tokens search the same forests).
     """
-    kernel = kernel_for("fsb_search", "beam_search", impl, q,
+    beam_width, bound_c, lam, sigma = config.beam_width, config.bound_c, prior.lam, prior.sigma
+    kernel = kernel_for("fsb_search", "beam_search", config.impl, q,
                         fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=beam_width))
     if kernel is not None:
         buffers = store.buffers
@@ -295,14 +297,13 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
             return torch.where(leaf, cells, -1)
 
 
-def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Tensor, cand: torch.Tensor, *,
-            cell_size: int, top_k: int, lam: torch.Tensor, sigma: torch.Tensor,
-            scores_budget: int = 1 << 22) -> torch.Tensor:
+def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Tensor, cand: torch.Tensor,
+            config: FreeSoloConfig, prior: RoutingPrior, *, scores_budget: int = 1 << 22) -> torch.Tensor:
     """Top-K cells of Eq. 12 among candidates `cand [G, Q, m]` (-1 pads, duplicates allowed) -> `[G, Q, K]`.
 
     Per row g (a batch row and head): q `[G, Q, d]` (one query block), the unrotated keys
     cell-major `[G, C', s, d]` (C' >= C: read in place), a `[G, C]` (read in place too: any
-    strides); pos `[Q]`, lam, sigma `[G]`; cell c's center is `(c + 1/2) s`. Ties go to the
+    strides); pos `[Q]`, the prior's lam, sigma `[G]`; cell c's center is `(c + 1/2) s`. Ties go to the
     earlier cell. The log-sum-exps are computed once per block for the union `U` of the block's
     candidates (`|U| <= min(C, Q m)`: a bounded `Q x |U| s` matmul, no per-query copy of keys), as
     many queries at a time as keep the token scores within `scores_budget` elements. Nothing here
@@ -311,6 +312,7 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Ten
     """
     groups, num_q, dim = q.shape
     num_cells = a.shape[-1]
+    cell_size, lam, sigma = config.cell_size, prior.lam, prior.sigma
     # ascending cell order with pads last (C), duplicates dropped: position order is cell order
     cand = torch.where(cand >= 0, cand, num_cells).sort(dim=-1).values
     valid = cand < num_cells
@@ -331,7 +333,7 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Ten
     scores = lse.gather(-1, slot.view_as(cand))
     gate = torch.erf((pos[:, None] - (idx.to(q.dtype) + 0.5) * cell_size) / (2.0 * sigma[:, None, None]))
     scores = scores + lam[:, None, None] * a[rows[:, :, None], idx] * gate
-    choice = top_k_earliest(scores, valid, top_k)
+    choice = top_k_earliest(scores, valid, config.top_k)
     return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
 
 
@@ -365,33 +367,30 @@ def admit_fsb(state: FSBState, kbar: torch.Tensor, a: torch.Tensor, centers: tor
 
 
 def route_fsb_block(state: FSBState, q: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor,
-                    *, cell_size: int, lam: torch.Tensor, sigma: torch.Tensor, beam_width: int,
-                    bound_c: float, top_k: int, impl: str = "reference") -> torch.Tensor:
+                    config: FreeSoloConfig, prior: RoutingPrior) -> torch.Tensor:
     """FS-B's cells for the queries of one block -> `[G, Q, K]` cell ids, -1 = none.
 
     q `[G, Q, d]` at positions `pos [Q]`, one row per (batch row, head) g; keys cell-major
     `[G, C', s, d]` (C' >= C: read in place), a `[G, C]` of the C eligible cells (any strides);
-    lam, sigma `[G]`. A beam per query searches every forest of its row (`beam_search`), and the
-    union of what they found is rescored by Eq. 12 (`rescore`). `impl` picks the search's
+    the prior's lam, sigma `[G]`. A beam per query searches every forest of its row (`beam_search`), and
+    the union of what they found is rescored by Eq. 12 (`rescore`). `config.impl` picks the search's
     implementation (`beam_search`).
     """
-    return _search_and_rescore(state.forests.store, state.forests.root, state.walks, q, pos, keys, a,
-                               cell_size=cell_size, lam=lam, sigma=sigma, beam_width=beam_width, bound_c=bound_c,
-                               top_k=top_k, impl=impl)
+    return _search_and_rescore(state.forests.store, state.forests.root, state.walks, q, pos, keys, a, config, prior)
 
 
 def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | None, q: torch.Tensor,
-                        pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, *, cell_size: int,
-                        lam: torch.Tensor, sigma: torch.Tensor, beam_width: int, bound_c: float, top_k: int,
-                        impl: str) -> torch.Tensor:
-    """`route_fsb_block` over forests given by their node store and roots `[G kinds]`."""
+                        pos: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, config: FreeSoloConfig,
+                        prior: RoutingPrior) -> torch.Tensor:
+    """`route_fsb_block` over forests given by their node store and roots `[G kinds]`; the prior's lam,
+    sigma `[G]`."""
     groups, num_q = q.shape[:2]
     kinds = store.rows // groups
-    found = beam_search(store, roots, q.repeat_interleave(kinds, dim=0), pos, beam_width=beam_width,
-                        lam=lam.repeat_interleave(kinds), sigma=sigma.repeat_interleave(kinds), bound_c=bound_c,
-                        impl=impl, walks=walks)  # [G kinds, Q, Wb]
-    cand = found.view(groups, kinds, num_q, beam_width).transpose(1, 2).flatten(2)
-    return rescore(q, keys, a, pos, cand, cell_size=cell_size, top_k=top_k, lam=lam, sigma=sigma)
+    per_forest = RoutingPrior(sigma=prior.sigma.repeat_interleave(kinds), lam=prior.lam.repeat_interleave(kinds))
+    found = beam_search(store, roots, q.repeat_interleave(kinds, dim=0), pos, config, per_forest,
+                        walks=walks)  # [G kinds, Q, Wb]
+    cand = found.view(groups, kinds, num_q, config.beam_width).transpose(1, 2).flatten(2)
+    return rescore(q, keys, a, pos, cand, config, prior)
 
 
 # node memory the forests of one window of blocks may take (`select_cells_fsb`); a window is never made
@@ -410,27 +409,27 @@ def _blocks_per_window(kbar_rows: torch.Tensor, cells_per_block: int) -> int:
     return max(1, (slots - 2 * most) // ((cells_per_block + 1) * bits))
 
 
-def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | None = None, beam_width: int = 16,
-                     bound_c: float = 8.0, forests: str = "both", cell_size: int = 32, block_size: int = 128,
-                     top_k: int = 4, sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
-                     q_start: int = 0, impl: str = "reference") -> torch.Tensor:
+def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior, *,
+                     q_start: int = 0) -> torch.Tensor:
     """FS-B selected cells `[Bt, n, H, top_k]` (descending Eq. 12 score, -1 = none); see module docstring.
 
     q, k unrotated `[Bt, N, H, d]` (or q of positions `[q_start, q_start + n)` over k of
-    `[0, q_start + n)`); tau `[H]` (needed unless forests="f0"). The forests are built from
+    `[0, q_start + n)`); prior.tau `[H]` (needed unless config.forests="f0"). The forests are built from
     the first block on, whatever `q_start`; only the queries of q are searched. Every batch
-    row, head and forest is searched at once (one node store, one beam tensor); `impl` picks the
+    row, head and forest is searched at once (one node store, one beam tensor); `config.impl` picks the
     search's implementation (`beam_search`). The forests of every block are built at once
     (`fsframework.ops.fsb_states`), the same nodes a decode cache grows block by block.
     """
-    check_routing_args(q, k, variant="fs", cell_size=cell_size, block_size=block_size, top_k=top_k,
-                       recent_cells=0, retained_cells=0, q_start=q_start)
+    # FS-B searches every eligible cell, as FS routes: the sizes FS checks
+    check_routing_args(q, k, config.replace(variant="fs", recent_cells=0, retained_cells=0), q_start=q_start)
+    cell_size, block_size, top_k, tau = config.cell_size, config.block_size, config.top_k, prior.tau
     bsz, num_q, heads, dim = q.shape
-    check_fsb_args(tau, heads, beam_width=beam_width, top_k=top_k, bound_c=bound_c, forests=forests)
+    check_fsb_args(tau, heads, beam_width=config.beam_width, top_k=top_k, bound_c=config.bound_c,
+                   forests=config.forests)
     acc = torch.promote_types(q.dtype, torch.float32)
     device = q.device
     like = torch.empty((), dtype=acc, device=device)
-    sigma_g, lam_g = prior_per_head(sigma, lam, heads, like=like, batch=bsz)  # [G], rows g = (b, h)
+    prior_g = RoutingPrior(*prior.per_head(heads, like=like, batch=bsz))  # [G], rows g = (b, h)
     seq = q_start + num_q
     with torch.no_grad():
         kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
@@ -444,14 +443,14 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
                    .reshape(bsz * heads, cells, cell_size, dim))
         kbar_bh, a_bh = kbar.transpose(1, 2).flatten(0, 1), a.transpose(1, 2).flatten(0, 1)  # [G, C, d], [G, C]
         out = torch.full((bsz * heads, num_q, top_k), -1, dtype=torch.long, device=device)
-        starts = list(range(block_size, seq, block_size))  # the first block has no eligible cell
+        starts = [start for start, _ in query_blocks(block_size, block_size, seq)]  # the first has no cell
         # the first block holding queries of q (none when q is empty or there is one block)
         first = next((j for j, start in enumerate(starts) if start + block_size > q_start), None)
         if first is None:
             return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
         # the forests of a window of blocks at once: block j's hold the cells complete before it
         arrived = [start // cell_size for start in starts]
-        thresholds = forest_thresholds(tau, heads, bsz, FOREST_KINDS[forests], like=like)
+        thresholds = forest_thresholds(tau, heads, bsz, FOREST_KINDS[config.forests], like=like)
         kbar_rows, a_rows, keep = _forest_rows(kbar_bh[:, :arrived[-1]], a_bh[:, :arrived[-1]], thresholds)
         window = _blocks_per_window(kbar_rows, block_size // cell_size)
         for lo in range(first - first % window, len(starts), window):
@@ -465,6 +464,5 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, *, tau: torch.Tensor | No
                 rows = slice(start - q_start, min(start + block_size, seq) - q_start)
                 pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
                 out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
-                                                   cell_size=cell_size, lam=lam_g, sigma=sigma_g, beam_width=beam_width,
-                                                   bound_c=bound_c, top_k=top_k, impl=impl)
+                                                   config, prior_g)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

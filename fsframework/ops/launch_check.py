@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from fsf_kernels.common.support import SHARED_LIMIT, device_target, device_unsupported  # torch only
 from fsframework.ops.local_attention import sliding_window_attention
 
 
@@ -17,8 +18,6 @@ def kernel_launch_check(device: str = "cuda") -> str:
     if torch.device(device).type == "cuda":
         if not torch.cuda.is_available():
             return "NO: no CUDA device is visible to torch"
-        from fsf_kernels.common.support import SHARED_LIMIT, device_target, device_unsupported  # triton: optional
-
         refused = device_unsupported(torch.device(device))
         if refused:
             return f"NO: the kernels do not run on {refused}; models use reference ops"

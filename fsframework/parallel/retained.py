@@ -45,6 +45,7 @@ from fsframework.parallel.cell_relays import CellPlan, balance
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.compact import Held, cells_of, compact_keys, local_positions
 from fsframework.parallel.context import SPContext
+from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.ops.freesolo_routing import cell_summaries
 
 
@@ -188,16 +189,16 @@ def retained_routed_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp: SP
     would hold: the fetched cells' summaries at their places, zero elsewhere (a zero cell, `a_c = 0`,
     is never retained over a fetched one), then the own cells'. So the cells are those the layer
     routes from `retained_kv`'s keys, and the layer holds what they read instead of the prefix."""
-    s, dim = span.cell_size, k.shape[-1]
+    s, dim, settings = span.cell_size, k.shape[-1], router.settings
     kv, fetched, rows = _fetch(k, v, sp, span)
-    kbar_own, a_own = router.summarize(k)  # B H C_own d, B H C_own
-    kbar_cells, a_cells = router.summarize(fetched[..., :dim].detach().unsqueeze(2))  # m 1 1 d: one cell each
+    kbar_own, a_own = summarize_cells(k, settings)  # B H C_own d, B H C_own
+    kbar_cells, a_cells = summarize_cells(fetched[..., :dim].detach().unsqueeze(2), settings)  # m 1 1 d: a cell each
     kbar = kbar_own.new_zeros((*kbar_own.shape[:2], sp.start // s, dim))
     a = a_own.new_zeros((*a_own.shape[:2], sp.start // s))
     kbar[rows[:, 0], rows[:, 1], rows[:, 2]] = kbar_cells[:, 0, 0].to(kbar.dtype)
     a[rows[:, 0], rows[:, 1], rows[:, 2]] = a_cells[:, 0, 0].to(a.dtype)
     kbar, a = torch.cat((kbar, kbar_own), dim=2), torch.cat((a, a_own), dim=2)
-    cells = router.route_summaries(q, kbar, a, sp.start)
+    cells = select_cells_from_summaries(q, kbar, a, settings, router.prior, q_start=sp.start)
     tail = max(0, sp.start - halo_width(span))
     compact, cells = compact_keys(kv, fetched, rows, cells, [], sp.start, tail, s)
     return compact[..., :dim], compact[..., dim:], cells

@@ -11,7 +11,7 @@ local window the `w` keys before it. So a rank does not all-gather the prefix
 1. summaries: every rank summarizes the complete cells of its own keys and all-gathers
    them (`C x H x (d + 1)` floats per rank, about `1/(2s)` of its keys and values), and
    routes its queries from the summaries of `[0, end)`, as one process would from the keys
-   (`FreeSoloAttention.route_summaries`; the same numbers, so the same cells);
+   (`select_cells_from_summaries` with the layer's settings and prior; the same numbers, so the same cells);
 2. requests: the earlier cells some own query selected, plus the window's halo (the whole
    cells covering the `w` positions before `start`), per (batch row, head), minus the
    cells the rank holds itself, all-gathered as (row, head, cell) triples, so every rank
@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.models.context import CellRouter
+from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.cell_relays import CellPlan, balance
 from fsframework.parallel.collectives import CommCounter, num_bytes
 from fsframework.parallel.context import SPContext
@@ -134,17 +135,18 @@ class SelectedCells:
         """Own run `run`'s q, k, v `[B, n, H, d]` -> compact keys and values (the cells the queries read,
         the window's halo, the own keys: `fsframework.parallel.compact`) and the queries' cells
         `[B, n, H, K]` indexing them."""
-        sp, att = self.sp, router.cfg.attention
-        s = att.cell_size
+        sp, settings = self.sp, router.settings
+        s = settings.cell_size
         start, end = sp.runs[run]
         kept = self.kept.pop(layer, _Kept()) if run else _Kept()
         kv = torch.cat((k, v), dim=-1)  # B n H 2d
-        summaries = gather_summaries(router.summarize(k), sp, [runs[run] for runs in sp.all_runs], s,
+        summaries = gather_summaries(summarize_cells(k, settings), sp, [runs[run] for runs in sp.all_runs], s,
                                      kept.summaries)
         kbar, a = summaries
-        cells = router.route_summaries(q, kbar[:, :, : end // s], a[:, :, : end // s], start)
+        cells = select_cells_from_summaries(q, kbar[:, :, : end // s], a[:, :, : end // s], settings, router.prior,
+                                            q_start=start)
         held = [runs[: run + 1] for runs in sp.all_runs]
-        tail = max(0, start - att.window) // s * s  # the window's halo starts here, in whole cells
+        tail = max(0, start - settings.window) // s * s  # the window's halo starts here, in whole cells
         wanted = wanted_rows(cells, start, tail, s, held[sp.rank], kept.rows)
         plan = request_cells(wanted, sp, held, s)
         fetched = FetchCells.apply(torch.cat(kept.own + [kv], dim=1), sp, plan, s, held[sp.rank])

@@ -26,6 +26,7 @@ import torch
 
 from fsf_kernels.common import support
 from fsf_kernels.common.targets import TARGETS, compile_for, launch, ptr
+from fsf_kernels.common.utils import dot_args, next_pow2
 
 F32, F16, BF16, F64 = torch.float32, torch.float16, torch.bfloat16, torch.float64
 _NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16", F64: "fp64"}
@@ -48,6 +49,8 @@ def _cfg(kernel: str, only: str = "", **params) -> Config:
     return Config(kernel, tuple(params.items()), only)
 
 
+# each family's kernel module is imported when one of its configurations is checked (below), so a
+# test that checks one configuration defines the kernels of that family alone
 def _window(arch, dtype, dim):
     from fsf_kernels.window_attention import window_attention
 
@@ -56,7 +59,6 @@ def _window(arch, dtype, dim):
 
 def _routing(arch, dtype, dim, variant, top_k, retained, cell_size, block_size):
     from fsf_kernels.cell_routing import cell_routing as m
-    from fsf_kernels.common.utils import next_pow2
 
     p = ptr(dtype)
     pp = m.retained_width(retained) if variant == "fsl" else 16
@@ -101,7 +103,6 @@ def _rewired(arch, dtype, dim):
 
 
 def _grc_scan(arch, dtype, width):
-    from fsf_kernels.common.utils import dot_args, next_pow2
     from fsf_kernels.grc_scan import cell
 
     p = ptr(dtype)
@@ -133,7 +134,6 @@ def _fsb_search(arch, dtype, dim, beam_width):
 
 def _common(arch, dtype, dim):
     from fsf_kernels.common import rope, softmax_bwd
-    from fsf_kernels.common.utils import next_pow2
 
     p = ptr(dtype)
     half = max(dim // 2, 1)

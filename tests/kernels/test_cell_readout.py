@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_prior
 from fsframework.ops.freesolo import cell_readout as reference
 from fsframework.ops.freesolo import select_cells as reference_select
 from fsf_kernels.cell_readout import DKDV, cell_readout, selections_by_cell
@@ -39,8 +40,9 @@ def _id(case):
 def _cells(kind, q, k, cell_size, top_k, gen):
     bsz, seq, heads, _ = q.shape
     if kind == "fs":
-        return reference_select(q.float(), k.float(), variant="fs", cell_size=cell_size, block_size=2 * cell_size,
-                                top_k=top_k, impl="reference")
+        return reference_select(q.float(), k.float(),
+                                fs_config("fs", cell_size=cell_size, block_size=2 * cell_size, top_k=top_k,
+                                          impl="reference"), fs_prior())
     num = seq // cell_size
     cells = torch.randint(0, num, (bsz, seq, heads, top_k), generator=gen)
     cells[torch.rand(cells.shape, generator=gen) < 0.2] = -1
@@ -60,11 +62,11 @@ def _check(case, device, dkdv="by_cell"):
         g.requires_grad_()
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
     leaves = (q, k, v) + ((g,) if g is not None else ())
-    out = cell_readout(q, k, v, cells, cell_size=s, rms_weight=g, eps=1e-8, dkdv=dkdv)
+    out = cell_readout(q, k, v, cells, fs_config(cell_size=s), rms_weight=g, eps=1e-8, dkdv=dkdv)
     got = torch.autograd.grad(out, leaves, grad)
     ref_leaves = tuple(x.detach().float().requires_grad_() for x in leaves)
     ref_g = ref_leaves[3] if g is not None else None
-    ref = reference(*ref_leaves[:3], cells, cell_size=s, rms_weight=ref_g, eps=1e-8, impl="reference")
+    ref = reference(*ref_leaves[:3], cells, fs_config(cell_size=s, impl="reference"), rms_weight=ref_g, eps=1e-8)
     want = torch.autograd.grad(ref, ref_leaves, grad.float())
     assert out.dtype == dtype
     assert_close(out, ref, dtype, "out")
@@ -115,9 +117,10 @@ def test_the_by_cell_backward_is_deterministic(device):
     """No atomics: the same inputs give bit-identical dk and dv on every run."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 256, 2, 32, generator=gen).to(device).requires_grad_() for _ in range(3))
-    cells = reference_select(q.detach(), k.detach(), cell_size=16, block_size=32, top_k=4, impl="reference")
+    cells = reference_select(q.detach(), k.detach(),
+                             fs_config(cell_size=16, block_size=32, top_k=4, impl="reference"), fs_prior())
     grad = torch.randn(1, 256, 2, 32, generator=gen).to(device)
-    runs = [torch.autograd.grad(cell_readout(q, k, v, cells, cell_size=16), (k, v), grad) for _ in range(2)]
+    runs = [torch.autograd.grad(cell_readout(q, k, v, cells, fs_config(cell_size=16)), (k, v), grad) for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 
 
@@ -128,13 +131,13 @@ def test_the_readout_never_waits_for_the_gpu(dkdv):
     host keeps ahead of the GPU (a bincount in `selections_by_cell` once did it in every backward)."""
     gen = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 512, 2, 64, generator=gen).cuda().requires_grad_() for _ in range(3))
-    cells = reference_select(q.detach(), k.detach(), top_k=4, impl="reference")
+    cells = reference_select(q.detach(), k.detach(), fs_config(top_k=4, impl="reference"), fs_prior())
     grad = torch.randn(1, 512, 2, 64, generator=gen).cuda()
-    torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), grad)  # compiled outside
+    torch.autograd.grad(cell_readout(q, k, v, cells, fs_config(), dkdv=dkdv), (q, k, v), grad)  # compiled outside
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        torch.autograd.grad(cell_readout(q, k, v, cells, dkdv=dkdv), (q, k, v), grad)
+        torch.autograd.grad(cell_readout(q, k, v, cells, fs_config(), dkdv=dkdv), (q, k, v), grad)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -142,14 +145,14 @@ def test_the_readout_never_waits_for_the_gpu(dkdv):
 def test_an_unknown_dkdv_is_refused():
     x = torch.randn(1, 32, 2, 16)
     with pytest.raises(ValueError, match="dkdv"):
-        cell_readout(x, x, x, torch.zeros(1, 32, 2, 4, dtype=torch.long), cell_size=8, dkdv="sorted")
+        cell_readout(x, x, x, torch.zeros(1, 32, 2, 4, dtype=torch.long), fs_config(cell_size=8), dkdv="sorted")
 
 
 def test_nothing_selected_is_exactly_zero(device):
     q, k, v = (torch.randn(1, 40, 2, 32, device=device, requires_grad=True) for _ in range(3))
     g = torch.ones(2, 32, device=device, requires_grad=True)
     cells = torch.full((1, 40, 2, 4), -1, dtype=torch.long, device=device)
-    out = cell_readout(q, k, v, cells, cell_size=8, rms_weight=g)
+    out = cell_readout(q, k, v, cells, fs_config(cell_size=8), rms_weight=g)
     grads = torch.autograd.grad(out, (q, k, v, g), torch.randn_like(out))
     assert (out == 0).all()
     for x in grads:
@@ -170,15 +173,15 @@ def test_bad_sizes(kwargs, match):
     cells = torch.zeros(kwargs.get("cells_shape", (1, 32, 2, 4)), dtype=torch.long)
     g = torch.ones(kwargs["rms_shape"]) if "rms_shape" in kwargs else None
     with pytest.raises(ValueError, match=match):
-        cell_readout(x, x, x, cells, cell_size=kwargs.get("cell_size", 8), rms_weight=g)
+        cell_readout(x, x, x, cells, fs_config(cell_size=kwargs.get("cell_size", 8)), rms_weight=g)
 
 
 def test_reference_module_dispatches_here(device):
     """fsframework's impl="triton" path reaches this kernel by its pinned name."""
     q, k, v = (torch.randn(1, 64, 1, 16, device=device) for _ in range(3))
-    cells = reference_select(q, k, cell_size=8, block_size=16, top_k=2, impl="reference")
-    got = reference(q, k, v, cells, cell_size=8, impl="triton")
-    assert_close(got, reference(q, k, v, cells, cell_size=8, impl="reference"), torch.float32, "out")
+    cells = reference_select(q, k, fs_config(cell_size=8, block_size=16, top_k=2, impl="reference"), fs_prior())
+    got = reference(q, k, v, cells, fs_config(cell_size=8, impl="triton"))
+    assert_close(got, reference(q, k, v, cells, fs_config(cell_size=8, impl="reference")), torch.float32, "out")
 
 
 @gpu  # also in the GPU check: on a device this runs the compiled kernels
@@ -189,24 +192,25 @@ def test_offset_call_equals_the_rows_of_the_whole_call(device):
     bsz, seq, heads, dim, s = 1, 112, 2, 16, 8
     q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device).requires_grad_() for _ in range(3))
     g = (1 + 0.3 * torch.randn(heads, dim, generator=gen)).to(device).requires_grad_()
-    cells = reference_select(q.detach(), k.detach(), cell_size=s, block_size=16, top_k=3, impl="reference")
+    cells = reference_select(q.detach(), k.detach(), fs_config(cell_size=s, block_size=16, top_k=3, impl="reference"),
+                             fs_prior())
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device)
     for q_start, n in ((48, 64),):
         end = q_start + n
-        whole = cell_readout(q[:, :end], k[:, :end], v[:, :end], cells[:, :end], cell_size=s, rms_weight=g)
+        whole = cell_readout(q[:, :end], k[:, :end], v[:, :end], cells[:, :end], fs_config(cell_size=s), rms_weight=g)
         row_grad = grad[:, :end].clone()
         row_grad[:, :q_start] = 0
         want = torch.autograd.grad(whole, (q, k, v, g), row_grad)
-        got_out = cell_readout(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], cell_size=s,
-                               rms_weight=g, q_start=q_start)
+        got_out = cell_readout(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end],
+                               fs_config(cell_size=s), rms_weight=g, q_start=q_start)
         assert got_out.shape == (bsz, n, heads, dim)
         assert torch.equal(got_out, whole[:, q_start:])
         got = torch.autograd.grad(got_out, (q, k, v, g), grad[:, q_start:end])
         for name, a, b in zip(("dq", "dk", "dv", "drms_weight"), got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} at q_start={q_start}")
         # through the op's dispatcher, as the FreeSolo layer calls it
-        via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end], cell_size=s,
-                           rms_weight=g, q_start=q_start, impl="triton")
+        via_op = reference(q[:, q_start:end], k[:, :end], v[:, :end], cells[:, q_start:end],
+                           fs_config(cell_size=s, impl="triton"), rms_weight=g, q_start=q_start)
         assert torch.equal(via_op, got_out)
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops.freesolo import select_cells as reference
 from fsf_kernels.cell_routing import select_cells
 from kernel_testing import gpu, needs_cuda, routing_scores
@@ -65,8 +66,8 @@ def _assert_same_selection(got, want, q, k, kwargs, atol):
 def _check(case, device, atol):
     gen = torch.Generator().manual_seed(case[2] + case[4])
     q, k, kwargs = _inputs(case, device, gen)
-    got = select_cells(q, k, **kwargs)
-    want = reference(q.float(), k.float(), **kwargs, impl="reference")
+    got = select_cells(q, k, *fs_pair(**kwargs))
+    want = reference(q.float(), k.float(), *fs_pair(**kwargs, impl="reference"))
     _assert_same_selection(got, want, q.float(), k.float(), kwargs, atol)
 
 
@@ -95,8 +96,8 @@ def test_ties_go_to_the_earlier_cell(variant, device):
     q = torch.randint(-3, 4, (1, 192, 1, 32), generator=gen).float().to(device)
     kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=1,
                   sigma=4.0, lam=0.0)
-    got = select_cells(q, k, **kwargs)
-    want = reference(q, k, **kwargs, impl="reference")
+    got = select_cells(q, k, *fs_pair(**kwargs))
+    want = reference(q, k, *fs_pair(**kwargs, impl="reference"))
     assert torch.equal(got, want)
 
 
@@ -104,14 +105,14 @@ def test_fsl_equals_fs_when_everything_is_retained(device):
     gen = torch.Generator().manual_seed(1)
     q, k = (torch.randn(1, 300, 2, 32, generator=gen).to(device) for _ in range(2))
     common = dict(cell_size=8, block_size=32, top_k=4, recent_cells=3)
-    fs = select_cells(q, k, variant="fs", retained_cells=64, **common)
-    fsl = select_cells(q, k, variant="fsl", retained_cells=300 // 8, **common)
+    fs = select_cells(q, k, *fs_pair(variant="fs", retained_cells=64, **common))
+    fsl = select_cells(q, k, *fs_pair(variant="fsl", retained_cells=300 // 8, **common))
     assert torch.equal(fs, fsl)
 
 
 def test_first_block_and_short_sequences_select_nothing(device):
     q = torch.randn(1, 100, 1, 16, device=device)
-    got = select_cells(q, q, variant="fs", cell_size=32, block_size=128, top_k=4)
+    got = select_cells(q, q, fs_config("fs", cell_size=32, block_size=128, top_k=4), fs_prior())
     assert (got == -1).all()
 
 
@@ -129,14 +130,15 @@ def test_bad_sizes(kwargs, match, device):
     x = torch.randn(1, 64, 2, 16, device=device)
     kwargs = {name: value.to(device) if torch.is_tensor(value) else value for name, value in kwargs.items()}
     with pytest.raises(ValueError, match=match):
-        select_cells(x, x, **kwargs)
+        select_cells(x, x, *fs_pair(**kwargs))
 
 
 def test_reference_module_dispatches_here(device):
     """fsframework's impl="triton" path reaches this kernel by its pinned name."""
     q, k = (torch.randn(1, 100, 1, 16, device=device) for _ in range(2))
     kwargs = dict(variant="fsl", cell_size=8, block_size=16, top_k=2, retained_cells=3, recent_cells=1)
-    assert torch.equal(reference(q, k, **kwargs, impl="triton"), reference(q, k, **kwargs, impl="reference"))
+    assert torch.equal(reference(q, k, *fs_pair(**kwargs, impl="triton")),
+                       reference(q, k, *fs_pair(**kwargs, impl="reference")))
 
 
 @gpu  # also in the GPU check: on a device this runs the compiled kernels
@@ -147,13 +149,13 @@ def test_offset_call_equals_the_rows_of_the_whole_call(variant, device):
     gen = torch.Generator().manual_seed(5)
     q, k = (torch.randn(1, 200, 1, 16, generator=gen).to(device) for _ in range(2))
     kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=2, lam=0.8)
-    whole = select_cells(q, k, **kwargs)
+    whole = select_cells(q, k, *fs_pair(**kwargs))
     for q_start, n in ((96, 104), (64, 32)):  # to the partial last block, and one block inside
-        got = select_cells(q[:, q_start:q_start + n], k[:, :q_start + n], q_start=q_start, **kwargs)
+        got = select_cells(q[:, q_start:q_start + n], k[:, :q_start + n], *fs_pair(**kwargs), q_start=q_start)
         assert got.shape == (1, n, 1, 3)
         assert torch.equal(got, whole[:, q_start:q_start + n]), (q_start, n)
     # the op's offset form reaches the kernel with the offset (no padding of the earlier queries)
-    got = reference(q[:, 160:], k, q_start=160, impl="triton", **kwargs)
+    got = reference(q[:, 160:], k, *fs_pair(impl="triton", **kwargs), q_start=160)
     assert torch.equal(got, whole[:, 160:])
 
 
@@ -163,8 +165,8 @@ def test_fsl_at_the_largest_p_retains_every_cell(device):
     gen = torch.Generator().manual_seed(3)
     q, k = (torch.randn(1, 96, 1, 16, generator=gen).to(device) for _ in range(2))
     common = dict(cell_size=4, block_size=32, top_k=3, recent_cells=1)
-    fs = select_cells(q, k, variant="fs", **common)
-    assert torch.equal(select_cells(q, k, variant="fsl", retained_cells=1024, **common), fs)
+    fs = select_cells(q, k, *fs_pair(variant="fs", **common))
+    assert torch.equal(select_cells(q, k, *fs_pair(variant="fsl", retained_cells=1024, **common)), fs)
 
 
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
@@ -192,20 +194,17 @@ def test_routing_from_gathered_summaries_equals_routing_from_the_keys(variant, d
     q, k = (torch.randn(2, 200, 2, 16, generator=gen).to(device) for _ in range(2))
     kwargs = dict(variant=variant, cell_size=8, block_size=32, top_k=3, retained_cells=4, recent_cells=2,
                   sigma=torch.tensor([2.0, 5.0]).to(device), lam=0.8)
-    whole = select_cells(q, k, **kwargs)
+    whole = select_cells(q, k, *fs_pair(**kwargs))
     slices = [(0, 64), (64, 160), (160, 200)]
     pieces = [cell_summaries(k[:, lo:hi], 8) for lo, hi in slices]
     kbar, a = (torch.cat([p[i] for p in pieces], dim=2) for i in range(2))
     for lo, hi in slices[1:]:
-        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 8], a[:, :, :hi // 8], q_start=lo, **kwargs)
+        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 8], a[:, :, :hi // 8], *fs_pair(**kwargs),
+                                          q_start=lo)
         assert torch.equal(got, whole[:, lo:hi]), (lo, hi)
-        via_op = op_from_summaries(q[:, lo:hi], *summarize_cells(k[:, :hi], impl="triton", **_settings(kwargs)),
-                                   q_start=lo, impl="triton", **kwargs)
+        config, prior = fs_pair(impl="triton", **kwargs)
+        via_op = op_from_summaries(q[:, lo:hi], *summarize_cells(k[:, :hi], config), config, prior, q_start=lo)
         assert torch.equal(via_op, whole[:, lo:hi]), (lo, hi)
     with pytest.raises(ValueError, match="summaries of the 25 complete cells"):
-        select_cells_from_summaries(q[:, 160:], kbar[:, :, :20], a[:, :, :20], q_start=160, **kwargs)
+        select_cells_from_summaries(q[:, 160:], kbar[:, :, :20], a[:, :, :20], *fs_pair(**kwargs), q_start=160)
 
-
-def _settings(kwargs):
-    return {name: kwargs[name] for name in ("variant", "cell_size", "block_size", "top_k", "retained_cells",
-                                            "recent_cells")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.fsb_forest import Forests
 from fsframework.ops.fsb_search import beam_search
@@ -43,8 +44,8 @@ def grown_forests(rows: int, cells: int, dim: int, dtype, *, seed: int, same_cel
 
 
 def search(forests: Forests, q, pos, lam, sigma, impl: str, beam_width: int, bound_c: float = 8.0):
-    return beam_search(forests.store, forests.root, q, pos, beam_width=beam_width, lam=lam, sigma=sigma,
-                       bound_c=bound_c, impl=impl)
+    return beam_search(forests.store, forests.root, q, pos,
+                       fs_config(beam_width=beam_width, bound_c=bound_c, impl=impl), fs_prior(lam=lam, sigma=sigma))
 
 
 def as_sets(cells: torch.Tensor) -> torch.Tensor:
@@ -102,8 +103,8 @@ def test_fsb_routing_with_the_kernel_equals_the_reference(forests, device):
     k = (torch.randn(bsz, seq, heads, dim, generator=gen) * spread).to(device)
     tau = k.norm(dim=-1).median(dim=1).values[0]  # [H]: some cells above it, some below
     kw = dict(variant="fsb", cell_size=s, block_size=blk, top_k=3, beam_width=4, tau=tau, forests=forests)
-    want = select_cells(q[:, 128:], k, q_start=128, impl="reference", **kw)  # the last block's queries
-    got = select_cells(q[:, 128:], k, q_start=128, impl="triton", **kw)
+    want = select_cells(q[:, 128:], k, *fs_pair(impl="reference", **kw), q_start=128)  # the last block's queries
+    got = select_cells(q[:, 128:], k, *fs_pair(impl="triton", **kw), q_start=128)
     assert torch.equal(got, want)
     assert bool((want >= 0).any())
 

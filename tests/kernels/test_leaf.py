@@ -79,10 +79,11 @@ def test_references_and_torch_only_kernel_modules_import_without_triton():
             importlib.import_module(name)
         assert sys.modules["triton"] is None
         assert not any(m.startswith("triton.") for m in sys.modules), "a triton submodule was imported"
+        from fsframework.models.freesolo_settings import fs_pair
         from fsframework.ops.freesolo import long_range_attention
         from fsframework.ops.local_attention import sliding_window_attention
         x = torch.randn(1, 16, 2, 8)
-        assert long_range_attention(x, x, x, cell_size=4, block_size=8, top_k=2).shape == x.shape
+        assert long_range_attention(x, x, x, *fs_pair(cell_size=4, block_size=8, top_k=2)).shape == x.shape
         assert sliding_window_attention(x, x, x, window=3).shape == x.shape
         try:
             sliding_window_attention(x, x, x, window=3, impl="triton")

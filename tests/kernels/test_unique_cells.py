@@ -11,6 +11,7 @@ import torch
 
 from fsf_kernels.cell_readout import unique_cells, unique_cells_reference
 from kernel_testing import gpu, needs_cuda
+from fsframework.models.freesolo_settings import fs_config
 
 I32, I64 = torch.int32, torch.int64
 
@@ -101,10 +102,10 @@ def test_the_readout_uses_the_kernel(monkeypatch, device):
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 70, 2, 16, generator=gen).to(device) for _ in range(3))
     cells = _cells((1, 70, 2, 4), 70 // 8, 0.3, I64, gen).to(device)
-    got = module.cell_readout(q, k, v, cells, cell_size=8)
+    got = module.cell_readout(q, k, v, cells, fs_config(cell_size=8))
     calls = []
     monkeypatch.setattr(module, "unique_cells", lambda c, bm: calls.append(1) or unique_cells_reference(c, bm))
-    want = module.cell_readout(q, k, v, cells, cell_size=8)
+    want = module.cell_readout(q, k, v, cells, fs_config(cell_size=8))
     assert calls and torch.equal(got, want)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from fsframework.config import load_config
 from fsframework.models.freesolo_attention import FreeSoloAttention
+from fsframework.models.freesolo_settings import fs_config, fs_prior
 from fsframework.models.registry import build_model
 from tests.utils import assert_future_tokens_do_not_change_past
 from fsframework.ops.freesolo import long_range_attention
@@ -84,8 +85,9 @@ def test_layer_is_the_spec_composition(name, combine):
     a = cfg.attention
     q, k, v = (w(x).view(2, 29, 2, 16) for w in (attn.wq, attn.wk, attn.wv))
     local = sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta)
-    lr = long_range_attention(q, k, v, rms_weight=attn.lr_norm_weight, variant=name, cell_size=4, block_size=8,
-                              top_k=2, recent_cells=1, retained_cells=3, sigma=a.sigma, lam=a.lam)
+    lr = long_range_attention(q, k, v,
+                              fs_config(name, cell_size=4, block_size=8, top_k=2, recent_cells=1, retained_cells=3),
+                              fs_prior(sigma=a.sigma, lam=a.lam), rms_weight=attn.lr_norm_weight)
     if combine == "sum":
         want = attn.wo((local + lr).flatten(2))
     elif combine == "gate":

@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_prior
 from fsframework.ops import dispatch
 from fsframework.ops.dispatch import IMPLS, kernel_for
 from fsframework.ops.freesolo import cell_readout, select_cells
@@ -81,8 +82,8 @@ def test_unknown_impl_names_the_allowed_values(impl):
 
 
 @pytest.mark.parametrize("call", [
-    lambda x: select_cells(x, x, impl="gpu"),
-    lambda x: cell_readout(x, x, x, torch.full((*x.shape[:3], 1), -1), impl="gpu"),
+    lambda x: select_cells(x, x, fs_config(impl="gpu"), fs_prior()),
+    lambda x: cell_readout(x, x, x, torch.full((*x.shape[:3], 1), -1), fs_config(impl="gpu")),
     lambda x: sliding_window_attention(x, x, x, window=2, impl="gpu"),
 ], ids=["select_cells", "cell_readout", "sliding_window_attention"])
 def test_every_op_validates_impl(call):
@@ -147,14 +148,14 @@ def test_the_ops_ask_what_the_kernels_support():
     """The limits reach the ops: a call beyond them is refused under "triton" before any kernel runs."""
     x = torch.zeros(1, 64, 1, 8)
     with pytest.raises(ValueError, match="top_k=65"):
-        select_cells(x, x, top_k=65, cell_size=4, block_size=8, impl="triton")
+        select_cells(x, x, fs_config(top_k=65, cell_size=4, block_size=8, impl="triton"), fs_prior())
     with pytest.raises(ValueError, match="retained_cells=1025"):
-        select_cells(x, x, variant="fsl", retained_cells=1025, cell_size=4, block_size=8, impl="triton")
+        select_cells(x, x, fs_config("fsl", retained_cells=1025, cell_size=4, block_size=8, impl="triton"), fs_prior())
     with pytest.raises(ValueError, match="dtype torch.float64"):
         sliding_window_attention(x.double(), x.double(), x.double(), window=2, impl="triton")
     wide = torch.zeros(1, 64, 1, 256)
     with pytest.raises(ValueError, match="cell_size=64 at head dim 256"):
-        cell_readout(wide, wide, wide, torch.full((1, 64, 1, 1), -1), cell_size=64, impl="triton")
+        cell_readout(wide, wide, wide, torch.full((1, 64, 1, 1), -1), fs_config(cell_size=64, impl="triton"))
 
 
 def test_the_limits():
@@ -164,10 +165,10 @@ def test_the_limits():
     assert support.window_unsupported(bf16, 256, rope=True) is None
     assert "head dim 257" in support.window_unsupported(bf16, 257, rope=False)
     assert "odd head dim" in support.window_unsupported(bf16, 63, rope=True)
-    assert support.routing_unsupported(f32, 64, top_k=64, variant="fsl", retained_cells=1024) is None
-    assert "retained_cells=1025" in support.routing_unsupported(f32, 64, top_k=4, variant="fsl", retained_cells=1025)
-    assert support.routing_unsupported(f32, 64, top_k=4, variant="fs", retained_cells=1025) is None  # P unused
-    assert "variant 'fsb'" in support.routing_unsupported(f32, 64, top_k=4, variant="fsb")
+    assert support.routing_unsupported(f32, 64, fs_config("fsl", top_k=64, retained_cells=1024)) is None
+    assert "retained_cells=1025" in support.routing_unsupported(f32, 64, fs_config("fsl", top_k=4, retained_cells=1025))
+    assert support.routing_unsupported(f32, 64, fs_config("fs", top_k=4, retained_cells=1025)) is None  # P unused
+    assert "variant 'fsb'" in support.routing_unsupported(f32, 64, fs_config("fsb", top_k=4))
     assert support.readout_unsupported(bf16, 256, top_k=64, cell_size=32) is None
     assert support.readout_unsupported(f32, 64, top_k=4, cell_size=128) is None
     assert "cell_size <= 32" in support.readout_unsupported(f32, 200, top_k=4, cell_size=33)

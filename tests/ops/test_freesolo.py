@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops import freesolo_readout
 from fsframework.ops.freesolo import cell_readout, long_range_attention, select_cells
 from tests.work import WorkCounter
@@ -95,8 +96,9 @@ def test_select_cells_matches_dense(variant, cfg, heads, seq):
     s, blk, K, P, W = cfg
     q, k = randn(2, seq, heads, 6, seed=seq), randn(2, seq, heads, 6, seed=seq + 1) * 1.5
     sigma, lam = torch.linspace(1.0, 6.0, heads, dtype=F64), torch.linspace(0.5, 2.0, heads, dtype=F64)
-    got = select_cells(q, k, variant=variant, cell_size=s, block_size=blk, top_k=K, sigma=sigma, lam=lam,
-                       recent_cells=W, retained_cells=P)
+    got = select_cells(q, k,
+                       fs_config(variant, cell_size=s, block_size=blk, top_k=K, recent_cells=W, retained_cells=P),
+                       fs_prior(sigma=sigma, lam=lam))
     want = dense_select(q, k, variant=variant, s=s, blk=blk, K=K, sigma=sigma, lam=lam, W=W, P=P)
     assert got.shape == (2, seq, heads, K) and got.dtype == torch.long
     assert torch.equal(got, want)
@@ -120,8 +122,8 @@ def test_long_range_forward_and_grads_match_dense(variant, weight_shape, heads, 
     if weight is not None:
         weight.requires_grad_()
     kw = dict(variant=variant, cell_size=s, block_size=blk, top_k=K, recent_cells=2, retained_cells=3)
-    out = long_range_attention(q, k, v, rms_weight=weight, **kw)
-    cells = select_cells(q, k, **kw)
+    out = long_range_attention(q, k, v, *fs_pair(**kw), rms_weight=weight)
+    cells = select_cells(q, k, *fs_pair(**kw))
     want = dense_readout(q, k, v, cells, s=s, weight=weight)
     assert out.dtype == F64 and rel_rms(out, want) < 1e-12
     grad = randn(*out.shape, seed=9)
@@ -139,7 +141,7 @@ def test_cell_readout_gradcheck_with_empty_rows_and_padding(readout_layout):
     cells[:, :5] = -1  # rows with nothing selected
     cells[:, 6, :, 1] = cells[:, 6, :, 0].clamp_min(0)  # a repeated cell
     weight = randn(2, 3, seed=4).requires_grad_()
-    assert torch.autograd.gradcheck(lambda *t: cell_readout(*t[:3], cells, cell_size=s, rms_weight=t[3]),
+    assert torch.autograd.gradcheck(lambda *t: cell_readout(*t[:3], cells, fs_config(cell_size=s), rms_weight=t[3]),
                                     (q, k, v, weight))
 
 
@@ -154,14 +156,15 @@ def test_readout_reads_a_repeated_cell_twice(readout_layout):
     probs = weight * torch.exp(logits - logits.amax(-1, keepdim=True))
     y = torch.einsum("bhij,bjhd->bihd", probs / probs.sum(-1, keepdim=True), v)
     want = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-8)
-    torch.testing.assert_close(cell_readout(q, k, v, cells, cell_size=4), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(cell_readout(q, k, v, cells, fs_config(cell_size=4)), want, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
 def test_first_block_is_zero_with_finite_grads(variant):
     q, k, v = (randn(1, 70, 2, 8, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
-    out = long_range_attention(q, k, v, variant=variant, cell_size=4, block_size=16, top_k=2, recent_cells=1,
-                               retained_cells=2)
+    out = long_range_attention(q, k, v,
+                               fs_config(variant, cell_size=4, block_size=16, top_k=2, recent_cells=1,
+                                         retained_cells=2), fs_prior())
     assert torch.equal(out[:, :16], torch.zeros_like(out[:, :16]))
     assert (out[:, 16:].abs().sum(-1) > 0).all()
     out.pow(2).sum().backward()
@@ -178,9 +181,9 @@ def test_causality(variant):
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
         x[:, t:] = randn(2, 90 - t, 2, 8, seed=11)
-    assert torch.equal(select_cells(q, k, **kw)[:, :t], select_cells(q2, k2, **kw)[:, :t])
-    torch.testing.assert_close(long_range_attention(q, k, v, **kw)[:, :t],
-                               long_range_attention(q2, k2, v2, **kw)[:, :t], rtol=0, atol=1e-12)
+    assert torch.equal(select_cells(q, k, *fs_pair(**kw))[:, :t], select_cells(q2, k2, *fs_pair(**kw))[:, :t])
+    torch.testing.assert_close(long_range_attention(q, k, v, *fs_pair(**kw))[:, :t],
+                               long_range_attention(q2, k2, v2, *fs_pair(**kw))[:, :t], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
@@ -197,23 +200,23 @@ def test_translation_by_multiple_of_block(variant):
     qy = torch.cat((randn(1, pad, 2, dim, seed=4), q), 1)
     ky = torch.cat((torch.zeros(1, pad, 2, dim, dtype=F64), k), 1)
     vy = torch.cat((randn(1, pad, 2, dim, seed=5), v), 1)
-    sel_x, sel_y = select_cells(q, k, **kw), select_cells(qy, ky, **kw)[:, pad:]
+    sel_x, sel_y = select_cells(q, k, *fs_pair(**kw)), select_cells(qy, ky, *fs_pair(**kw))[:, pad:]
     real = sel_x >= 0
     assert torch.equal(sel_y[real], sel_x[real] + pad // s)
     assert (sel_y[~real] < pad // s).all()  # where x had no cell, y may only read padding
     full = real.all(-1)  # rows of x with K selected cells
     assert full.sum() > 0.5 * full.numel()
-    out_x = long_range_attention(q, k, v, **kw)
-    out_y = long_range_attention(qy, ky, vy, **kw)[:, pad:]
+    out_x = long_range_attention(q, k, v, *fs_pair(**kw))
+    out_y = long_range_attention(qy, ky, vy, *fs_pair(**kw))[:, pad:]
     torch.testing.assert_close(out_y[full], out_x[full], rtol=0, atol=1e-12)
 
 
 def test_fsl_equals_fs_when_retention_covers_the_prefix():
     kw = dict(cell_size=4, block_size=8, top_k=3, recent_cells=2)
     q, k = randn(2, 200, 3, 6, seed=1), randn(2, 200, 3, 6, seed=2)
-    fs = select_cells(q, k, variant="fs", **kw)
-    assert torch.equal(select_cells(q, k, variant="fsl", retained_cells=48, **kw), fs)  # max |C_i| = 48
-    fsl = select_cells(q, k, variant="fsl", retained_cells=20, **kw)
+    fs = select_cells(q, k, *fs_pair(variant="fs", **kw))
+    assert torch.equal(select_cells(q, k, *fs_pair(variant="fsl", retained_cells=48, **kw)), fs)  # max |C_i| = 48
+    fsl = select_cells(q, k, *fs_pair(variant="fsl", retained_cells=20, **kw))
     covered = torch.arange(200) // 8 * 8 // 4 <= 20  # queries with |C_i| <= P
     assert torch.equal(fsl[:, covered], fs[:, covered])
     assert not torch.equal(fsl[:, ~covered], fs[:, ~covered])
@@ -229,8 +232,8 @@ def test_fsl_with_p_plus_w_covering_the_prefix_can_differ_from_fs():
     k[:, :8, :, 0] = 0.5  # cells 0, 1: aligned with q, small norm
     k[:, 8:16, :, 1] = 10.0  # cells 2, 3: orthogonal to q, large norm
     kw = dict(cell_size=s, block_size=16, top_k=2, lam=0.0, recent_cells=2, retained_cells=2)
-    assert select_cells(q, k, variant="fs", **kw)[0, 16:, 0].tolist() == [[0, 1]] * 16
-    assert select_cells(q, k, variant="fsl", **kw)[0, 16:, 0].tolist() == [[2, 3]] * 16
+    assert select_cells(q, k, *fs_pair(variant="fs", **kw))[0, 16:, 0].tolist() == [[0, 1]] * 16
+    assert select_cells(q, k, *fs_pair(variant="fsl", **kw))[0, 16:, 0].tolist() == [[2, 3]] * 16
 
 
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
@@ -240,8 +243,8 @@ def test_constant_gate_bound(variant):
     s, blk, K, sigma, lam = 4, 8, 2, 6.0, 2.0
     kw = dict(variant=variant, cell_size=s, block_size=blk, top_k=K, recent_cells=2, retained_cells=4, lam=lam)
     q, k = randn(1, 160, 2, 6, seed=3), randn(1, 160, 2, 6, seed=4)
-    with_g = select_cells(q, k, sigma=sigma, **kw)
-    const = select_cells(q, k, sigma=1e-30, **kw)  # erf(huge) == 1 exactly
+    with_g = select_cells(q, k, *fs_pair(sigma=sigma, **kw))
+    const = select_cells(q, k, *fs_pair(sigma=1e-30, **kw))  # erf(huge) == 1 exactly
     scores, avail, a, p = dense_scores(q, k, variant=variant, s=s, blk=blk, sigma=sigma, lam=lam, W=2, P=4,
                                        gate_one=True)
     assert torch.equal(const, dense_select(q, k, variant=variant, s=s, blk=blk, K=K, sigma=1e-30, lam=lam,
@@ -263,9 +266,9 @@ def test_ties_go_to_the_earlier_cell():
     k[..., 0] = 1.0
     kw = dict(cell_size=2, block_size=4, top_k=3)
     for lam, sigma in ((0.0, 4.0), (1.0, 1e-30)):  # no prior / a constant prior: every score ties
-        fs = select_cells(q, k, variant="fs", lam=lam, sigma=sigma, **kw)
+        fs = select_cells(q, k, *fs_pair(variant="fs", lam=lam, sigma=sigma, **kw))
         assert fs[0, 8, 0].tolist() == [0, 1, 2] and fs[0, 4, 0].tolist() == [0, 1, -1]
-        fsl = select_cells(q, k, variant="fsl", lam=lam, sigma=sigma, recent_cells=2, retained_cells=2, **kw)
+        fsl = select_cells(q, k, *fs_pair(variant="fsl", lam=lam, sigma=sigma, recent_cells=2, retained_cells=2, **kw))
         assert fsl[0, 16, 0].tolist() == [0, 1, 6]  # top-P ties -> cells 0, 1; recent 6, 7
     q2 = torch.zeros(1, 12, 1, 4)
     q2[..., 0] = 1.0
@@ -273,16 +276,17 @@ def test_ties_go_to_the_earlier_cell():
     k2[:, 2:4, :, 0] = 2.0  # cell 1 and cell 3 tie on top, cell 2 below
     k2[:, 6:8, :, 0] = 2.0
     k2[:, 4:6, :, 0] = 1.0
-    assert select_cells(q2, k2, variant="fs", lam=0.0, cell_size=2, block_size=8, top_k=2)[0, 8, 0].tolist() == [1, 3]
+    chosen = select_cells(q2, k2, fs_config("fs", cell_size=2, block_size=8, top_k=2), fs_prior(lam=0.0))
+    assert chosen[0, 8, 0].tolist() == [1, 3]
 
 
 def test_low_precision_routing_and_readout():
     q, k, v = (randn(1, 100, 2, 8, seed=i, dtype=torch.bfloat16) for i in range(3))
     kw = dict(variant="fsl", cell_size=4, block_size=8, top_k=2, recent_cells=1, retained_cells=3)
-    assert torch.equal(select_cells(q, k, **kw), select_cells(q.float(), k.float(), **kw))
-    out = long_range_attention(q, k, v, **kw)
+    assert torch.equal(select_cells(q, k, *fs_pair(**kw)), select_cells(q.float(), k.float(), *fs_pair(**kw)))
+    out = long_range_attention(q, k, v, *fs_pair(**kw))
     assert out.dtype == torch.bfloat16
-    ref = long_range_attention(q.float(), k.float(), v.float(), **kw)
+    ref = long_range_attention(q.float(), k.float(), v.float(), *fs_pair(**kw))
     assert rel_rms(out.float(), ref) < 1e-2
 
 
@@ -291,28 +295,29 @@ def test_no_quadratic_tensor(variant):
     seq, s = 2048, 4
     q, k, v = (randn(1, seq, 1, 4, seed=i, dtype=torch.float32).requires_grad_() for i in range(3))
     with WorkCounter() as mode:
-        long_range_attention(q, k, v, variant=variant, cell_size=s, block_size=16, top_k=2, recent_cells=2,
-                             retained_cells=4).sum().backward()
+        long_range_attention(q, k, v,
+                             fs_config(variant, cell_size=s, block_size=16, top_k=2, recent_cells=2,
+                                       retained_cells=4), fs_prior()).sum().backward()
     assert mode.largest < seq * seq // s // 4  # far below N x N / s
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda q, k, v: select_cells(q, k[:, :-1]), "share"),
-    (lambda q, k, v: select_cells(q[0], k[0]), "share"),
-    (lambda q, k, v: select_cells(q, k, cell_size=4, block_size=10), "block_size"),
-    (lambda q, k, v: select_cells(q, k, cell_size=0), "cell_size"),
-    (lambda q, k, v: select_cells(q, k, top_k=0), "top_k"),
-    (lambda q, k, v: select_cells(q, k, variant="fsx"), "variant"),
-    (lambda q, k, v: select_cells(q, k, recent_cells=-1), "recent_cells"),
-    (lambda q, k, v: select_cells(q, k, sigma=0.0), "sigma"),
-    (lambda q, k, v: select_cells(q, k, lam=-1.0), "lam"),
-    (lambda q, k, v: select_cells(q, k, sigma=torch.ones(3)), "sigma"),
-    (lambda q, k, v: select_cells(q, k, impl="cuda"), "impl"),
-    (lambda q, k, v: long_range_attention(q, k, v[..., :-1]), "share"),
-    (lambda q, k, v: long_range_attention(q, k, v, rms_weight=torch.ones(3, 8)), "rms_weight"),
-    (lambda q, k, v: cell_readout(q, k, v, torch.zeros(1, 40, 2, dtype=torch.long)), "cells"),
-    (lambda q, k, v: cell_readout(q, k, v, torch.zeros(1, 40, 2, 1)), "integer"),
-    (lambda q, k, v: cell_readout(q, k, v, torch.full((1, 40, 2, 1), 10), cell_size=4), r"\[-1, 9\]"),
+    (lambda q, k, v: select_cells(q, k[:, :-1], fs_config(), fs_prior()), "share"),
+    (lambda q, k, v: select_cells(q[0], k[0], fs_config(), fs_prior()), "share"),
+    (lambda q, k, v: select_cells(q, k, fs_config(cell_size=4, block_size=10), fs_prior()), "block_size"),
+    (lambda q, k, v: select_cells(q, k, fs_config(cell_size=0), fs_prior()), "cell_size"),
+    (lambda q, k, v: select_cells(q, k, fs_config(top_k=0), fs_prior()), "top_k"),
+    (lambda q, k, v: select_cells(q, k, fs_config("fsx"), fs_prior()), "variant"),
+    (lambda q, k, v: select_cells(q, k, fs_config(recent_cells=-1), fs_prior()), "recent_cells"),
+    (lambda q, k, v: select_cells(q, k, fs_config(), fs_prior(sigma=0.0)), "sigma"),
+    (lambda q, k, v: select_cells(q, k, fs_config(), fs_prior(lam=-1.0)), "lam"),
+    (lambda q, k, v: select_cells(q, k, fs_config(), fs_prior(sigma=torch.ones(3))), "sigma"),
+    (lambda q, k, v: select_cells(q, k, fs_config(impl="cuda"), fs_prior()), "impl"),
+    (lambda q, k, v: long_range_attention(q, k, v[..., :-1], fs_config(), fs_prior()), "share"),
+    (lambda q, k, v: long_range_attention(q, k, v, fs_config(), fs_prior(), rms_weight=torch.ones(3, 8)), "rms_weight"),
+    (lambda q, k, v: cell_readout(q, k, v, torch.zeros(1, 40, 2, dtype=torch.long), fs_config()), "cells"),
+    (lambda q, k, v: cell_readout(q, k, v, torch.zeros(1, 40, 2, 1), fs_config()), "integer"),
+    (lambda q, k, v: cell_readout(q, k, v, torch.full((1, 40, 2, 1), 10), fs_config(cell_size=4)), r"\[-1, 9\]"),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_bad_inputs_raise_value_error(call, match):
     q, k, v = (randn(1, 40, 2, 8, seed=i) for i in range(3))
@@ -324,19 +329,19 @@ def test_dispatch_to_kernels(monkeypatch):
     q, k, v = (randn(1, 40, 2, 8, seed=i).float() for i in range(3))  # a dtype the kernels take
     monkeypatch.setitem(sys.modules, "fsf_kernels.cell_routing", None)  # import fails
     with pytest.raises(RuntimeError, match="triton"):
-        select_cells(q, k, impl="triton")
+        select_cells(q, k, fs_config(impl="triton"), fs_prior())
     calls = {}
     routing = types.ModuleType("fsf_kernels.cell_routing")
     none = torch.full((1, 40, 2, 2), -1)
-    routing.select_cells = lambda q, k, **kw: calls.setdefault("route", (kw, none))[1]
+    routing.select_cells = lambda q, k, *args, **kw: calls.setdefault("route", (args, kw, none))[-1]
     readout = types.ModuleType("fsf_kernels.cell_readout")
-    readout.cell_readout = lambda q, k, v, cells, **kw: calls.setdefault("read", (kw, q))[1]
+    readout.cell_readout = lambda q, k, v, cells, *args, **kw: calls.setdefault("read", (args, kw, q))[-1]
     monkeypatch.setitem(sys.modules, "fsf_kernels.cell_routing", routing)
     monkeypatch.setitem(sys.modules, "fsf_kernels.cell_readout", readout)
-    long_range_attention(q, k, v, impl="triton", cell_size=4, block_size=8, top_k=2, eps=1e-6)
-    assert set(calls["route"][0]) == {"variant", "cell_size", "block_size", "top_k", "sigma", "lam",
-                                      "recent_cells", "retained_cells", "q_start"}
-    assert calls["read"][0] == {"cell_size": 4, "rms_weight": None, "eps": 1e-6, "q_start": 0}
+    config, prior = fs_config(impl="triton", cell_size=4, block_size=8, top_k=2), fs_prior()
+    long_range_attention(q, k, v, config, prior, eps=1e-6)
+    assert calls["route"][:2] == ((config, prior), {"q_start": 0})  # the settings and prior, whole
+    assert calls["read"][:2] == ((config,), {"rms_weight": None, "eps": 1e-6, "q_start": 0})
 
 
 @pytest.mark.parametrize("variant", ["fs", "fsl"])
@@ -350,19 +355,19 @@ def test_routing_from_slice_summaries_equals_routing_from_the_keys(variant):
     q, k = (torch.randn(2, 150, 2, 8, generator=gen) for _ in range(2))
     settings = dict(variant=variant, cell_size=4, block_size=16, top_k=3, retained_cells=3, recent_cells=2)
     prior = dict(sigma=torch.tensor([1.5, 6.0]), lam=0.9)
-    whole = select_cells(q, k, impl="reference", **settings, **prior)
+    whole = select_cells(q, k, *fs_pair(impl="reference", **settings, **prior))
     slices = [(0, 48), (48, 112), (112, 150)]
-    pieces = [summarize_cells(k[:, lo:hi], impl="reference", **settings) for lo, hi in slices]
+    pieces = [summarize_cells(k[:, lo:hi], fs_pair(impl="reference", **settings)[0]) for lo, hi in slices]
     kbar, a = (torch.cat([p[i] for p in pieces], dim=2) for i in range(2))
     assert kbar.shape == (2, 2, 37, 8) and a.shape == (2, 2, 37)
     for lo, hi in slices[1:]:
-        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 4], a[:, :, :hi // 4], q_start=lo,
-                                          impl="reference", **settings, **prior)
+        got = select_cells_from_summaries(q[:, lo:hi], kbar[:, :, :hi // 4], a[:, :, :hi // 4],
+                                          *fs_pair(impl="reference", **settings, **prior), q_start=lo)
         assert torch.equal(got, whole[:, lo:hi]), (lo, hi)
     with pytest.raises(ValueError, match="summaries of the 28 complete cells"):
-        select_cells_from_summaries(q[:, 48:112], kbar, a, q_start=48, impl="reference", **settings, **prior)
+        select_cells_from_summaries(q[:, 48:112], kbar, a, *fs_pair(impl="reference", **settings, **prior), q_start=48)
     with pytest.raises(ValueError, match="multiple of block_size"):
-        select_cells_from_summaries(q[:, 40:112], kbar[:, :, :28], a[:, :, :28], q_start=40, impl="reference",
-                                    **settings, **prior)
+        select_cells_from_summaries(q[:, 40:112], kbar[:, :, :28], a[:, :, :28],
+                                    *fs_pair(impl="reference", **settings, **prior), q_start=40)
     with pytest.raises(ValueError, match="'fs' and 'fsl'"):
-        select_cells_from_summaries(q, kbar, a, variant="fsb")
+        select_cells_from_summaries(q, kbar, a, fs_config("fsb"), fs_prior())

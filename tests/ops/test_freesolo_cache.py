@@ -10,6 +10,7 @@ import torch
 from fsframework.config import AttentionConfig, FsbConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
 from fsframework.models.freesolo_cache import FSCache, FSLCache
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.models.fsb_cache import FSBCache
 from fsframework.ops.freesolo import cell_readout, cell_readout_kept, select_cells
 from fsframework.ops.freesolo_routing import cell_summaries, route_candidates
@@ -25,17 +26,17 @@ def _qkv(seq: int, heads: int = 3, dim: int = 8, seed: int = 0):
 def test_route_and_read_over_every_cell_equal_the_whole_sequence_ops():
     q, k, v = _qkv(64)
     sigma, lam = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64), torch.tensor([0.5, 1.0, 0.0], dtype=torch.float64)
-    cells = select_cells(q, k, variant="fs", sigma=sigma, lam=lam, impl="reference", **ROUTING)
+    cells = select_cells(q, k, *fs_pair(variant="fs", sigma=sigma, lam=lam, impl="reference", **ROUTING))
     weight = torch.rand(3, 8, dtype=torch.float64)
-    full = cell_readout(q, k, v, cells, cell_size=4, rms_weight=weight, impl="reference")
+    full = cell_readout(q, k, v, cells, fs_config(cell_size=4, impl="reference"), rms_weight=weight)
     kbar, a = cell_summaries(k, 4)
     s = 4
     for block in (8, 24, 56):
         num = block // s
         rows = slice(block, block + 8)
         choice = route_candidates(q[:, rows], block, kbar[:, :num].transpose(1, 2), a[:, :num].transpose(1, 2),
-                                  (torch.arange(num, dtype=torch.float64) + 0.5) * s, None, top_k=3, sigma=sigma,
-                                  lam=lam)
+                                  (torch.arange(num, dtype=torch.float64) + 0.5) * s, None,
+                                  fs_prior(sigma=sigma, lam=lam), 3)
         assert torch.equal(choice, cells[:, rows])
         view = k[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
         values = v[:, :num * s].view(2, num, s, 3, 8).permute(0, 3, 1, 2, 4).contiguous()
@@ -87,15 +88,17 @@ def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, ca
     if variant == "fsb":
         module.tau.copy_(torch.tensor([3.2, 3.4, 3.6]))  # Ftau admits a part of the cells
         module.tau_source = "test thresholds"
-        full = select_cells(q, k, variant="fsb", sigma=module.sigma, lam=module.lam, tau=module.tau, beam_width=4,
-                            **{key: value for key, value in ROUTING.items() if "cells" not in key})
+        settings = {key: value for key, value in ROUTING.items() if "cells" not in key}
+        full = select_cells(q, k, *fs_pair(variant="fsb", sigma=module.sigma, lam=module.lam, tau=module.tau,
+                                           beam_width=4, **settings))
     else:
-        full = select_cells(q, k, variant=variant, sigma=module.sigma, lam=module.lam, impl="reference", **ROUTING)
+        full = select_cells(q, k, *fs_pair(variant=variant, sigma=module.sigma, lam=module.lam, impl="reference",
+                                           **ROUTING))
     cache, pos, sizes = cache_class(module), 0, [5, 3, 1, 7, 8, 2, 6]
     while pos < 160:
         end = min(160, pos + sizes[pos % 7], (pos // 8 + 1) * 8)
-        cache.branches(module, q[:, pos:end], k[:, pos:end], v[:, pos:end], pos)
+        cache.branches(q[:, pos:end], k[:, pos:end], v[:, pos:end], pos, module.readout_gain())
         assert torch.equal(cache.selected, full[:, pos:end]), pos
         pos = end
     with pytest.raises(ValueError, match="holds 160 positions"):
-        cache.branches(module, q[:, :9], k[:, :9], v[:, :9], 150)
+        cache.branches(q[:, :9], k[:, :9], v[:, :9], 150, module.readout_gain())

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import top_k_earliest
 from fsframework.ops.fsb_forest import (Forest, _chunk_offsets, _popcount, build_chunk_trees, build_trees, chunk_sizes,
@@ -52,7 +53,8 @@ def brute_eq12(q, k, *, K, admit=None, sigma=4.0, lam=1.0):
 
 def fsb(q, k, **kw):
     kw.setdefault("top_k", 3)
-    return select_cells(q, k, variant="fsb", cell_size=S, block_size=BLK, **kw)
+    q_start = kw.pop("q_start", 0)
+    return select_cells(q, k, *fs_pair(variant="fsb", cell_size=S, block_size=BLK, **kw), q_start=q_start)
 
 
 def test_chunks_follow_the_binary_expansion_and_height_is_log2():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import fsframework.ops.fsb_states as states
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.fsb_forest import Forests, NodeStore
 from fsframework.ops.fsb_states import forest_states
@@ -55,8 +56,8 @@ def test_whole_sequence_routing_builds_each_chunk_size_once(monkeypatch):
     monkeypatch.setattr(states, "build_trees", counting)
     gen = torch.Generator().manual_seed(1)
     q, k = torch.randn(1, 1024, 2, 8, generator=gen), torch.randn(1, 1024, 2, 8, generator=gen)
-    select_cells(q, k, variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4,
-                 tau=torch.zeros(2))  # 63 blocks, 252 cells
+    select_cells(q, k, fs_config("fsb", cell_size=4, block_size=16, top_k=2, beam_width=4),
+                 fs_prior(tau=torch.zeros(2)))  # 63 blocks, 252 cells
     assert len(calls) == 1, calls
     assert len(calls[0]) == len(set(calls[0])) <= (252).bit_length(), calls
 
@@ -69,7 +70,7 @@ def test_windows_of_blocks_select_the_same_cells(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 1024, 2, 8, generator=gen), torch.randn(2, 1024, 2, 8, generator=gen)
     kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4, tau=torch.full((2,), 2.8))
-    whole = select_cells(q, k, **kw)
+    whole = select_cells(q, k, *fs_pair(**kw))
     built, build = [], states.forest_states
 
     def counting(*args):
@@ -78,10 +79,10 @@ def test_windows_of_blocks_select_the_same_cells(monkeypatch):
 
     monkeypatch.setattr(search, "forest_states", counting)
     monkeypatch.setattr(search, "STATES_BUDGET_BYTES", 0)  # the smallest windows the rule allows
-    assert torch.equal(select_cells(q, k, **kw), whole)
+    assert torch.equal(select_cells(q, k, *fs_pair(**kw)), whole)
     assert len(built) > 3 and sum(built) == 1024 // 16 - 1  # every block's forests, in several windows
     built.clear()
-    assert torch.equal(select_cells(q[:, 528:], k, q_start=528, **kw), whole[:, 528:])
+    assert torch.equal(select_cells(q[:, 528:], k, *fs_pair(**kw), q_start=528), whole[:, 528:])
     assert sum(built) < 1024 // 16 - 1  # windows before the first query's block are not built
     built.clear()
-    assert select_cells(q[:, :0], k, q_start=1024, **kw).shape == (2, 0, 2, 2) and not built  # no query
+    assert select_cells(q[:, :0], k, *fs_pair(**kw), q_start=1024).shape == (2, 0, 2, 2) and not built  # no query

@@ -19,6 +19,7 @@ import math
 import pytest
 import torch
 
+from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from tests.work import WorkCounter, count
@@ -117,8 +118,8 @@ def _qk(n: int):
 
 def _route(variant: str, n: int) -> WorkCounter:
     q, k = _qk(n)
-    return count(select_cells, q, k, variant=variant, cell_size=S, block_size=BLOCK, top_k=K, recent_cells=W,
-                 retained_cells=P, impl="reference")
+    return count(select_cells, q, k, *fs_pair(variant=variant, cell_size=S, block_size=BLOCK, top_k=K, recent_cells=W,
+                                              retained_cells=P, impl="reference"))
 
 
 @pytest.mark.parametrize("n", [512])
@@ -140,8 +141,9 @@ def test_fsl_routing_is_linear(n):
 def test_the_readout_is_linear(n):
     def readout(size):
         q, k = _qk(size)
-        cells = select_cells(q, k, variant="fs", cell_size=S, block_size=BLOCK, top_k=K, impl="reference")
-        return count(cell_readout, q, k, randn(B, size, H, D, seed=2), cells, cell_size=S, impl="reference")
+        config = fs_config("fs", cell_size=S, block_size=BLOCK, top_k=K, impl="reference")
+        cells = select_cells(q, k, config, fs_prior())
+        return count(cell_readout, q, k, randn(B, size, H, D, seed=2), cells, config)
 
     small, large = readout(n), readout(4 * n)
     assert large.macs <= LINEAR * small.macs, (small.macs, large.macs)
@@ -151,8 +153,8 @@ def test_the_readout_is_linear(n):
 
 def _fsb(n: int) -> WorkCounter:
     q, k = _qk(n)
-    return count(select_cells, q, k, variant="fsb", tau=torch.zeros(H), cell_size=S, block_size=BLOCK, top_k=K,
-                 beam_width=K)
+    return count(select_cells, q, k, *fs_pair(variant="fsb", tau=torch.zeros(H), cell_size=S, block_size=BLOCK,
+                                              top_k=K, beam_width=K))
 
 
 def test_fsb_routing_is_n_log_n():
@@ -187,8 +189,8 @@ def test_an_fsb_search_step_and_rescoring_do_no_pass_over_the_nodes_or_cells():
     def rescoring(cells: int) -> tuple[int, torch.Tensor]:
         keys, a = randn(groups, cells, s, dim, seed=2), randn(groups, cells, seed=3).abs()
         with torch.no_grad(), WorkCounter() as work:
-            top = rescore(q, keys, a, torch.arange(num_q, dtype=torch.float32) + 200, nodes, cell_size=s,
-                          top_k=2, lam=torch.ones(groups), sigma=torch.ones(groups))
+            top = rescore(q, keys, a, torch.arange(num_q, dtype=torch.float32) + 200, nodes,
+                          fs_config(cell_size=s, top_k=2), fs_prior(lam=torch.ones(groups), sigma=torch.ones(groups)))
         return work.written, top
 
     (short, dots0), (small, dots), (large, dots4) = step(64), step(1024), step(4096)

@@ -26,10 +26,11 @@ def run_ranks(script: Path, world: int, *args: str, timeout: float = 180, env: d
     """
     port = free_port()
     procs = []
+    path = os.pathsep.join([str(REPO), str(REPO / "kernels")])  # this checkout's fsframework and its kernels
     for rank in range(world):
         full_env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu",
-                    "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+                    "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **(env or {})}
         procs.append(subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, env=full_env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout

@@ -516,8 +516,8 @@ def cell_readout(
     k: torch.Tensor,
     v: torch.Tensor,
     cells: torch.Tensor,
+    config,
     *,
-    cell_size: int = 32,
     rms_weight: torch.Tensor | None = None,
     eps: float = 1e-8,
     q_start: int = 0,
@@ -538,10 +538,14 @@ def cell_readout(
     the keys of `[0, q_start + n)`; only those queries are read out -> `[B, n, H, D]` (the logits
     carry no position, so the offset only sets which keys exist).
 
+    config: the layer's settings (a `fsframework.ops.freesolo_config.FreeSoloConfig`; the readout reads its
+    cell_size).
+
     dkdv: how the backward forms dk/dv, "by_cell" (one program per cell, no atomics, deterministic;
     atomic instead where a cell's tiles do not fit, `support.readout_by_cell_tiles`) or "atomic" (each
     query tile adds its share); the same gradients up to rounding order.
     """
+    cell_size = config.cell_size
     check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
     _check_dkdv(dkdv)
     if not (q.dtype == k.dtype == v.dtype):

@@ -235,21 +235,12 @@ def retained_width(retained: int) -> int:
     return max(16, next_pow2(retained))
 
 
-def select_cells(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    *,
-    variant: str = "fs",
-    cell_size: int = 32,
-    block_size: int = 128,
-    top_k: int = 4,
-    sigma: float | torch.Tensor = 4.0,
-    lam: float | torch.Tensor = 1.0,
-    recent_cells: int = 8,
-    retained_cells: int = 64,
-    q_start: int = 0,
-) -> torch.Tensor:
+def select_cells(q: torch.Tensor, k: torch.Tensor, config, prior, *, q_start: int = 0) -> torch.Tensor:
     """Top-K cells per query and head, same contract as `fsframework.ops.freesolo.select_cells`.
+
+    config: the layer's settings (a `fsframework.ops.freesolo_config.FreeSoloConfig`: variant, cell_size,
+    block_size, top_k, recent_cells, retained_cells), prior: its routing prior (a `RoutingPrior`: sigma,
+    lam), each read by field name (the kernels import torch and triton only).
 
     q, k: unrotated `[B, N, H, D]`, fp32/fp16/bf16. Scores
     `r_ic = q_i . kbar_c / sqrt(D) + lam_h a_c erf((i - p_c) / (2 sigma_h))` over the
@@ -264,21 +255,17 @@ def select_cells(
     `[q_start, q_start + n)`, k the keys of `[0, q_start + n)`; only those queries are scored
     (the cell summaries and FS-L's retained lists still read every key) -> `[B, n, H, top_k]`.
     """
-    check_routing_args(q, k, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k,
-                       recent_cells=recent_cells, retained_cells=retained_cells, q_start=q_start)
+    check_routing_args(q, k, config, q_start=q_start)
     check_head_dim("q", q)
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    reason = routing_unsupported(q.dtype, q.shape[-1], top_k=top_k, retained_cells=retained_cells,
-                                 recent_cells=recent_cells, variant=variant)
+    reason = routing_unsupported(q.dtype, q.shape[-1], config)
     if reason:
         raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
     # the prior's constants are checked here too: a bad sigma must not wait until after a launch
-    prior_per_head(sigma, lam, q.shape[2], like=torch.empty((), dtype=torch.float32, device=q.device))
-    kbar, a = cell_summaries(k, cell_size)
-    return select_cells_from_summaries(q, kbar, a, variant=variant, cell_size=cell_size, block_size=block_size,
-                                       top_k=top_k, sigma=sigma, lam=lam, recent_cells=recent_cells,
-                                       retained_cells=retained_cells, q_start=q_start)
+    prior_per_head(prior.sigma, prior.lam, q.shape[2], like=torch.empty((), dtype=torch.float32, device=q.device))
+    kbar, a = cell_summaries(k, config.cell_size)
+    return select_cells_from_summaries(q, kbar, a, config, prior, q_start=q_start)
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,26 +277,26 @@ def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch
     return kbar[:, :, :num_cells], a[:, :, :num_cells]
 
 
-def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *, variant: str = "fs",
-                                cell_size: int = 32, block_size: int = 128, top_k: int = 4,
-                                sigma: float | torch.Tensor = 4.0, lam: float | torch.Tensor = 1.0,
-                                recent_cells: int = 8, retained_cells: int = 64, q_start: int = 0) -> torch.Tensor:
+def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, config, prior, *,
+                                q_start: int = 0) -> torch.Tensor:
     """`select_cells` from the summaries of the keys rather than the keys: q `[B, n, H, D]` at positions
     `[q_start, q_start + n)`, kbar `[B, H, C, D]` and a `[B, H, C]` (`cell_summaries`) of the complete
     cells of `[0, q_start + n)` -> `[B, n, H, top_k]`. A sequence-parallel rank routes its queries from
     the gathered summaries of every earlier rank (docs/architecture.md)."""
     bsz, num, heads, dim = q.shape
+    variant, cell_size, block_size = config.variant, config.cell_size, config.block_size
     check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
     num_cells = (q_start + num) // cell_size
     like = torch.empty((), dtype=torch.float32, device=q.device)
-    sigma_h, lam_h = prior_per_head(sigma, lam, heads, like=like)
+    sigma_h, lam_h = prior_per_head(prior.sigma, prior.lam, heads, like=like)
     with torch.no_grad():
         if num_cells == 0:  # the kernels index at least one row; no query has an eligible cell
             kbar, a = kbar.new_zeros((bsz, heads, 1, dim)), a.new_zeros((bsz, heads, 1))
         kbar, a = kbar.float().contiguous(), a.float().contiguous()
         if variant == "fsl":
-            kept = fsl_retain_fwd(a, q_start + num, cell_size, block_size, retained_cells)
+            kept = fsl_retain_fwd(a, q_start + num, cell_size, block_size, config.retained_cells)
         else:
             kept = torch.full((1, 1, 16), -1, device=q.device, dtype=torch.int32)
         return select_cells_fwd(q.detach(), kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
-                                block_size=block_size, top_k=top_k, recent_cells=recent_cells, q_start=q_start)
+                                block_size=block_size, top_k=config.top_k, recent_cells=config.recent_cells,
+                                q_start=q_start)

@@ -46,8 +46,9 @@ def check_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, *, cel
                          f"and {tuple(a.shape)}")
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int = 0, block_size: int = 1) -> None:
-    """q, k, v `[B, N, H, d]` of one shape; with `q_start`, q `[B, n, H, d]` and k, v `[B, q_start + n, H, d]`."""
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int, block_size: int) -> None:
+    """q, k, v `[B, N, H, d]` of one shape; with `q_start` (a multiple of `block_size`), q `[B, n, H, d]` and
+    k, v `[B, q_start + n, H, d]`."""
     if q_start:
         check_query_offset(q, k, q_start, block_size)
         if k.shape != v.shape:
@@ -57,9 +58,12 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, q_start: int
                          f"{tuple(v.shape)}")
 
 
-def check_routing_args(q: torch.Tensor, k: torch.Tensor, *, variant: str, cell_size: int, block_size: int,
-                       top_k: int, recent_cells: int, retained_cells: int, q_start: int = 0) -> None:
-    """Cell routing (FS / FS-L): shapes of q, k `[B, N, H, d]` and the sizes."""
+def check_routing_args(q: torch.Tensor, k: torch.Tensor, config, *, q_start: int = 0) -> None:
+    """Cell routing (FS / FS-L): shapes of q, k `[B, N, H, d]` and the sizes of `config` (a
+    `fsframework.ops.freesolo_config.FreeSoloConfig`: variant, cell_size, block_size, top_k,
+    recent_cells, retained_cells)."""
+    variant, cell_size, block_size = config.variant, config.cell_size, config.block_size
+    top_k, recent_cells, retained_cells = config.top_k, config.recent_cells, config.retained_cells
     if q_start:
         check_query_offset(q, k, q_start, block_size)
     elif q.dim() != 4 or q.shape != k.shape:
@@ -109,7 +113,7 @@ def check_readout_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells:
     With `values`, also the range of `cells` (-1 or a complete cell `< N // cell_size`):
     that reads the tensor (a device sync), so only the reference asks for it.
     """
-    check_qkv(q, k, v, q_start=q_start)
+    check_qkv(q, k, v, q_start=q_start, block_size=1)  # the readout reads queries from any position
     if cell_size < 1:
         raise ValueError(f"cell_size must be >= 1, got {cell_size}")
     if cells.dim() != 4 or cells.shape[:3] != q.shape[:3] or cells.shape[3] < 1:

@@ -91,9 +91,11 @@ def _common(dtype: torch.dtype, dim: int) -> str | None:
     return None
 
 
-def routing_unsupported(dtype: torch.dtype, dim: int, *, top_k: int, variant: str, retained_cells: int = 0,
-                        recent_cells: int = 0, cell_size: int = 1, block_size: int = 1) -> str | None:
-    """FS / FS-L cell routing (`fsf_kernels.cell_routing`)."""
+def routing_unsupported(dtype: torch.dtype, dim: int, config) -> str | None:
+    """FS / FS-L cell routing (`fsf_kernels.cell_routing`) with the settings `config` (a
+    `fsframework.ops.freesolo_config.FreeSoloConfig`)."""
+    variant, top_k, retained_cells = config.variant, config.top_k, config.retained_cells
+    cell_size, block_size = config.cell_size, config.block_size
     if variant not in ("fs", "fsl"):
         return f"variant {variant!r} (the kernel routes 'fs' and 'fsl')"
     if top_k > MAX_TOP_K:

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fsf_kernels.common.targets import launch
 from fsf_kernels.common.utils import next_pow2
 
 
@@ -133,8 +134,6 @@ def beam_search(mu: torch.Tensor, stats: torch.Tensor, links: torch.Tensor, root
 def launches(dtype: torch.dtype, dim: int, beam_width: int, arch: int) -> list:
     """The launch `beam_search` makes for this dtype, head dim and beam width (one per call; `arch`
     changes nothing: the kernel holds no tile in shared memory), for `fsf_kernels.compile_check`."""
-    from fsf_kernels.common.targets import launch
-
     p = {torch.float32: "*fp32", torch.float64: "*fp64"}[dtype]
     wb, wbp = beam_widths(beam_width)
     pointers = dict(mu=p, stats=p, links="*i64", roots="*i64", q=p, pos=p, lam=p, sigma=p, out="*i64")
