@@ -20,7 +20,8 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework.checkpoints import CheckpointError, RunDir, find_latest, init_from, read_config, writing
+from fsframework.checkpoints import (STEP_PREFIX, CheckpointError, RunDir, find_latest, init_from, read_config,
+                                     writing)
 from fsframework.config import Config, check_world_size, to_yaml
 from fsframework.data.loader import check_data_fits, check_shard_files
 from fsframework.data.source_table import SourceContext, build_source, source_streams
@@ -156,6 +157,11 @@ class Trainer:
         self.resume_from = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if self.resume_from is None:
             return
+        resumed_step = int(self.resume_from.name[len(STEP_PREFIX):])
+        if self.cfg.train.max_steps < resumed_step:  # refused before config.yaml is rewritten
+            raise CheckpointError(f"cannot resume {self.run_dir} at step {resumed_step} with train.max_steps="
+                                  f"{self.cfg.train.max_steps}: the run is already past it; set train.max_steps "
+                                  f"above {resumed_step} to train on, or use a new run_dir")
         saved = self.resumed_config = read_config(self.resume_from)
         refused, applied = resume_config.changed_keys(saved, self.cfg)
         if refused:

@@ -40,6 +40,15 @@ def test_a_changed_model_is_refused_naming_the_keys(half_run, data_cache, change
     assert _files(half_run) == before  # config.yaml and every checkpoint as they were
 
 
+def test_fewer_steps_than_the_run_has_done_are_refused_and_nothing_is_touched(half_run, data_cache):
+    before = _files(half_run)
+    proc = _train(half_run, data_cache, "train.max_steps=1", check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "at step 2 with train.max_steps=1" in lines[0] and "already past it" in lines[0]
+    assert _files(half_run) == before  # config.yaml still says what the run trained
+
+
 def test_a_changed_learning_rate_is_applied_with_a_notice(half_run, data_cache):
     proc = _train(half_run, data_cache, "optim.lr=0.0005")
     notice = [line for line in proc.stdout.splitlines() if "changed optimizer settings" in line]
