@@ -34,7 +34,7 @@ def test_held_out_documents_are_disjoint_seeded_and_counted(tmp_path):
     stats = build_shards([str(docs)], tmp_path / "a", seq_len=32, eval_fraction=0.2, seed=3, verbose=False)
     assert (tmp_path / "a" / "train" / "index.json").is_file() and (tmp_path / "a" / "eval" / "index.json").is_file()
     train, held = document_numbers(tmp_path / "a" / "train"), document_numbers(tmp_path / "a" / "eval")
-    assert held and not train & held and 10 < stats["eval_documents"] < 40
+    assert held and not train & held and stats["eval_documents"] == 24  # 0.2 of 120
     build_shards([str(docs)], tmp_path / "b", seq_len=32, eval_fraction=0.2, seed=3, workers=2, verbose=False)
     assert document_numbers(tmp_path / "b" / "eval") == held  # the same draw with any number of workers
     build_shards([str(docs)], tmp_path / "c", seq_len=32, eval_fraction=0.2, seed=4, verbose=False)
@@ -44,6 +44,23 @@ def test_held_out_documents_are_disjoint_seeded_and_counted(tmp_path):
     assert stats["eval_documents"] == 7
     recipe = json.loads((tmp_path / "d" / "build.json").read_text())["recipe"]
     assert recipe["eval_docs"] == 7 and recipe["tokenizer_identity"]["vocab_size"] == 257
+
+
+@pytest.mark.parametrize("count, fraction, expected", [(30, 0.1, {3}), (30, 0.05, {1, 2}), (7, 0.5, {3, 4}),
+                                                       (1000, 0.02, {20}), (30, 0.3, {9})])
+def test_a_fraction_holds_out_its_expected_count_drawn_across_the_documents(count, fraction, expected):
+    from collections import Counter
+
+    from fsframework.data.build import HeldOutSplit
+
+    chosen = Counter()
+    for seed in range(300 if count <= 30 else 5):
+        split = HeldOutSplit(fraction, 0, seed)
+        kept = list(split.train_documents(iter(range(count))))
+        assert len(split.held) in expected and sorted(kept + split.held) == list(range(count))
+        chosen.update(split.held)
+    if count <= 30:  # every document can be drawn, the first ones no more often than the rest
+        assert len(chosen) == count and max(chosen.values()) < 3 * min(chosen.values())
 
 
 def test_held_out_options_are_checked(tmp_path):
