@@ -54,6 +54,19 @@ def test_unknown_key_in_yaml_file(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.max_steps=abc", "invalid value for config key 'train.max_steps': Value 'abc' of type 'str' could not "
+                            "be converted to Integer"),
+    ("train.progress=maybe", "invalid value for config key 'train.progress': Value 'maybe' is not a valid bool"),
+    ("train.maxsteps=3", "invalid config key 'train.maxsteps': Key 'maxsteps' not in 'TrainConfig'. Did you mean: "
+                         "'max_steps'?"),
+], ids=["int", "bool", "typo"])
+def test_a_wrong_value_is_told_from_a_wrong_key(override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [override])
+    assert str(caught.value).startswith(message)
+
+
 def test_override_without_equals_sign():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["train.max_steps"])

@@ -67,7 +67,7 @@ def read_yaml(path: str | Path) -> dict:
 def _build(data: Optional[dict], overrides: Optional[list[str]]) -> Config:
     """Defaults <- `data` (a nested dict) <- dotted `key=value` overrides, strict, then validated."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
 
     for item in overrides or []:
         if "=" not in item:
@@ -84,6 +84,8 @@ def _build(data: Optional[dict], overrides: Optional[list[str]]) -> Config:
         key = getattr(exc, "full_key", None)
         _reject_old_list_keys(data, overrides)  # omegaconf names no place for a list entry's key
         msg = str(exc).splitlines()[0]
+        if isinstance(exc, ValidationError) and key:  # the key exists; its value has the wrong type
+            raise ConfigError(f"invalid value for config key {key!r}: {msg}") from None
         raise ConfigError(f"invalid config{f' key {key!r}' if key else ''}: {msg}") from None
     return validate(cfg)
 
