@@ -57,8 +57,8 @@ def _dataset_roots(cfg: Config) -> list[str]:
 
 def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
     """Checks before any work (no run directory, no engine): the tokenizer's vocabulary fits
-    `model.vocab_size`, every local dataset exists and was built with `data.tokenizer` (its
-    `build.json`), and, when `heldout_for` names the option that reads it, every dataset's
+    `model.vocab_size`, every local dataset exists and was built with `data.tokenizer` and
+    `data.seq_len` (its `build.json`), and, when `heldout_for` names the option that reads it, every dataset's
     held-out split exists.
     Raises ConfigError or FileNotFoundError (both one line, naming the option to change)."""
     import json
@@ -77,7 +77,12 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
         recipe_file = Path(source) / "build.json"
         if "://" in source or not recipe_file.is_file():
             continue
-        built = json.loads(recipe_file.read_text())["recipe"].get("tokenizer_identity")
+        recipe = json.loads(recipe_file.read_text())["recipe"]
+        if recipe.get("seq_len", cfg.data.seq_len) != cfg.data.seq_len:  # samples are trained as stored
+            raise ConfigError(f"dataset {source} holds samples of {recipe['seq_len']} tokens (built with --seq-len "
+                              f"{recipe['seq_len']}), not data.seq_len={cfg.data.seq_len}: set data.seq_len="
+                              f"{recipe['seq_len']} or rebuild the dataset with --seq-len {cfg.data.seq_len}")
+        built = recipe.get("tokenizer_identity")
         if built is not None and (built["vocab_size"], built["eos_id"], built["sha256"]) != (
                 mine["vocab_size"], mine["eos_id"], mine["sha256"]):
             raise ConfigError(f"dataset {source} was built with tokenizer {built['name']} (vocabulary "

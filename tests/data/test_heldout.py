@@ -102,6 +102,17 @@ def test_a_dataset_without_held_out_split_is_named_before_any_work(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def test_a_sequence_length_other_than_the_shards_is_refused_before_any_work(tmp_path):
+    run_fsf("data", "build", str(write_docs(tmp_path / "docs.jsonl")), "--out", str(tmp_path / "shards"),
+            "--seq-len", "32")
+    run = tmp_path / "run"
+    proc = run_fsf("train", QUICKSTART, f"run_dir={run}", "data.source=shards", f"data.path={tmp_path / 'shards'}",
+                   *TINY, "data.seq_len=64", "train.max_steps=2", check=False)
+    assert proc.returncode == 2 and not run.exists(), proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "holds samples of 32 tokens" in lines[0] and "not data.seq_len=64" in lines[0]
+
+
 def test_tokenizer_mismatch_is_refused_before_any_work(tmp_path):
     from fsframework.data.tokenizers import train_bpe_tokenizer
 
