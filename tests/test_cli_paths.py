@@ -18,6 +18,7 @@ CASES = [
     ("train", ["{p}/a_dir"], "{p}/a_dir", ["is a directory"]),
     ("train", [JOB, "run_dir={p}/a_file"], "{p}/a_file", ["is a file"]),
     ("train", [JOB, "run_dir={p}/a_file/run"], "{p}/a_file", ["is a file"]),
+    ("train", [JOB, "run_dir=/proc/fsf-run"], "/proc/fsf-run", ["cannot create a directory in /proc"]),  # not writable
     ("train", [JOB, "run_dir={p}/new", "data.source=shards", "data.path={p}/missing"], "{p}/missing", ["not found"]),
     ("train", [JOB, "run_dir={p}/new", "data.source=shards", "data.path={p}/a_file"], "{p}/a_file", ["is a file"]),
     ("train", [JOB, "run_dir={p}/new", "data.source=shards", "data.path={p}/a_dir"], "{p}/a_dir", ["no MDS index"]),

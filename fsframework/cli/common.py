@@ -14,6 +14,8 @@ a conversion does not reproduce its checkpoint).
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import List, NoReturn, Optional
 
@@ -98,10 +100,17 @@ def output_file(path: Path, what: str, *, replace: bool) -> Path:
 
 
 def parents_are_directories(path: Path, what: str) -> None:
-    """Exits 2 when the nearest existing parent of `path` is a file (`path` cannot be made)."""
+    """Exits 2 when `path` cannot be made: the nearest existing parent is a file, or no directory
+    can be created in it (read-only, no permission, a virtual file system such as /proc)."""
+    if path.is_dir():
+        return
     existing = next(parent for parent in path.absolute().parents if parent.exists())
     if not existing.is_dir():
         fail(f"{what} {path}: {existing} is a file, not a directory")
+    try:  # the one sure test of creating a directory there; removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".fsf-write-check-", dir=existing))
+    except OSError as exc:
+        fail(f"{what} {path}: cannot create a directory in {existing} ({exc.strerror})")
 
 
 def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
