@@ -1,10 +1,10 @@
 """Counting work, not time (tests/ops/test_work_counts.py, tests/models/test_decode_work.py).
 
 `WorkCounter` is a `__torch_dispatch__` mode that sums the multiply-adds of every matrix
-product and attention call that runs under it (a fused attention's backward too), the elements every op writes (the elementwise,
-indexing and reduction work a multiply-add count misses: a pass over every cell of the context
-shows there), notes the largest tensor produced, and counts the aten ops dispatched, by name (a
-decoded token's host work).
+product and attention call that runs under it (a fused attention's backward too), the elements
+every op writes (the elementwise, indexing and reduction work a multiply-add count misses: a pass
+over every cell of the context shows there), notes the largest tensor produced, and counts the
+aten ops dispatched, by name (a decoded token's host work).
 `torch.utils.flop_counter.FlopCounterMode` is no use here: it does not count the CPU's
 fused SDPA (`aten._scaled_dot_product_flash_attention_for_cpu`), which is where the
 attention of the prefix kinds runs. Counts are exact and machine-independent, so a
