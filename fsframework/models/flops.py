@@ -7,8 +7,8 @@ losses are elementwise and left out). Every weight product costs `2 x` its multi
 and twice that backward (the 6N rule). An attention product costs what the implementation runs:
 the score tiles it computes (a fused causal call half its square, a chunked window its chunks),
 backward twice the forward plus whatever the backward recomputes (a fused call's scores, a
-checkpointed tile, FreeSolo's readout logits). Each kind's attention term is one function below,
-keyed by its name in `ATTENTION_FLOPS`; the formulas are written out in docs/training.md.
+checkpointed tile, FreeSolo's readout logits). Each kind's term is one function below, keyed by
+its name in `KIND_FLOPS`; the formulas are written out in docs/training.md.
 
 Legend: T the row's length, L layers, D model width, H heads, d = D / H, f the SwiGLU width,
 V vocabulary, w window, s cell size, B query block, K cells read per query, P / W FS-L's retained
@@ -49,12 +49,12 @@ def training_flops_per_token(model: ModelConfig, seq_len: int, sp: int = 1) -> f
     if not facts.trainable:
         raise ConfigError(f"model.name={model.name} is a read path only: it has no training FLOPs "
                           f"(count model.name={facts.trained_as}, which trains its weights)")
-    if model.name not in ATTENTION_FLOPS:
-        raise ConfigError(f"model.name={model.name!r} has no FLOPs formula; known: {', '.join(ATTENTION_FLOPS)}")
+    if model.name not in KIND_FLOPS:
+        raise ConfigError(f"model.name={model.name!r} has no FLOPs formula; known: {', '.join(KIND_FLOPS)}")
     if not facts.decoder_blocks:
-        total = ATTENTION_FLOPS[model.name](model, seq_len)  # a language model of its own (AR-GRC)
+        total = KIND_FLOPS[model.name](model, seq_len)  # a language model of its own (AR-GRC)
     else:
-        total = 6.0 * dense_parameters(model) + model.n_layers * ATTENTION_FLOPS[model.name](model, seq_len)
+        total = 6.0 * dense_parameters(model) + model.n_layers * KIND_FLOPS[model.name](model, seq_len)
     return total / sp
 
 
@@ -162,7 +162,9 @@ def argrc(model: ModelConfig, seq_len: int) -> float:
     return 6.0 * (per_token + cell * argrc_cell_applications(seq_len) / seq_len)
 
 
-ATTENTION_FLOPS: dict[str, Callable[[ModelConfig, int], float]] = {
+# each trainable kind's term, by name: one layer's attention for a decoder-block kind (the blocks'
+# weights are the 6N of `dense_parameters`), the whole model for a language model of its own (AR-GRC)
+KIND_FLOPS: dict[str, Callable[[ModelConfig, int], float]] = {
     "tfpp": causal_fused,
     "sinusoidal": causal_fused,
     "alibi": alibi,

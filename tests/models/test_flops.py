@@ -14,7 +14,7 @@ from torch import nn
 from fsframework.config import AttentionConfig, ConfigError, ModelConfig
 from fsframework.config.kinds import KIND_FACTS
 from fsframework.models import flops
-from fsframework.models.flops import ATTENTION_FLOPS, dense_parameters, training_flops_per_token
+from fsframework.models.flops import KIND_FLOPS, dense_parameters, training_flops_per_token
 from fsframework.models.registry import build_model
 from tests.work import WorkCounter
 
@@ -81,7 +81,7 @@ def test_sequence_parallel_ranks_share_the_row():
 
 
 def test_every_trainable_kind_has_a_formula():
-    assert sorted(ATTENTION_FLOPS) == sorted(TRAINABLE)
+    assert sorted(KIND_FLOPS) == sorted(TRAINABLE)
 
 
 def test_a_read_path_or_an_unknown_kind_fails_in_one_line():
