@@ -1,10 +1,10 @@
 """Counting work, not time (tests/ops/test_work_counts.py, tests/models/test_decode_work.py).
 
 `WorkCounter` is a `__torch_dispatch__` mode that sums the multiply-adds of every matrix
-product and attention call that runs under it, the elements every op writes (the elementwise,
-indexing and reduction work a multiply-add count misses: a pass over every cell of the context
-shows there), notes the largest tensor produced, and counts the aten ops dispatched, by name (a
-decoded token's host work).
+product and attention call that runs under it (a fused attention's backward too), the elements
+every op writes (the elementwise, indexing and reduction work a multiply-add count misses: a pass
+over every cell of the context shows there), notes the largest tensor produced, and counts the
+aten ops dispatched, by name (a decoded token's host work).
 `torch.utils.flop_counter.FlopCounterMode` is no use here: it does not count the CPU's
 fused SDPA (`aten._scaled_dot_product_flash_attention_for_cpu`), which is where the
 attention of the prefix kinds runs. Counts are exact and machine-independent, so a
@@ -30,6 +30,15 @@ _SDPA = {
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
 }
+# their backward entries (same q, k, v arguments): the scores recomputed from the saved
+# log-sum-exp (S = Q K^T) and the gradient's four products (dV = P^T dO, dP = dO V^T, dQ = dS K,
+# dK = dS^T Q): five products of the forward's two
+_SDPA_BACKWARD = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_cudnn_attention_backward.default,
+}
 
 
 def _bind(func, args, kwargs) -> dict:
@@ -52,12 +61,13 @@ def multiply_adds(func, args, kwargs) -> int:
         return a.shape[0] * a.shape[1]
     if packet is aten.dot:
         return args[0].numel()
-    if func in _SDPA:
+    if func in _SDPA or func in _SDPA_BACKWARD:
         bound = _bind(func, args, kwargs)
         q, k, v = bound["query"], bound["key"], bound["value"]
         work = math.prod(q.shape[:-1]) * k.shape[-2] * (q.shape[-1] + v.shape[-1])
         # a fused causal call skips the tiles above the diagonal: count half its square
-        return work // 2 if bound.get("is_causal", False) else work
+        work = work // 2 if bound.get("is_causal", False) else work
+        return work * 5 // 2 if func in _SDPA_BACKWARD else work
     return 0
 
 
