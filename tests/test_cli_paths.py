@@ -84,6 +84,8 @@ CASES = [
     ("data tokenizer", ["{p}/a_file/tok.json"], "{p}/a_file", ["is a file"]),
     ("data tokenizer", ["{p}/tok.json", "--input", "{p}/missing.txt"], "{p}/missing.txt", ["not found"]),
     ("data tokenizer", ["{p}/tok.json", "--input", "{p}/a_dir"], "{p}/a_dir", ["is a directory"]),
+    ("runs", ["{p}/a_dir"], "{p}/a_dir", ["not a run directory"]),
+    ("runs", ["{p}/run", "--plot", "{p}/a_dir"], "{p}/a_dir", ["is a directory"]),
 ]
 
 

@@ -18,6 +18,7 @@ from fsframework.cli import export as _export
 from fsframework.cli import generate as _generate
 from fsframework.cli import info as _info
 from fsframework.cli import launch as _launch
+from fsframework.cli import runs as _runs
 from fsframework.cli import train as _train
 from fsframework.cli.data import data_app
 
@@ -50,6 +51,7 @@ app.command("info")(_info.info)
 app.command("config")(_config.config)
 app.command("launch")(_launch.launch_command)
 app.command("calibrate")(_calibrate.calibrate)
+app.command("runs")(_runs.runs)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -16,6 +16,18 @@ PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")  # SIGINT has its 
 
 
 @dataclass
+class ProfileConfig:
+    """`train.profile`: trace steps `start` .. `start + steps - 1` with torch.profiler on `ranks`
+    (and on a GPU record a CUDA memory snapshot when `memory`) into <run>/profile; steps 0: off
+    (fsframework.train.profiling)."""
+
+    steps: int = 0
+    start: int = 3  # after the first steps' one-off work (allocations, compilation)
+    ranks: list = field(default_factory=lambda: [0])
+    memory: bool = True
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 100
     ckpt_every: int = 50
@@ -54,6 +66,10 @@ class TrainConfig:
     # run each decoder block through torch.compile (fsframework.models.compile): fewer, fused ops
     # per step; not for AR-GRC, parallel.sp > 1 or ZeRO-3
     compile: bool = False
+    # one device's dense peak TFLOP/s for the logged MFU (fsframework.train.throughput); 0: the
+    # table's figure for a known GPU at the run's precision, none (TFLOP/s only) on a CPU
+    peak_tflops: float = 0.0
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass
@@ -82,6 +98,11 @@ def check_train(cfg: Config) -> None:
     positive("train.eval_batches", t.eval_batches)
     positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
     positive("train.loss_chunk", t.loss_chunk, zero_ok=True)
+    positive("train.peak_tflops", t.peak_tflops, zero_ok=True)
+    positive("train.profile.steps", t.profile.steps, zero_ok=True)
+    positive("train.profile.start", t.profile.start)
+    for rank in t.profile.ranks:
+        positive("train.profile.ranks", rank, zero_ok=True)
     if t.early_stop_patience and not t.eval_every:
         raise ConfigError(f"train.early_stop_patience={t.early_stop_patience} needs train.eval_every > 0 "
                           "(early stopping counts validation evaluations)")

@@ -112,3 +112,25 @@ def write_plots(results: dict, plots_dir: str | Path) -> list[str]:
     if scores.get("perplexity"):
         paths.append(plot_perplexity(scores["perplexity"], out / "perplexity_vs_length.png"))
     return paths
+
+
+def plot_runs(summaries, path: Path) -> str:
+    """Training loss (and validation loss, dashed) and tokens/s against step, one colour per run
+    (`fsframework.checkpoints.run_summary.RunSummary`), side by side."""
+    fig = _figure(width=11.0)
+    loss_ax, speed_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for s in summaries:
+        steps = [r["step"] for r in s.records if r.get("loss") is not None]
+        line, = loss_ax.plot(steps, [r["loss"] for r in s.records if r.get("loss") is not None], label=s.name)
+        val = [(r["step"], r["val/loss"]) for r in s.records if r.get("val/loss") is not None]
+        if val:
+            loss_ax.plot(*zip(*val), linestyle="--", color=line.get_color(), label=f"{s.name} (val)")
+        fast = [(r["step"], r["tokens_per_s"]) for r in s.records if r.get("tokens_per_s") is not None]
+        if fast:
+            speed_ax.plot(*zip(*fast), color=line.get_color(), label=s.name)
+    loss_ax.set(xlabel="step", ylabel="loss", title="Loss")
+    speed_ax.set(xlabel="step", ylabel="tokens/s", title="Throughput")
+    for ax in (loss_ax, speed_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)

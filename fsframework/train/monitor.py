@@ -39,6 +39,37 @@ def strict_json(record: dict[str, Any]) -> str:
     return json.dumps(clean, allow_nan=False)
 
 
+def throughput_text(record: dict[str, Any]) -> str:
+    """A logged step's TFLOP/s (MFU where known), peak memory and data-wait share, for the plain line."""
+    if "tflops" not in record:
+        return ""
+    mfu = f" (MFU {record['mfu']:.1%})" if "mfu" in record else ""
+    memory = (f"cuda {record['cuda_allocated_mb']:,.0f} MB" if "cuda_allocated_mb" in record
+              else f"rss {record['host_rss_mb']:,.0f} MB")
+    return f"  TFLOP/s {record['tflops']:.3g}{mfu}  {memory}  data {record['data_share']:.0%}"
+
+
+def summary_throughput(records: list[dict[str, Any]]) -> str:
+    """The end-of-run figures: median tokens/s and TFLOP/s per device (MFU) over the logged steps,
+    the peak memory."""
+    def median(key: str) -> float:
+        values = sorted(r[key] for r in records)
+        return values[len(values) // 2]
+
+    text = f"median {median('tokens_per_s'):,.0f} tokens/s"
+    if all("tflops" in r for r in records):
+        text += f", {median('tflops'):.3g} TFLOP/s per device"
+        if all("mfu" in r for r in records):
+            text += f" (MFU {median('mfu'):.1%})"
+    last = records[-1]
+    if "cuda_allocated_mb" in last:
+        text += (f", peak memory {last['cuda_allocated_mb']:,.0f} MB allocated / "
+                 f"{last['cuda_reserved_mb']:,.0f} MB reserved")
+    elif "host_rss_mb" in last:
+        text += f", peak host memory {last['host_rss_mb']:,.0f} MB"
+    return text
+
+
 def say(line: str) -> None:
     """One plain line on stdout: no markup, no highlighting, never wrapped."""
     console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -55,6 +86,7 @@ class Monitor:
         self.total_steps, self.start_step = total_steps, start_step
         self.started = time.perf_counter()
         self.last: dict[str, Any] = {}
+        self.rates: list[dict[str, Any]] = []  # this session's logged steps with throughput figures
         self.plain = enabled and not (progress and console.is_terminal)
         if not enabled:
             return
@@ -66,8 +98,10 @@ class Monitor:
         if progress and not self.plain:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                                     TextColumn("{task.fields[tflops]} TFLOP/s"),
                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
-            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, loss="-", tps="-")
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, loss="-", tps="-",
+                                              tflops="-")
             self.progress.start()
 
     def log(self, record: dict[str, Any]) -> None:
@@ -81,13 +115,16 @@ class Monitor:
                     # keys with a section of their own ("val/loss") keep it; the rest are train/
                     self.writer.add_scalar(key if "/" in key else f"train/{key}", value, record["step"])
         self.last = record
+        if "tokens_per_s" in record:
+            self.rates.append(record)
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
-                                 tps=f"{record['tokens_per_s']:.0f}")
+                                 tps=f"{record['tokens_per_s']:.0f}",
+                                 tflops=f"{record['tflops']:.3g}" if "tflops" in record else "-")
         if self.plain:
             lr = f"  lr {record['lr']:.3g}" if "lr" in record else ""  # a record without one (a test's) still prints
             say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}{lr}  "
-                f"tokens/s {record['tokens_per_s']:,.0f}  ETA {self.eta(record['step'])}")
+                f"tokens/s {record['tokens_per_s']:,.0f}{throughput_text(record)}  ETA {self.eta(record['step'])}")
         if "val/loss" in record:
             streams = ", ".join(f"{key[len('val/loss/'):]} {value:.4f}" for key, value in record.items()
                                 if key.startswith("val/loss/"))
@@ -113,6 +150,8 @@ class Monitor:
             parts.append(f"last loss {self.last['loss']:.4f}")
         if "val/best_ppl" in self.last:
             parts.append(f"best validation perplexity {self.last['val/best_ppl']:.3f}")
+        if self.rates:
+            parts.append(summary_throughput(self.rates))
         if checkpoint is not None:
             parts.append(f"checkpoint {checkpoint}")
         say(", ".join(parts))

@@ -10,6 +10,7 @@ losses (its output head run `train.loss_chunk` positions at a time) and the one 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -27,7 +28,8 @@ from fsframework.data.loader import check_data_fits, check_shard_files
 from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
-from fsframework.parallel.deepspeed_config import deepspeed_config
+from fsframework.models.flops import training_flops_per_token
+from fsframework.parallel.deepspeed_config import deepspeed_config, use_bf16
 from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.batch import shard_batch
@@ -40,7 +42,9 @@ from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
                                           StopRequests)
 from fsframework.train.resume_config import apply_optimizer_settings
+from fsframework.train.profiling import StepProfiler
 from fsframework.train.schedule import lr_factor
+from fsframework.train.throughput import StepClock, device_peak_tflops, peak_memory_mb, step_record
 from fsframework.train.validation import validation_sets
 
 
@@ -77,14 +81,6 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float,
     return groups
 
 
-def _memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -105,6 +101,7 @@ class Trainer:
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.source = None  # the batch source, made in build() (fsframework.data.source_table)
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
+        self.clock = StepClock()  # each step's time by phase: data wait, forward and backward, optimizer
 
     def build(self) -> None:
         import deepspeed
@@ -225,8 +222,10 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, plain_losses = [], []
         pre_step_norm, finite = None, True
+        self.clock.start()
         for micro in range(self.cfg.parallel.grad_accum):
             batch = self.source.next_batch(self.state.step, micro)
+            self.clock.lap("data")
             loss, plain = self.forward_backward(batch)
             losses.append(loss)
             plain_losses.append(plain)
@@ -236,7 +235,9 @@ class Trainer:
                 finite = bool(torch.isfinite(both[0]))
                 self.optimizer_base.skip_next = not finite
                 pre_step_norm = self._local_grad_norm() if finite else None
+            self.clock.lap("compute")  # on a GPU the finiteness check above waited for the device
             self.engine.step()
+            self.clock.lap("optimizer")
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:
             grad_norm = pre_step_norm
@@ -352,19 +353,24 @@ class Trainer:
     def _loop(self, stops: StopRequests) -> TrainState:
         cfg = self.cfg
         tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
+        peak = device_peak_tflops(self.dist.device, "bf16" if use_bf16(cfg) else "fp32", cfg.train.peak_tflops)
+        flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len, cfg.parallel.sp))
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
+        profiler = StepProfiler(cfg.train.profile, self.dist.rank, self.run_dir / "profile", self.dist.device)
         self.engine.train()
         try:
             last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
             if cfg.train.early_stop_patience and self.state.evals_since_best >= cfg.train.early_stop_patience:
                 last = self.state.step  # a resumed run that had already stopped early
             while self.state.step < last:
+                profiler.before_step(self.state.step + 1)
                 start = time.perf_counter()
                 with reraise_naming_rank(self.dist.rank, self.dist.world_size, cfg.parallel.timeout_s):
                     metrics = self.train_step()
                 elapsed = time.perf_counter() - start
                 self.state.step += 1
+                profiler.after_step(self.state.step)
                 self.state.tokens += tokens_per_step
                 stop = False
                 if cfg.train.eval_every and self.state.step % cfg.train.eval_every == 0:
@@ -376,9 +382,10 @@ class Trainer:
                     metrics["update_skipped"] = 1  # logged whatever train.nonfinite says, then acted on
                 if (self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps
                         or "val/loss" in metrics or not math.isfinite(metrics["loss"])):
-                    monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens,
-                                 "tokens_per_s": tokens_per_step / elapsed,
-                                 "memory_mb": _memory_mb(self.dist.device)})
+                    figures = step_record(elapsed=elapsed, phases=self.clock.phases, tokens=tokens_per_step,
+                                          flops_per_token=flops(metrics["seq_len"]), world_size=self.dist.world_size,
+                                          peak_tflops=peak, memory=peak_memory_mb(self.dist.device))
+                    monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens, **figures})
                 else:
                     monitor.advance(self.state.step)
                 self.check_finite(metrics["loss"])
@@ -393,7 +400,10 @@ class Trainer:
                     self.stop_on_request(stops, saved)
             monitor.summary(self.state.step, self.state.tokens, self.last_checkpoint)
         finally:
+            profiler.close()
             monitor.close()
+        for trace in profiler.written:
+            self.log(f"profile written: {trace}")
         return self.state
 
 
