@@ -25,6 +25,8 @@ def runs(paths: List[Path] = typer.Argument(..., help="run directories"),
 
     Example: fsf runs runs/fs runs/tfpp --plot compare.png
     """
+    if plot is not None:
+        output_file(plot, "--plot", replace=True)
     try:
         summaries = [summarize_run(path) for path in paths]
     except CheckpointError as exc:
@@ -40,7 +42,6 @@ def runs(paths: List[Path] = typer.Argument(..., help="run directories"),
                       _figure(s.peak_memory_mb, ",.0f"))
     Console(highlight=False, soft_wrap=True, width=200).print(table)
     if plot is not None:
-        output_file(plot, "--plot", replace=True)
         from fsframework.eval.plots import plot_runs  # matplotlib takes ~1 s to import: only for --plot
 
         typer.echo(f"wrote {plot_runs(summaries, plot)}")
