@@ -19,7 +19,8 @@ def test_plain_lines_per_interval_checkpoint_validation_and_end(tmp_path, data_c
     lines = proc.stdout.splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 2, proc.stdout
-    assert re.fullmatch(r"step 2/4  loss \d+\.\d{4}  lr \S+  tokens/s [\d,]+  ETA \d+:\d\d:\d\d", steps[0]), steps
+    assert re.fullmatch(r"step 2/4  loss \d+\.\d{4}  lr \S+  tokens/s [\d,]+  TFLOP/s \S+  rss [\d,]+ MB  "
+                        r"data \d+%  ETA \d+:\d\d:\d\d", steps[0]), steps
     assert steps[1].startswith("step 4/4 ")
     assert [line for line in lines if line.startswith("checkpoint at step")] == [
         f"checkpoint at step 2: {run / 'checkpoints' / 'step_00000002'}",
