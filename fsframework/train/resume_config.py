@@ -1,11 +1,17 @@
 """What a resume may change: the config a checkpoint was written with against the one resuming it.
 
-The weights, the data windows and the tokenizer's ids must stay what the checkpoint holds, so a
-change of the model (any `model.*` key but the runtime choices below), `data.seq_len` or
-`data.tokenizer` is refused before anything is built or written. The optimizer and the schedule
-(`optim.*`, `train.max_steps`) may change: the new values replace those in the checkpoint's
-optimizer and scheduler state, each named in a notice. Other keys (logging, checkpoint cadence,
-parallel layout, checked by `resize`) are taken as given.
+Every config key falls under one rule of `RESUME_RULES` (its longest listed prefix), the table
+docs/training.md prints:
+- refused: the weights, the data windows and the tokenizer's ids must stay what the checkpoint
+  holds, so a change of the model (any `model.*` key but the runtime choices), `data.seq_len` or
+  `data.tokenizer` is refused before anything is built or written;
+- applied: the optimizer and the schedule (`optim.*`, `train.max_steps`): the new values replace
+  those in the checkpoint's optimizer and scheduler state, each named in a notice;
+- announced: what changes the batches from here on (the data, its order, the batch size, the
+  warm-ups, the loss weighting): taken, named in a notice, because the run no longer continues
+  the one it resumes (an uninterrupted run would have seen other batches);
+- given: how the run executes, logs, saves and evaluates (the parallel layout is checked by
+  `resize`): taken without a word.
 """
 
 from __future__ import annotations
@@ -15,11 +21,32 @@ from typing import Any
 
 from fsframework.config import Config
 
-# model keys that choose how the same weights run, not what they are
-RUNTIME_MODEL_KEYS = ("model.attention.impl", "model.dropout")
-RUNTIME_MODEL_PREFIXES = ("model.attention.fsb.",)  # FS-B reads the same weights its own way
-FIXED_DATA_KEYS = ("data.seq_len", "data.tokenizer")
-SCHEDULE_KEYS = ("train.max_steps",)
+REFUSED, APPLIED, ANNOUNCED, GIVEN = "refused", "applied", "announced", "given"
+
+# a dotted key or section -> what a resume does when it changes; the longest match rules
+RESUME_RULES: dict[str, str] = {
+    "model": REFUSED,
+    "model.attention.impl": GIVEN, "model.dropout": GIVEN,  # how the same weights run, not what they are
+    "model.attention.fsb": GIVEN,  # FS-B reads the same weights its own way
+    "data": ANNOUNCED,
+    "data.seq_len": REFUSED, "data.tokenizer": REFUSED,
+    "data.cache_dir": GIVEN, "data.num_workers": GIVEN, "data.eval_fraction": GIVEN,
+    "optim": APPLIED, "train.max_steps": APPLIED,
+    "train": GIVEN,
+    "train.short_seq_len": ANNOUNCED, "train.short_seq_steps": ANNOUNCED,
+    "loss": ANNOUNCED, "research": ANNOUNCED,
+    "parallel": GIVEN, "eval": GIVEN, "run_dir": GIVEN, "schema_version": GIVEN,
+}
+
+
+def resume_rule(key: str) -> str:
+    """The rule of dotted `key`: its longest listed prefix's (KeyError when none lists it)."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        rule = RESUME_RULES.get(".".join(parts[:n]))
+        if rule is not None:
+            return rule
+    raise KeyError(f"{key}: no rule in RESUME_RULES says what a resume does when it changes")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -35,20 +62,14 @@ def _same(a: Any, b: Any) -> bool:
     return (list(a) == list(b)) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
 
 
-def changed_keys(saved: Config, now: Config) -> tuple[list[str], list[str]]:
-    """(refused, applied): the dotted keys whose values differ, split by what a resume may change."""
+def changed_keys(saved: Config, now: Config) -> dict[str, list[str]]:
+    """The dotted keys whose values differ, by rule (refused, applied, announced, given)."""
     old, new = _flat(asdict(saved)), _flat(asdict(now))
-    refused, applied = [], []
+    changed: dict[str, list[str]] = {REFUSED: [], APPLIED: [], ANNOUNCED: [], GIVEN: []}
     for key in sorted(set(old) | set(new)):
-        if _same(old.get(key), new.get(key)):
-            continue
-        if key.startswith("model.") and not (key in RUNTIME_MODEL_KEYS or key.startswith(RUNTIME_MODEL_PREFIXES)):
-            refused.append(key)
-        elif key in FIXED_DATA_KEYS:
-            refused.append(key)
-        elif key.startswith("optim.") or key in SCHEDULE_KEYS:
-            applied.append(key)
-    return refused, applied
+        if not _same(old.get(key), new.get(key)):
+            changed[resume_rule(key)].append(key)
+    return changed
 
 
 def describe(keys: list[str], saved: Config, now: Config) -> str:

@@ -160,7 +160,8 @@ class Trainer:
                                   f"{self.cfg.train.max_steps}: the run is already past it; set train.max_steps "
                                   f"above {resumed_step} to train on, or use a new run_dir")
         saved = self.resumed_config = read_config(self.resume_from)
-        refused, applied = resume_config.changed_keys(saved, self.cfg)
+        changed = resume_config.changed_keys(saved, self.cfg)
+        refused, applied, announced = changed["refused"], changed["applied"], changed["announced"]
         if refused:
             raise CheckpointError(f"cannot resume {self.run_dir} from {self.resume_from.name}: the config changes "
                                   f"what the checkpoint holds ({resume_config.describe(refused, saved, self.cfg)}); "
@@ -169,6 +170,9 @@ class Trainer:
         if applied:
             self.log(escape(f"resuming with changed optimizer settings: "
                             f"{resume_config.describe(applied, saved, self.cfg)}"), soft_wrap=True)
+        if announced:
+            self.log(escape(f"resuming with changed data settings: {resume_config.describe(announced, saved, self.cfg)}"
+                            " (the batches from here differ from those of the run it continues)"), soft_wrap=True)
 
     def maybe_resume(self) -> None:
         if not self._resume_checked:

@@ -2,6 +2,7 @@
 change (one line, nothing on disk touched); optimizer and schedule changes are applied, named."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,4 +67,26 @@ def test_fsb_read_settings_may_change_on_resume_the_rewired_ones_may_not():
     saved, now = Config(), Config()
     now.model.attention.fsb.top_k, now.model.attention.fsb.calibration = 8, "tau.json"
     now.model.attention.rewired.score = "bilinear"
-    assert changed_keys(saved, now) == (["model.attention.rewired.score"], [])
+    changed = changed_keys(saved, now)
+    assert changed["refused"] == ["model.attention.rewired.score"] and not changed["applied"]
+    assert changed["given"] == ["model.attention.fsb.calibration", "model.attention.fsb.top_k"]
+
+
+def test_every_config_key_has_a_resume_rule_and_the_docs_list_every_rule():
+    from dataclasses import asdict
+
+    from fsframework.config import Config
+    from fsframework.train.resume_config import RESUME_RULES, _flat, resume_rule
+
+    for key in _flat(asdict(Config())):
+        resume_rule(key)  # raises for a key no rule covers: a new config key must say what a resume does
+    docs = (REPO / "docs" / "training.md").read_text()
+    table = dict(re.findall(r"^\| `([a-z_.]+)` \| (refused|applied|announced|given) \|", docs, flags=re.M))
+    assert table == RESUME_RULES
+
+
+def test_a_changed_batch_size_is_announced(half_run, data_cache):
+    proc = _train(half_run, data_cache, "data.micro_batch_size=4", "train.log_every=100")
+    notice = [line for line in proc.stdout.splitlines() if "changed data settings" in line]
+    assert len(notice) == 1 and "data.micro_batch_size 2 -> 4" in notice[0], proc.stdout
+    assert "train.log_every" not in proc.stdout  # a given key goes without a word
