@@ -192,6 +192,9 @@ class Trainer:
         self.resumed_from = self.last_checkpoint = found  # pruning never deletes it
         self.log(f"resumed from {found.name} at step {self.state.step}"
                  + ("" if same else f" (written by another number of ranks; now {self.dist.world_size})"))
+        keep = self.cfg.train.keep_checkpoints
+        self.log(f"{found.name} is kept beside the newest train.keep_checkpoints={keep} while this run lasts "
+                 f"(up to {keep + 1} checkpoints); a later run that resumes from a newer one prunes it")
 
     def save(self) -> None:
         client = {"train_state": asdict(self.state), "loader": self.source.state_dict(), "rng": resume.rng_state()}

@@ -90,3 +90,5 @@ def test_a_changed_batch_size_is_announced(half_run, data_cache):
     notice = [line for line in proc.stdout.splitlines() if "changed data settings" in line]
     assert len(notice) == 1 and "data.micro_batch_size 2 -> 4" in notice[0], proc.stdout
     assert "train.log_every" not in proc.stdout  # a given key goes without a word
+    assert ("step_00000002 is kept beside the newest train.keep_checkpoints=2 while this run lasts (up to 3 "
+            "checkpoints)") in proc.stdout
