@@ -176,3 +176,14 @@ def test_without_a_gpu_the_triton_status_says_so(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert info.triton_status().startswith("no GPU")
+
+
+@pytest.mark.parametrize("command", [[], ["data"]], ids=["fsf", "fsf-data"])
+def test_help_lists_each_command_on_one_unbroken_line(command):
+    """A command's description wraps at the terminal's width, not where its docstring's lines end:
+    on a 200-column terminal every description (all under 150 characters) fits on its one line."""
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    panel = res.output.split("Commands")[1].splitlines()[1:-1]
+    names = [line.split()[1] for line in panel if len(line.split()) > 1 and line[2] != " "]
+    continued = [line for line in panel if line[2] == " " and line.strip("│ ")]
+    assert names and not continued, res.output

@@ -19,7 +19,7 @@ def calibrate(checkpoint: Path = typer.Argument(..., help="run directory or chec
                                                     "the run's data.seq_len when the text holds no such window)"),
               seed: int = typer.Option(0, help="seed of the window shuffle"),
               batch_size: int = typer.Option(1, "--batch-size", help="windows per forward pass")) -> None:
-    """Write <checkpoint>/calibration.json, FS-B's per-head thresholds, and a heat map beside it.
+    """Write CHECKPOINT/calibration.json, FS-B's per-head thresholds, and a heat map beside it.
 
     The median max key norm per cell, per layer and head (FS-B's tau). Runs under torchrun too (windows split over the ranks).
 

@@ -23,7 +23,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
              num_samples: int = typer.Option(10, help="samples per task and length"),
              batch_size: int = typer.Option(0, help="0: eval.batch_size of the checkpoint's config"),
              seed: int = typer.Option(0),
-             out: Optional[Path] = typer.Option(None, help="JSON file of scores (default <run>/eval/scores.json)"),
+             out: Optional[Path] = typer.Option(None, help="JSON file of scores (default RUN/eval/scores.json)"),
              name: Optional[str] = typer.Option(None, help="label of this evaluation in tensorboard (default: the "
                                                 "kind, read path and sample count)"),
              harness: Optional[str] = typer.Option(None, help="comma-separated lm-evaluation-harness tasks, run on "

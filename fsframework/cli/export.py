@@ -27,9 +27,9 @@ def export(checkpoint: Path = typer.Argument(..., help="run directory, checkpoin
 
 
 def convert(checkpoint: Path = typer.Argument(..., help="run directory, checkpoint or export directory"),
-            out_dir: Optional[Path] = typer.Argument(None, help="new directory (default <checkpoint>/export)"),
+            out_dir: Optional[Path] = typer.Argument(None, help="new directory (default CHECKPOINT/export)"),
             dtype: str = typer.Option("fp32", help="fp32 | bf16")) -> None:
-    """Alias of `fsf export`; without OUT_DIR it writes <checkpoint>/export.
+    """Alias of `fsf export`; without OUT_DIR it writes CHECKPOINT/export.
 
     Example: fsf convert runs/quickstart
     """
