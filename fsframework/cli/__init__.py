@@ -24,7 +24,8 @@ from fsframework.cli.data import data_app
 
 # markdown: a docstring's line breaks are spaces, so descriptions wrap at the terminal's width
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  rich_markup_mode="markdown", help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention)."
+                  rich_markup_mode="markdown",
+                  help="Train, evaluate and serve long-context language models (FreeSolo, AR-GRC, rewired attention)."
                        "\n\nExample: fsf run yamls/quickstart.yaml")
 
 
