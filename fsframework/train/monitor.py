@@ -77,7 +77,7 @@ def say(line: str) -> None:
 
 class Monitor:
     def __init__(self, run_dir: Path | RunDir, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
-                 tensorboard: bool):
+                 tensorboard: bool, config_yaml: str = ""):
         run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.enabled = enabled
         self.metrics_path = run.metrics
@@ -95,6 +95,9 @@ class Monitor:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(run.tensorboard), purge_step=start_step + 1)
+            if config_yaml:  # the run's resolved config in the text tab, as a code block (4-space indent)
+                self.writer.add_text("config", "".join(f"    {line}\n" for line in config_yaml.splitlines()),
+                                     start_step)
         if progress and not self.plain:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),

@@ -363,7 +363,8 @@ class Trainer:
         peak = device_peak_tflops(self.dist.device, "bf16" if use_bf16(cfg) else "fp32", cfg.train.peak_tflops)
         flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len, cfg.parallel.sp))
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
-                          enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard)
+                          enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard,
+                          config_yaml=to_yaml(cfg))
         profiler = StepProfiler(cfg.train.profile, self.dist.rank, self.run_dir / "profile", self.dist.device)
         self.engine.train()
         try:

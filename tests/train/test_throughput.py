@@ -76,6 +76,12 @@ def test_a_run_logs_its_throughput_at_every_logging_step(kind, tmp_path, data_ca
     events = EventAccumulator(str(run / "tensorboard")).Reload()
     assert {"train/tflops", "train/flops_per_token", "train/data_share", "train/host_rss_mb"} <= set(
         events.Tags()["scalars"])
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as Plugins
+
+    text = Plugins(str(run / "tensorboard")).Reload()
+    config = [t for t in text.Tags()["tensors"] if t.startswith("config")]
+    written = text.Tensors(config[0])[0].tensor_proto.string_val[0].decode()
+    assert f"    name: {kind}" in written and "    max_steps: 4" in written  # the resolved config, in the text tab
     traces = sorted((run / "profile").glob("rank0.*.pt.trace.json"))
     assert len(traces) == 1 and f"profile written: {traces[0]}" in done.stdout.replace("\n", "")
     events = json.loads(traces[0].read_text())["traceEvents"]
