@@ -19,7 +19,8 @@ def _figure(value: Optional[float], spec: str) -> str:
 
 
 def runs(paths: List[Path] = typer.Argument(..., help="run directories"),
-         plot: Optional[Path] = typer.Option(None, "--plot", help="write loss and throughput curves to this PNG")) -> None:
+         plot: Optional[Path] = typer.Option(None, "--plot",
+                                             help="write loss and throughput curves to this PNG")) -> None:
     """Compare runs: kind, sizes, steps, final and best validation loss, median tokens/s, TFLOP/s
     and MFU, peak memory.
 
