@@ -187,3 +187,22 @@ def test_help_lists_each_command_on_one_unbroken_line(command):
     names = [line.split()[1] for line in panel if len(line.split()) > 1 and line[2] != " "]
     continued = [line for line in panel if line[2] == " " and line.strip("│ ")]
     assert names and not continued, res.output
+
+
+def test_fsf_config_prints_the_figures_a_job_adds_up_to(monkeypatch):
+    import yaml
+
+    from fsframework.config import load_config, to_yaml
+    from fsframework.models.registry import build_model, count_parameters
+
+    job = str(Path(__file__).resolve().parents[1] / "yamls" / "quickstart.yaml")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    res = CliRunner().invoke(app, ["config", job, "parallel.sp=2", "parallel.grad_accum=3", "train.max_steps=10"])
+    assert res.exit_code == 0, res.output
+    cfg = load_config(job, ["parallel.sp=2", "parallel.grad_accum=3", "train.max_steps=10"])
+    assert yaml.safe_load(res.output) == yaml.safe_load(to_yaml(cfg))  # the figures are comments
+    comments = [line for line in res.output.splitlines() if line.startswith("# ")]
+    assert comments[0].startswith("# world size 8 (4 data-parallel x 2 sequence-parallel;")
+    assert comments[1].startswith("# global batch 96 sequences = 49,152 tokens a step (8 a rank x 3 accumulated x 4")
+    assert comments[2] == f"# parameters {count_parameters(build_model(cfg.model)):,}"
+    assert comments[3] == "# 10 steps, 491,520 tokens in all"
