@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -29,8 +30,9 @@ class RunSummary:
 
 
 def _median(values: list[float]) -> Optional[float]:
-    values = sorted(v for v in values if v is not None and math.isfinite(v))
-    return values[len(values) // 2] if values else None
+    """The upper median of the finite values (as the end-of-run summary's), None when there are none."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median_high(values) if values else None
 
 
 def _maximum(values: list[float]) -> Optional[float]:

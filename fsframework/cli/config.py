@@ -37,10 +37,9 @@ def config(config: Path = typer.Argument(..., help="YAML job file"),
     """
     cfg = load_job_config(config, overrides)
     typer.echo(to_yaml(cfg).rstrip("\n"))
-    import torch
+    import torch  # the parameter count builds the model on the meta device (no memory)
 
-    # torch (the model, built on the meta device: no memory): `fsf --help` starts without it
-    from fsframework.models.registry import build_model, count_parameters
+    from fsframework.models.registry import build_model, count_parameters  # torch: `fsf --help` starts without it
 
     with torch.device("meta"):
         model = build_model(cfg.model)

@@ -40,8 +40,8 @@ from __future__ import annotations
 import gzip
 import json
 import multiprocessing as mp
-import os
 import math
+import os
 import random
 import shutil
 import zlib

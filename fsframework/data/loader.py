@@ -49,7 +49,6 @@ def _split_location(source: str, split: str) -> str:
 def _dataset_roots(cfg: Config) -> list[str]:
     """The MDS datasets the run names: its mixture's, or the one at `data.path` (the embedded corpus,
     built here, is none)."""
-
     if cfg.data.streams:
         return [s.path for s in cfg.data.streams]
     return [data_path(cfg)] if data_path(cfg) else []
@@ -100,7 +99,6 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
     """Location of the single MDS dataset for `split` (`train` or `eval`): the shards at `data.path`
     (data.source=shards), else the embedded corpus, built on first use."""
-
     data = cfg.data
     if data_path(cfg):
         return _split_location(data_path(cfg), split)
@@ -116,7 +114,6 @@ def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -
 
 def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> list[tuple[str, float | None]]:
     """(location, proportion) of every stream of the configured mixture."""
-
     if not reads_text(cfg):
         raise FileNotFoundError(f"data.source={cfg.data.source} generates its rows: the run has no text "
                                 "shards to read")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -39,6 +40,10 @@ def strict_json(record: dict[str, Any]) -> str:
     return json.dumps(clean, allow_nan=False)
 
 
+# what the end-of-run summary reads of each logged step
+SUMMARY_KEYS = ("tokens_per_s", "tflops", "mfu", "host_rss_mb", "cuda_allocated_mb", "cuda_reserved_mb")
+
+
 def throughput_text(record: dict[str, Any]) -> str:
     """A logged step's TFLOP/s (MFU where known), peak memory and data-wait share, for the plain line."""
     if "tflops" not in record:
@@ -53,8 +58,7 @@ def summary_throughput(records: list[dict[str, Any]]) -> str:
     """The end-of-run figures: median tokens/s and TFLOP/s per device (MFU) over the logged steps,
     the peak memory."""
     def median(key: str) -> float:
-        values = sorted(r[key] for r in records)
-        return values[len(values) // 2]
+        return statistics.median_high(r[key] for r in records)
 
     text = f"median {median('tokens_per_s'):,.0f} tokens/s"
     if all("tflops" in r for r in records):
@@ -86,7 +90,8 @@ class Monitor:
         self.total_steps, self.start_step = total_steps, start_step
         self.started = time.perf_counter()
         self.last: dict[str, Any] = {}
-        self.rates: list[dict[str, Any]] = []  # this session's logged steps with throughput figures
+        # this session's logged throughput figures (only those: a long run logs many steps)
+        self.rates: list[dict[str, Any]] = []
         self.plain = enabled and not (progress and console.is_terminal)
         if not enabled:
             return
@@ -119,7 +124,7 @@ class Monitor:
                     self.writer.add_scalar(key if "/" in key else f"train/{key}", value, record["step"])
         self.last = record
         if "tokens_per_s" in record:
-            self.rates.append(record)
+            self.rates.append({key: record[key] for key in SUMMARY_KEYS if key in record})
         if self.progress is not None:
             self.progress.update(self.task, completed=record["step"], loss=f"{record['loss']:.4f}",
                                  tps=f"{record['tokens_per_s']:.0f}",

@@ -44,8 +44,16 @@ class StepProfiler:
 
     def after_step(self, step: int) -> None:
         """`step`: the number of the step that just ran."""
-        if self.profiler is None or step < self.last:
-            return
+        if self.profiler is not None and step >= self.last:
+            self._write()
+
+    def close(self) -> None:
+        """A run that ends (or stops) inside the traced steps still writes what it traced."""
+        if self.profiler is not None:
+            self._write()
+
+    def _write(self) -> None:
+        """Stop the profiler and write its trace (and the memory snapshot)."""
         self.profiler.__exit__(None, None, None)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         before = set(self.out_dir.glob("*.pt.trace.json"))
@@ -57,9 +65,3 @@ class StepProfiler:
             torch.cuda.memory._dump_snapshot(str(snapshot))
             torch.cuda.memory._record_memory_history(enabled=None)
             self.written.append(snapshot)
-
-    def close(self) -> None:
-        """A run that ends (or stops) inside the traced steps still writes what it traced."""
-        if self.profiler is not None:
-            self.last = -1
-            self.after_step(0)

@@ -21,7 +21,7 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework.checkpoints import (STEP_PREFIX, CheckpointError, RunDir, find_latest, init_from, read_config,
+from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
 from fsframework.config import Config, check_world_size, to_yaml
 from fsframework.data.loader import check_data_fits, check_shard_files
@@ -154,14 +154,15 @@ class Trainer:
         self.resume_from = find_latest(self.ckpt_root, log=lambda message: self.log(escape(message)))
         if self.resume_from is None:
             return
-        resumed_step = int(self.resume_from.name[len(STEP_PREFIX):])
+        resumed_step = training_step(self.resume_from)
         if self.cfg.train.max_steps < resumed_step:  # refused before config.yaml is rewritten
             raise CheckpointError(f"cannot resume {self.run_dir} at step {resumed_step} with train.max_steps="
                                   f"{self.cfg.train.max_steps}: the run is already past it; set train.max_steps "
                                   f"above {resumed_step} to train on, or use a new run_dir")
         saved = self.resumed_config = read_config(self.resume_from)
         changed = resume_config.changed_keys(saved, self.cfg)
-        refused, applied, announced = changed["refused"], changed["applied"], changed["announced"]
+        refused, applied = changed[resume_config.REFUSED], changed[resume_config.APPLIED]
+        announced = changed[resume_config.ANNOUNCED]
         if refused:
             raise CheckpointError(f"cannot resume {self.run_dir} from {self.resume_from.name}: the config changes "
                                   f"what the checkpoint holds ({resume_config.describe(refused, saved, self.cfg)}); "
@@ -361,7 +362,9 @@ class Trainer:
         cfg = self.cfg
         tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
         peak = device_peak_tflops(self.dist.device, "bf16" if use_bf16(cfg) else "fp32", cfg.train.peak_tflops)
-        flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len, cfg.parallel.sp))
+        # the whole model's FLOPs per token: step_record divides the step's work by every device, the
+        # sequence-parallel ranks included
+        flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len))
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard,
                           config_yaml=to_yaml(cfg))

@@ -37,6 +37,10 @@ def test_sp2_zero3_losses_equal_single_process(single, sp_zero3):
     assert_close(losses(sp_zero3), losses(single))
     # one DP replica: the token count is that of the single-process run
     assert json.loads((sp_zero3 / "metrics.jsonl").read_text().splitlines()[-1])["tokens"] == STEPS * 2 * 64
+    # the whole model's FLOPs per token, whichever ranks share a row (TFLOP/s divides by every device)
+    flops = [[json.loads(line)["flops_per_token"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+             for run in (single, sp_zero3)]
+    assert flops[0] == flops[1] and flops[0][0] > 0
 
 
 @pytest.fixture(scope="module")
