@@ -72,6 +72,12 @@ class DataConfig:
     # below 1 most documents fit whole in one training window, needle and question together
     embedded_retrieval_max_fraction: float = 1.5
     eval_fraction: float = 0.02  # held out for perplexity
+    # packed documents read apart (docs/training.md, "Documents"): attention, FreeSolo's routing and
+    # window, AR-GRC's scan and positions restart at every document of a packed row
+    document_masking: bool = False
+    # the target that crosses into the next document (predicting a document's first token from the
+    # end of another) is not scored; None: as document_masking
+    skip_boundary_targets: Optional[bool] = None
     mqar: MqarConfig = field(default_factory=MqarConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
 
@@ -89,8 +95,21 @@ def check_data(cfg: Config) -> None:
     if not 0.0 <= d.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must lie in [0, 1)")
     _check_mqar(cfg)
+    _check_documents(cfg)
     check_source(cfg)
     _check_warmup(cfg)
+
+
+def _check_documents(cfg: Config) -> None:
+    """Document masking reads each packed document as a row of its own on one process."""
+    if cfg.data.document_masking and cfg.parallel.sp > 1:
+        raise ConfigError(f"data.document_masking=true with parallel.sp={cfg.parallel.sp}: documents are read apart "
+                          "on one process per sequence only; train with parallel.sp=1 or without masking")
+
+
+def skips_boundary_targets(data) -> bool:
+    """Whether the target that crosses into the next packed document goes unscored."""
+    return data.document_masking if data.skip_boundary_targets is None else data.skip_boundary_targets
 
 
 def _check_warmup(cfg: Config) -> None:

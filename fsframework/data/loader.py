@@ -122,19 +122,31 @@ def data_streams(cfg: Config, split: str = "train", *, build: bool = True) -> li
     return [(prepare_data_dir(cfg, split, build=build), None)]
 
 
+def window_batch(tokens: np.ndarray, doc_ids: np.ndarray, *, skip_boundary_targets: bool = False) -> dict:
+    """Windows of `seq_len + 1` tokens `[B, seq_len + 1]` and their document ids -> `inputs`, `targets`
+    and the inputs' `doc_ids`, `[B, seq_len]` tensors. skip_boundary_targets: a target of another
+    document than its input's (a document's first token, predicted from the end of the one before)
+    is -100, not scored (docs/training.md, "Documents")."""
+    targets = tokens[:, 1:].copy()
+    if skip_boundary_targets:
+        targets[doc_ids[:, 1:] != doc_ids[:, :-1]] = -100
+    return {"inputs": torch.from_numpy(np.ascontiguousarray(tokens[:, :-1])), "targets": torch.from_numpy(targets),
+            "doc_ids": torch.from_numpy(np.ascontiguousarray(doc_ids[:, :-1]))}
+
+
 class Collate:
-    """Stack samples into `inputs`/`targets`/`doc_ids` `[B, seq_len]`; with a recall-weighting
-    config also `weights` `[B, seq_len]` from the recall/switch masks of each sample
+    """Stack samples into `inputs`/`targets`/`doc_ids` `[B, seq_len]` (`window_batch`); with a
+    recall-weighting config also `weights` `[B, seq_len]` from the recall/switch masks of each sample
     (computed from token ids alone, within documents, in the loader workers)."""
 
-    def __init__(self, recall=None):
+    def __init__(self, recall=None, skip_boundary_targets: bool = False):
         self.recall = recall
+        self.skip_boundary_targets = skip_boundary_targets
 
     def __call__(self, samples: list[dict]) -> dict[str, torch.Tensor]:
         tokens = np.stack([s["tokens"] for s in samples]).astype(np.int64)
         doc_ids = np.stack([s["doc_ids"] for s in samples]).astype(np.int64)
-        batch = {"inputs": torch.from_numpy(tokens[:, :-1]), "targets": torch.from_numpy(tokens[:, 1:]),
-                 "doc_ids": torch.from_numpy(doc_ids[:, 1:])}
+        batch = window_batch(tokens, doc_ids, skip_boundary_targets=self.skip_boundary_targets)
         if self.recall is not None:
             batch["weights"] = torch.from_numpy(np.stack([self._weights(t, d) for t, d in zip(tokens, doc_ids)]))
         return batch
@@ -219,11 +231,11 @@ class TokenLoader(StreamSource):
     """
 
     def __init__(self, dataset, batch_size: int, num_workers: int = 0, recall=None,
-                 locations: list[str] | None = None):
+                 locations: list[str] | None = None, skip_boundary_targets: bool = False):
         self.dataset = dataset
         self.locations = locations or []
         self.loader = SampleCountingLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                                          collate_fn=Collate(recall), drop_last=True)
+                                          collate_fn=Collate(recall, skip_boundary_targets), drop_last=True)
         self._iter: Iterator | None = None
 
     def __iter__(self) -> "TokenLoader":

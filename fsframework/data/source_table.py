@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from fsframework.config.data import skips_boundary_targets
 from fsframework.config.sources import SourceFacts, declare_source, reads_text
 from fsframework.data.copy_warmup import CopyWarmup
 from fsframework.data.loader import TokenLoader, data_streams, make_streaming_dataset
@@ -48,7 +49,8 @@ def _text_source(cfg, ctx: SourceContext) -> BatchSource:
                                      local_cache=str(ctx.data_cache))
     return TokenLoader(dataset, cfg.data.micro_batch_size, cfg.data.num_workers,
                        recall=cfg.loss if cfg.loss.recall_weighting else None,
-                       locations=[location for location, _ in ctx.streams])
+                       locations=[location for location, _ in ctx.streams],
+                       skip_boundary_targets=skips_boundary_targets(cfg.data))
 
 
 def _short_sequences(cfg, source: BatchSource, ctx: SourceContext) -> BatchSource | None:

@@ -27,6 +27,19 @@ def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
     return np.concatenate(chunks).astype(np.int64) if chunks else np.zeros(0, dtype=np.int64)
 
 
+def heldout_samples(data_dir: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` samples of the held-out MDS split as they are stored: tokens and document ids,
+    each `[n, seq_len + 1]` (n <= count), the rows training reads (documents packed as built)."""
+    from streaming import StreamingDataset
+
+    dataset = StreamingDataset(local=data_dir, shuffle=False, batch_size=1)
+    rows = [dataset[i] for i in range(min(count, len(dataset)))]
+    if not rows:
+        return np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.int64)
+    return (np.stack([r["tokens"] for r in rows]).astype(np.int64),
+            np.stack([r["doc_ids"] for r in rows]).astype(np.int64))
+
+
 # output-head positions per row and step: a step's logits are [B LOGIT_CHUNK, V] at any evaluation length
 LOGIT_CHUNK = 4096
 

@@ -23,6 +23,7 @@ from fsframework.config import ModelConfig
 from fsframework.models.argrc_blocks import sharded_inclusive_prefixes
 from fsframework.models.argrc_cache import ScanDecodeCache
 from fsframework.models.blocks import dropout
+from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
@@ -236,9 +237,12 @@ class ARGRCLanguageModel(LanguageModel):
 
     # --- the language-model interface (`fsframework.models.language_model`) ---
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, T]` -> final hidden states `[B, T, E]`."""
-        return self.readout(self.inclusive_prefixes(self.leaves(tokens)))
+    def hidden_states(self, tokens: torch.Tensor, *, documents: Optional[Documents] = None) -> torch.Tensor:
+        """tokens `[B, T]` -> final hidden states `[B, T, E]`; with `documents`, the scan restarts at each
+        packed document's start (each is scanned as a row of its own, `fsframework.models.documents`)."""
+        leaves = self.leaves(tokens)
+        prefixes = self.inclusive_prefixes(leaves) if documents is None else documents.map(self.inclusive_prefixes, leaves)
+        return self.readout(prefixes)
 
     def decode_state(self, chunk: Optional[int] = None) -> ScanDecodeCache:
         """The cached-decoding form (`fsframework.models.argrc_cache`); `chunk`: prefill positions per step."""

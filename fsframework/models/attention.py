@@ -54,6 +54,8 @@ class QKVAttention(nn.Module):
         """x `[B, n, D]` -> `[B, n, D]`: the offset form (`forward_run`) once per run of `source`, one
         except on a rank of the zigzag layout (`fsframework.parallel.attention.ZigzagRunsSource`).
         The runs stay inside this one module call, so ZeRO-3 gathers the projections once for all."""
+        if source.documents is not None:  # packed documents, each read as its own row
+            return source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x)
         runs = source.runs(x)
         if len(runs) == 1:
             return self.forward_run(*runs[0])

@@ -42,10 +42,11 @@ def dropout(p: float) -> nn.Module:
 
 
 def sinusoidal_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """Vaswani et al. absolute position table `[T, dim]` for integer positions `[T]`."""
+    """Vaswani et al. absolute position table `[..., dim]` for integer positions `[...]` (`[T]`, or
+    `[B, T]` when positions restart at each packed document)."""
     half = dim // 2
     freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=positions.device, dtype=torch.float32) / half)
-    angles = positions.float()[:, None] * freq[None, :]
+    angles = positions.float()[..., None] * freq
     table = torch.cat((angles.sin(), angles.cos()), dim=-1)
     if dim % 2:
         table = F.pad(table, (0, 1))

@@ -35,6 +35,7 @@ from typing import Optional, Protocol, Union
 
 import torch
 
+from fsframework.models.documents import Documents
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 
 
@@ -78,6 +79,10 @@ class KeySource(ABC):
     # in a form worth keeping (SWA: rotated once, rather than the whole window re-rotated each step)
     keeps_keys: bool = False
 
+    # the documents of packed rows, each read as a row of its own (`fsframework.models.documents`);
+    # None: every row is one sequence
+    documents: Optional[Documents] = None
+
     @abstractmethod
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
              span: Span) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +124,19 @@ class WholeSequence(KeySource):
 
 
 WHOLE_SEQUENCE = WholeSequence()
+
+
+class DocumentRows(WholeSequence):
+    """Training on packed rows with document masking: a sequence-mixing layer reads each document as a
+    row of its own (`Documents.map`, with `WHOLE_SEQUENCE` inside), and absolute positions restart at
+    each document's start."""
+
+    def __init__(self, documents: Documents):
+        self.documents = documents
+
+    def positions(self, n: int, device=None) -> torch.Tensor:
+        """`[B, n]`: each token's position inside its document."""
+        return self.documents.positions.to(device)
 
 
 class LayerStateSource(KeySource):

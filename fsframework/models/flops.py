@@ -58,6 +58,12 @@ def training_flops_per_token(model: ModelConfig, seq_len: int, sp: int = 1) -> f
     return total / sp
 
 
+def packed_flops_per_token(lengths: list[int], per_token: Callable[[int], float]) -> float:
+    """FLOPs per token of rows whose documents (`lengths`) are read apart (document masking): each
+    document costs what a row of its length costs, `per_token(L)` per token."""
+    return sum(length * per_token(length) for length in lengths) / sum(lengths)
+
+
 def dense_parameters(model: ModelConfig) -> int:
     """N of the 6N rule for a decoder-block model: the weights every token multiplies, per token
     (the four projections and the SwiGLU per layer, the output head; not the embedding lookup)."""

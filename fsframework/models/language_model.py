@@ -7,10 +7,13 @@ scan), how a rank computes its part of them under sequence parallelism, and what
 step keeps of the past. Callers (the trainer, sequence parallelism, decoding, evaluation,
 export) ask the model through this interface only, never by probing its attributes:
 
-- `forward(tokens, targets=None, loss_chunk=0, sp=None)`: logits, or the targets' per-token
-  losses (`fsframework.models.losses.head_output`); under sequence parallelism `tokens` are
-  this rank's runs and `sp` the context of their sequence.
-- `hidden_states(tokens)`: the final hidden states of a whole sequence (the output head's input).
+- `forward(tokens, targets=None, loss_chunk=0, sp=None, doc_ids=None)`: logits, or the targets'
+  per-token losses (`fsframework.models.losses.head_output`); under sequence parallelism `tokens`
+  are this rank's runs and `sp` the context of their sequence; `doc_ids` `[B, T]` (packed
+  documents, a document a run of equal ids) reads each document as a row of its own
+  (`fsframework.models.documents`).
+- `hidden_states(tokens, documents=None)`: the final hidden states of a whole sequence (the output
+  head's input).
 - `decode_state(chunk)`: a fresh cached-decoding state (`fsframework.models.decode_state`).
 - `enable_sequence_parallel(parallelism)`: from then on `forward` computes this rank's part; the
   model holds the `SequenceParallelism` object, its class stays what it is.
@@ -33,6 +36,7 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.context import KeySource
 from fsframework.models.decode_state import DecodeState
+from fsframework.models.documents import Documents, documents_of
 from fsframework.models.losses import head_output
 
 
@@ -69,8 +73,9 @@ class LanguageModel(nn.Module, ABC):
     # --- computing ---
 
     @abstractmethod
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens `[B, T]` of a whole sequence -> final hidden states `[B, T, E]`."""
+    def hidden_states(self, tokens: torch.Tensor, *, documents: Optional[Documents] = None) -> torch.Tensor:
+        """tokens `[B, T]` of a whole sequence -> final hidden states `[B, T, E]`; `documents`: the rows'
+        packed documents, each read as a row of its own (None: each row is one sequence)."""
 
     @abstractmethod
     def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
@@ -78,15 +83,22 @@ class LanguageModel(nn.Module, ABC):
         the single-process ones (the earlier ranks' part comes through `self.parallelism`)."""
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None, loss_chunk: int = 0,
-                sp=None) -> torch.Tensor:
+                sp=None, doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """tokens `[B, T]` -> logits `[B, T, V]`; given `targets` `[B, T]`, their per-token losses
         `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`).
-        Sequence parallel: tokens of this rank's runs `[B, n]`, `sp` the context of their sequence."""
+        Sequence parallel: tokens of this rank's runs `[B, n]`, `sp` the context of their sequence.
+        doc_ids `[B, T]`: the documents packed in each row (a document is a run of equal ids), each
+        read as a row of its own (document masking, docs/training.md); None: a row is one document."""
         if self.parallelism is None:
             if sp is not None:
                 raise TypeError(f"{type(self).__name__} is not sequence parallel: it takes no sequence context")
-            hidden = self.hidden_states(tokens)
+            if doc_ids is not None and tuple(doc_ids.shape) != tuple(tokens.shape):
+                raise ValueError(f"doc_ids must have the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
+            hidden = self.hidden_states(tokens, documents=documents_of(doc_ids))
         else:
+            if doc_ids is not None:
+                raise ValueError("document masking under sequence parallelism is not supported: "
+                                 "train with parallel.sp=1 or data.document_masking=false")
             hidden = self.sequence_parallel_hidden_states(tokens, self.parallelism.sequence(sp, type(self).__name__))
         return head_output(self.lm_head, hidden, targets, loss_chunk)
 

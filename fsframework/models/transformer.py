@@ -15,8 +15,9 @@ from fsframework.config import ModelConfig
 from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.blocks import RMSNorm, SwiGLU, dropout, sinusoidal_table
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.context import WHOLE_SEQUENCE, DocumentRows, KeySource
 from fsframework.models.decode_cache import DecodeCache
+from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel, SequenceParallelism
 from fsframework.models.recompute import recomputed, wants_recompute
 
@@ -73,14 +74,18 @@ class TransformerLM(LanguageModel):
             if isinstance(module, QKVAttention):  # FreeSolo's gains and prior, rewired's mixing weights
                 module.reset_extra_parameters()
 
-    def hidden_states(self, tokens: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
+    def hidden_states(self, tokens: torch.Tensor, source: KeySource = WHOLE_SEQUENCE, *,
+                      documents: Optional[Documents] = None) -> torch.Tensor:
         """tokens `[B, n]` at absolute positions `[source.start, source.start + n)` -> final
         hidden states `[B, n, D]`.
 
         `source` supplies each attention layer with the keys of the positions before
         `source.start` (`fsframework.models.context`): none in training (the whole
         sequence is here), another rank's in sequence parallelism, a decode cache's.
+        `documents`: whole packed rows whose documents are read apart (`fsframework.models.documents`).
         """
+        if documents is not None:
+            source = DocumentRows(documents)
         x = self.embed(tokens)
         if self.absolute_positions:
             pos = source.positions(tokens.shape[1], tokens.device)

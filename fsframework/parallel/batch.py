@@ -41,6 +41,7 @@ class RankBatch:
     weights: Optional[torch.Tensor] = None
     sp: Optional[SPContext] = None
     denominators: Optional[Denominators] = None
+    doc_ids: Optional[torch.Tensor] = None  # the packed documents, read apart (one process only)
 
     def logits(self, model) -> torch.Tensor:
         """`model`'s logits `[B, n, V]` of this rank's inputs (the model, or the engine wrapping it)."""
@@ -53,17 +54,23 @@ class RankBatch:
     def scored(self, model, loss_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """`losses` of this rank's share, the model scoring its own targets: its forward returns the
         per-token losses, the output head run `loss_chunk` positions at a time (0: all at once)."""
-        sp = {} if self.sp is None else {"sp": self.sp}
-        ce = model(self.inputs, targets=self.targets, loss_chunk=loss_chunk, **sp)
+        extra = {} if self.sp is None else {"sp": self.sp}
+        if self.doc_ids is not None:
+            extra["doc_ids"] = self.doc_ids
+        ce = model(self.inputs, targets=self.targets, loss_chunk=loss_chunk, **extra)
         return weighted_losses(ce, self.targets, self.weights, self.denominators)
 
 
 def shard_batch(sp: Optional[SPContext], inputs: torch.Tensor, targets: torch.Tensor,
-                weights: Optional[torch.Tensor] = None) -> RankBatch:
+                weights: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None) -> RankBatch:
     """This rank's `RankBatch` of a batch of whole sequences `[B, N]` (targets `-100` are ignored).
-    `sp`: the model's context (`sp_context(model)`), None for a model that is not sequence parallel."""
+    `sp`: the model's context (`sp_context(model)`), None for a model that is not sequence parallel.
+    doc_ids: the rows' packed documents, each read as a row of its own (one process only)."""
     if sp is None:
-        return RankBatch(inputs, targets, weights)
+        return RankBatch(inputs, targets, weights, doc_ids=doc_ids)
+    if doc_ids is not None:
+        raise ValueError("document masking under sequence parallelism is not supported: "
+                         "train with parallel.sp=1 or data.document_masking=false")
     sequence = sp.at_length(inputs.shape[1])
     count, weight_sum = loss_denominators(targets, weights)
     scale = sequence.size  # see the module docstring: the rank's loss times sp

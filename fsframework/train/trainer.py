@@ -28,7 +28,8 @@ from fsframework.data.loader import check_data_fits, check_shard_files
 from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
-from fsframework.models.flops import training_flops_per_token
+from fsframework.models.documents import document_lengths
+from fsframework.models.flops import packed_flops_per_token, training_flops_per_token
 from fsframework.parallel.deepspeed_config import deepspeed_config, use_bf16
 from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 from fsframework.parallel.groups import init_groups
@@ -204,18 +205,21 @@ class Trainer:
                                             tokenizer=self.tokenizer, protect=self.resumed_from)
         self.log(f"checkpoint at step {self.state.step}: {escape(str(self.last_checkpoint))}", soft_wrap=True)
 
-    def losses(self, inputs: torch.Tensor, targets: torch.Tensor,
-               weights: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def losses(self, inputs: torch.Tensor, targets: torch.Tensor, weights: Optional[torch.Tensor] = None,
+               doc_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to optimise, plain CE) of a micro-batch of whole sequences `[B, T]`: this rank's
         part of it (all of it on one process; its runs under sequence parallelism, scaled so that
-        the ranks' losses average to the batch's, `fsframework.parallel.batch`) through the engine."""
+        the ranks' losses average to the batch's, `fsframework.parallel.batch`) through the engine.
+        doc_ids: the rows' packed documents, read apart under `data.document_masking`."""
         dev = self.engine.device
-        mine = shard_batch(self.sp, inputs.to(dev), targets.to(dev), None if weights is None else weights.to(dev))
+        documents = doc_ids.to(dev) if self.cfg.data.document_masking and doc_ids is not None else None
+        mine = shard_batch(self.sp, inputs.to(dev), targets.to(dev), None if weights is None else weights.to(dev),
+                           documents)
         return mine.scored(self.engine, self.cfg.train.loss_chunk)
 
     def forward_backward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(optimised loss, plain CE) of one micro-batch, gradients accumulated."""
-        loss, plain = self.losses(batch["inputs"], batch["targets"], batch.get("weights"))
+        loss, plain = self.losses(batch["inputs"], batch["targets"], batch.get("weights"), batch.get("doc_ids"))
         self.engine.backward(loss)
         return loss.detach(), plain.detach()
 
@@ -230,9 +234,12 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         losses, plain_losses = [], []
         pre_step_norm, finite = None, True
+        documents: list[int] = []  # the lengths of the documents read apart (document masking)
         self.clock.start()
         for micro in range(self.cfg.parallel.grad_accum):
             batch = self.source.next_batch(self.state.step, micro)
+            if self.cfg.data.document_masking and batch.get("doc_ids") is not None:
+                documents += document_lengths(batch["doc_ids"])
             self.clock.lap("data")
             loss, plain = self.forward_backward(batch)
             losses.append(loss)
@@ -258,6 +265,9 @@ class Trainer:
             metrics[alias] = metrics["loss"]
         if self.cfg.loss.recall_weighting:
             metrics["plain_loss"] = float(both[1])
+        if documents:
+            metrics["documents_per_row"] = len(documents) * metrics["seq_len"] / sum(documents)
+            metrics["document_lengths"] = documents  # read off by the loop's FLOPs count, not logged
         return metrics
 
     def _mean_losses(self, losses: list[torch.Tensor], plain_losses: list[torch.Tensor]) -> torch.Tensor:
@@ -285,8 +295,8 @@ class Trainer:
             for held_out in self._val_sets:
                 losses = []
                 for start in range(0, len(held_out.windows), cfg.data.micro_batch_size):
-                    batch = held_out.windows[start:start + cfg.data.micro_batch_size]
-                    losses.append(self.losses(batch[:, :-1], batch[:, 1:])[1])
+                    batch = held_out.batch(start, cfg.data.micro_batch_size)
+                    losses.append(self.losses(batch["inputs"], batch["targets"], None, batch["doc_ids"])[1])
                 per_stream.append(torch.stack(losses).mean().float())
         self.engine.train()
         loss = torch.stack(per_stream)
@@ -393,11 +403,15 @@ class Trainer:
                     metrics["update_skipped"] = 1  # logged whatever train.nonfinite says, then acted on
                 if (self.state.step % cfg.train.log_every == 0 or self.state.step == cfg.train.max_steps
                         or "val/loss" in metrics or not math.isfinite(metrics["loss"])):
+                    lengths = metrics.pop("document_lengths", None)
+                    # documents read apart cost what rows of their lengths cost
+                    per_token = flops(metrics["seq_len"]) if lengths is None else packed_flops_per_token(lengths, flops)
                     figures = step_record(elapsed=elapsed, phases=self.clock.phases, tokens=tokens_per_step,
-                                          flops_per_token=flops(metrics["seq_len"]), world_size=self.dist.world_size,
+                                          flops_per_token=per_token, world_size=self.dist.world_size,
                                           peak_tflops=peak, memory=peak_memory_mb(self.dist.device))
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens, **figures})
                 else:
+                    metrics.pop("document_lengths", None)
                     monitor.advance(self.state.step)
                 self.check_finite(metrics["loss"])
                 saved = self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last or stop
