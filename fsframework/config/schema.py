@@ -14,6 +14,7 @@ import copy
 from typing import Any, Callable, Optional
 
 from fsframework.config.checks import ConfigError
+from fsframework.config.sources import is_schema4_source_name
 
 SCHEMA_VERSION = 5
 
@@ -62,7 +63,7 @@ def _source_path_to_data_path(data: dict) -> None:
     section = data.get("data")
     if not isinstance(section, dict):
         return
-    if section.get("source", "embedded") not in ("embedded", "mqar"):  # schema 4's only source names
+    if not is_schema4_source_name(section.get("source", "embedded")):  # schema 4's default: embedded
         section["path"] = section["source"]
         section["source"] = "shards"
     for stream in section.get("streams") or []:

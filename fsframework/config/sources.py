@@ -60,6 +60,17 @@ SOURCE_FACTS: dict[str, SourceFacts] = {
 }
 
 
+# the source names `data.source` had in schema 4, when any other value was a path to shards
+# (`fsframework.config.schema` rewrites those): a fixed list, since a source declared later
+# was never a schema-4 value
+SCHEMA4_SOURCE_NAMES = ("embedded", "mqar")
+
+
+def is_schema4_source_name(value: str) -> bool:
+    """Whether a schema-4 `data.source` value named a source rather than the path of shards."""
+    return value in SCHEMA4_SOURCE_NAMES
+
+
 def declare_source(name: str, facts: SourceFacts) -> None:
     """Make `name` a valid `data.source` with `facts` (`fsframework.data.source_table.register_source`)."""
     SOURCE_FACTS[name] = facts

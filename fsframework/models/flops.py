@@ -120,17 +120,32 @@ def rewired(model: ModelConfig, seq_len: int) -> float:
 def freesolo_routing_cells(model: ModelConfig, seq_len: int) -> int:
     """Cells scored by the queries of a row, summed over queries (docs/freesolo.md §1.4-§1.5): every
     query of block `b` scores its available cells, all `bB / s` eligible ones (FS) or the retained
-    and recent ones (FS-L: up to P + W)."""
+    and recent ones (FS-L: up to P + W).
+
+    Summed in closed form over the query blocks `b = 1 .. J` after the first (which has no cell;
+    the blocks routing walks, `fsframework.ops.freesolo_routing.query_blocks`, not imported: this
+    module reads only the config). Block `b` has `B` queries, the last `T - J B`; with B a multiple
+    of s (checked by the config) it sees `b c` eligible cells, `c = B / s`; FS-L keeps `min(P, b c)`
+    retained and `min(W, b c)` recent ones (the state `admit_fsl` keeps: the top P of kept + new,
+    the last W of recent + new)."""
     a = model.attention
-    fsl = kind_facts(model.name).routing == "fsl"
-    scored, kept, recent = 0, 0, 0
-    for start in range(a.block_size, seq_len, a.block_size):
-        eligible, new = start // a.cell_size, a.block_size // a.cell_size
-        if fsl:  # the state admit_fsl keeps: the top P of kept + new, the last W of recent + new
-            kept, recent = min(a.retained_cells, kept + new), min(a.recent_cells, recent + new)
-        available = kept + recent if fsl else eligible
-        scored += (min(start + a.block_size, seq_len) - start) * available
-    return scored
+    block, per_block = a.block_size, a.block_size // a.cell_size
+    blocks = max(0, -(-seq_len // block) - 1)  # J: query blocks that start before seq_len, after the first
+    if blocks == 0:
+        return 0
+    if kind_facts(model.name).routing == "fsl":
+        every = _capped_sum(a.retained_cells, per_block, blocks) + _capped_sum(a.recent_cells, per_block, blocks)
+        last = min(a.retained_cells, blocks * per_block) + min(a.recent_cells, blocks * per_block)
+    else:
+        every, last = per_block * blocks * (blocks + 1) // 2, blocks * per_block
+    # every block's B queries, less the ones the last block lacks
+    return block * every - (block * (blocks + 1) - seq_len) * last
+
+
+def _capped_sum(cap: int, step: int, count: int) -> int:
+    """`sum_{b=1}^{count} min(cap, b step)` for `step >= 1`: the first `cap // step` terms are `b step`."""
+    uncapped = min(count, cap // step)
+    return step * uncapped * (uncapped + 1) // 2 + cap * (count - uncapped)
 
 
 def freesolo(model: ModelConfig, seq_len: int) -> float:

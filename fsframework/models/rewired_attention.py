@@ -17,7 +17,7 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.attention import RopeAttention
-from fsframework.ops.rewired import rewired_attention
+from fsframework.ops.rewired import RewiredSettings, rewired_attention
 
 
 class RewiredAttention(RopeAttention):
@@ -28,7 +28,8 @@ class RewiredAttention(RopeAttention):
     def __init__(self, cfg: ModelConfig, layer_idx: int, key_span: Optional[int] = None):
         super().__init__(cfg, layer_idx, key_span)
         a = cfg.attention
-        self.runway, self.head, self.impl = a.rewired.runway, a.rewired.head, a.impl
+        self.settings = RewiredSettings(runway=a.rewired.runway, score=a.rewired.score)
+        self.head, self.impl = a.rewired.head, a.impl
         self.bmat = nn.Parameter(torch.eye(cfg.head_dim)) if a.rewired.score == "bilinear" else None
 
     def reset_extra_parameters(self) -> None:
@@ -38,4 +39,4 @@ class RewiredAttention(RopeAttention):
 
     def attend(self, q, k, v, start):
         u = v[:, :, self.head]  # the re-purposed head's values at every key position
-        return rewired_attention(q, k, v, u, runway=self.runway, bmat=self.bmat, impl=self.impl, q_start=start)
+        return rewired_attention(q, k, v, u, settings=self.settings, bmat=self.bmat, impl=self.impl, q_start=start)

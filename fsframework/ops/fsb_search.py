@@ -7,7 +7,7 @@ growth and the rescoring stay in PyTorch.
 Legend: Bt batch, N tokens, H heads, d head width, Q queries of one block, Wb beam
 width, K top_k, s cell size.
 
-Per batch row and head, two forests (`fsframework.ops.fsb_forest.Forest`) grow at
+Per batch row and head, two forests (rows of `fsframework.ops.fsb_forest.Forests`) grow at
 every query-block boundary with the newly eligible cells: `F0` admits every cell,
 `Ftau` the cells with `a_c >= tau_h`. For the queries of a block, a beam starts at
 each root; at each level the beam keeps its leaves (never evicted) and fills the

@@ -22,6 +22,7 @@ only the inputs and recomputes one tile at a time: memory stays linear in `n`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,23 @@ from fsframework.ops.dispatch import kernel_for
 RUNWAYS = ("last", "mean")
 SCORES = ("dot", "bilinear")
 QUERY_TILE = 128
+
+
+@dataclass(frozen=True)
+class RewiredSettings:
+    """A layer's runway and score (docs/rewired.md §1-§2), passed whole to `rewired_attention`.
+
+    runway: "last" (`r_t = u_{t-1}`) or "mean" (`mean(u_0..u_{t-1})`); score: "dot" or
+    "bilinear" (`r_t^T Bmat u_m`), or None for "bilinear" when a `bmat` is given, else "dot".
+    `Bmat` itself is not a setting: it is a learned tensor the op differentiates, passed
+    beside q, k, v and u."""
+
+    runway: str = "last"
+    score: str | None = None
+
+    def score_for(self, bmat: torch.Tensor | None) -> str:
+        """The score in effect with `bmat` (None: no Bmat)."""
+        return self.score if self.score is not None else ("dot" if bmat is None else "bilinear")
 
 
 def check_rewired_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, *, runway: str,
@@ -123,23 +141,23 @@ def rewired_attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r:
     return torch.cat(out, dim=1).to(out_dtype)
 
 
-def rewired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, *, runway: str = "last",
-                      score: str | None = None, bmat: torch.Tensor | None = None, impl: str = "auto",
-                      q_start: int = 0) -> torch.Tensor:
+def rewired_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor, *,
+                      settings: RewiredSettings = RewiredSettings(), bmat: torch.Tensor | None = None,
+                      impl: str = "auto", q_start: int = 0) -> torch.Tensor:
     """Runway-rewired causal attention (docs/rewired.md §2) of queries at `[q_start, q_start + n)`.
 
     q `[B, n, H, d]` and k `[B, q_start + n, H, d]` already rotated (RoPE), v like k,
     u `[B, q_start + n, d]` the re-purposed head's value vectors of every key position
-    (the mean runway needs all of them). runway: "last" (`u_{t-1}`) or "mean"
-    (`mean(u_0..u_{t-1})`); score: "dot" or "bilinear" (then `bmat` `[d, d]`); None means
-    "bilinear" when `bmat` is given, else "dot". Returns `[B, n, H, d]` in q's dtype.
-    Gradients reach q, k, v, u and bmat. impl: see `fsframework.ops.dispatch`.
+    (the mean runway needs all of them). settings: the runway and score (`RewiredSettings`;
+    the default is the "last" runway, with the "bilinear" score when `bmat` `[d, d]` is
+    given, else "dot"). Returns `[B, n, H, d]` in q's dtype. Gradients reach q, k, v, u and
+    bmat. impl: see `fsframework.ops.dispatch`.
     """
-    score = score if score is not None else ("dot" if bmat is None else "bilinear")
-    check_rewired_args(q, k, v, u, runway=runway, score=score, bmat=bmat, q_start=q_start)
+    score = settings.score_for(bmat)
+    check_rewired_args(q, k, v, u, runway=settings.runway, score=score, bmat=bmat, q_start=q_start)
     kernel = kernel_for("rewired_attention", "rewired_attention_rows", impl, q,
                         rewired_unsupported(q.dtype, q.shape[-1]))
-    r = rewired_rows(u, runway, bmat, q_start, q.shape[1])
+    r = rewired_rows(u, settings.runway, bmat, q_start, q.shape[1])
     if kernel is not None:
         return kernel(q, k, v, r, u, q_start=q_start)
     return rewired_attention_rows(q, k, v, r, u, q_start=q_start)

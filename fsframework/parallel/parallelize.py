@@ -51,13 +51,13 @@ class SequenceParallel:
         return root_gatherer(sp)
 
 
-def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None,
-                block_size: Optional[int] = None) -> LanguageModel:
+def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None) -> LanguageModel:
     """Make `model` (a language model from the registry) sequence parallel over `parallel_cfg.sp` ranks.
 
     groups: the process groups (default: created here; collective over the world).
-    block_size: sharding granularity in tokens (default `model.cfg.attention.block_size`,
-    which FreeSolo needs so that no query block straddles two ranks).
+    The sharding granularity is the model's own `model.cfg.attention.block_size`, which
+    FreeSolo needs so that no query block straddles two ranks; the model config is the one
+    place it is set (docs/freesolo.md §1.3).
     Returns the same module object; a no-op when `sp == 1`.
     """
     sp_size = parallel_cfg.sp
@@ -75,7 +75,7 @@ def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGro
         raise ValueError(f"parallel.sp_layout={layout!r} is not one of {LAYOUTS}")
     if layout not in model.sequence_layouts():
         layout = "contiguous"  # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already
-    sp = SPContext(groups=groups, block_size=block_size or model.cfg.attention.block_size, layout=layout)
+    sp = SPContext(groups=groups, block_size=model.cfg.attention.block_size, layout=layout)
     model.enable_sequence_parallel(SequenceParallel(sp))
     return model
 

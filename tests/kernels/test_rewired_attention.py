@@ -4,7 +4,7 @@ gradients of q, k, v, u and Bmat, fp32 and bf16, with and without a query offset
 import pytest
 import torch
 
-from fsframework.ops.rewired import rewired_attention, rewired_attention_rows as reference
+from fsframework.ops.rewired import RewiredSettings, rewired_attention, rewired_attention_rows as reference
 from fsf_kernels.rewired_attention import rewired_attention_rows
 from kernel_testing import assert_close, gpu, needs_cuda
 
@@ -73,7 +73,7 @@ def test_op_dispatches_here_with_mean_runway_and_bmat(device):
     grads = []
     for impl in ("triton", "reference"):
         leaves = [x.clone().requires_grad_() for x in (q, k, v, u, bmat)]
-        out = rewired_attention(*leaves[:4], runway="mean", bmat=leaves[4], impl=impl)
+        out = rewired_attention(*leaves[:4], settings=RewiredSettings(runway="mean"), bmat=leaves[4], impl=impl)
         grads.append((out, *torch.autograd.grad(out.square().sum(), leaves)))
     for name, g, w in zip(("out", "dq", "dk", "dv", "du", "dbmat"), *grads):
         assert_close(g, w, torch.float32, name)

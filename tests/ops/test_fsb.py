@@ -10,8 +10,9 @@ import torch
 from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_routing import top_k_earliest
-from fsframework.ops.fsb_forest import (Forest, _chunk_offsets, _popcount, build_chunk_trees, build_trees, chunk_sizes,
+from fsframework.ops.fsb_forest import (_chunk_offsets, _popcount, build_chunk_trees, build_trees, chunk_sizes,
                                         power_iteration)
+from tests.forest import Forest
 
 F64 = torch.float64
 S, BLK = 4, 16  # small cells and blocks: many cells at a small N

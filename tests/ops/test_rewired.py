@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fsframework.ops.rewired import rewired_attention
+from fsframework.ops.rewired import RewiredSettings, rewired_attention
 from tests.work import WorkCounter
 
 
@@ -44,7 +44,7 @@ def test_matches_dense_definition_forward_and_gradients(runway, bilinear):
     # 300 queries: three query tiles, the last one partial
     q, k, v, u, bmat = _inputs(2, 300, 3, 8, bilinear)
     leaves = [x for x in (q, k, v, u, bmat) if x is not None]
-    got = rewired_attention(q, k, v, u, runway=runway, bmat=bmat, impl="reference")
+    got = rewired_attention(q, k, v, u, settings=RewiredSettings(runway=runway), bmat=bmat, impl="reference")
     want = dense(q, k, v, u, runway, bmat)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(want)
@@ -62,7 +62,8 @@ def test_bias_exemptions_and_dot_default():
     torch.testing.assert_close(rewired_attention(q, k, v, u * 100, impl="reference"), plain)
     # a large u makes softplus(tau) large for m < t - 1 at position 2 only when tau > 0: compare with dense
     q, k, v, u, _ = _inputs(1, 3, 1, 4, False, seed=3)
-    torch.testing.assert_close(rewired_attention(q, k, v, u * 5, score="dot", impl="reference"),
+    torch.testing.assert_close(rewired_attention(q, k, v, u * 5, settings=RewiredSettings(score="dot"),
+                                                 impl="reference"),
                                dense(q, k, v, u * 5))
 
 
@@ -70,16 +71,17 @@ def test_bias_exemptions_and_dot_default():
 def test_offset_rows_equal_whole_call(runway):
     q, k, v, u, bmat = _inputs(1, 200, 2, 8, True, seed=1)
     with torch.no_grad():
-        whole = rewired_attention(q, k, v, u, runway=runway, bmat=bmat, impl="reference")
+        whole = rewired_attention(q, k, v, u, settings=RewiredSettings(runway=runway), bmat=bmat, impl="reference")
         for start in (0, 1, 77, 199):
-            part = rewired_attention(q[:, start:], k, v, u, runway=runway, bmat=bmat, impl="reference", q_start=start)
+            part = rewired_attention(q[:, start:], k, v, u, settings=RewiredSettings(runway=runway), bmat=bmat,
+                                     impl="reference", q_start=start)
             torch.testing.assert_close(part, whole[:, start:], rtol=1e-12, atol=1e-12)
 
 
 def test_half_inputs_keep_dtype():
     q, k, v, u, _ = _inputs(1, 40, 2, 8, False)
     args = [x.detach().to(torch.bfloat16) for x in (q, k, v, u)]
-    out = rewired_attention(*args, runway="mean", impl="reference")
+    out = rewired_attention(*args, settings=RewiredSettings(runway="mean"), impl="reference")
     assert out.dtype == torch.bfloat16
     want = dense(*(x.double() for x in args), "mean")
     assert (out.double() - want).abs().max() < 3e-2
@@ -101,9 +103,9 @@ def test_bad_input_names_the_problem(change, match):
     q, k = torch.randn(shapes["q"]), torch.randn(shapes["k"])
     u = torch.randn(shapes["u"])
     bmat = None if shapes["bmat"] is None else torch.randn(shapes["bmat"])
-    kwargs = {key: val for key, val in change.items() if key in ("runway", "score", "q_start")}
+    settings = RewiredSettings(**{key: val for key, val in change.items() if key in ("runway", "score")})
     with pytest.raises(ValueError, match=match):
-        rewired_attention(q, k, k, u, bmat=bmat, impl="reference", **kwargs)
+        rewired_attention(q, k, k, u, settings=settings, bmat=bmat, impl="reference", q_start=change.get("q_start", 0))
 
 
 def test_reference_never_forms_an_n_by_n_tensor():
@@ -111,7 +113,7 @@ def test_reference_never_forms_an_n_by_n_tensor():
     n = 600
     q, k, v, u, bmat = _inputs(1, n, 1, 4, True)
     with WorkCounter() as work:
-        out = rewired_attention(q, k, v, u, runway="mean", bmat=bmat, impl="reference")
+        out = rewired_attention(q, k, v, u, settings=RewiredSettings(runway="mean"), bmat=bmat, impl="reference")
         torch.autograd.grad(out.sum(), (q, k, v, u, bmat))
     # the largest is one tile's logits: 128 queries over the 512 keys of the fourth tile
     assert work.largest == 128 * 512 < n * n // 2
