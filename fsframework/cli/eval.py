@@ -12,7 +12,7 @@ from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file,
 from fsframework.eval.ruler import RULER_TASKS
 
 # the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
-TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity", "mqar")
+TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
 
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),

@@ -102,8 +102,9 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     """
     cfg = trainable_config(config, overrides)
     rt = runtime()
-    if "perplexity" in cfg.eval.tasks:  # found missing before training, not after it
-        guarded(lambda: rt.loader.check_data_fits(cfg, heldout_for="eval.tasks=perplexity"))
+    heldout = [task for task in cfg.eval.tasks if task in ("perplexity", "doc_perplexity")]
+    if heldout:  # found missing before training, not after it
+        guarded(lambda: rt.loader.check_data_fits(cfg, heldout_for=f"eval.tasks={heldout[0]}"))
     with rt.process_group.multi_rank_job():
         with no_run_dir_left_on_bad_input(Path(cfg.run_dir)):
             guarded(lambda: rt.trainer.train(cfg))

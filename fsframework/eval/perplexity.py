@@ -1,4 +1,12 @@
-"""Perplexity versus evaluation length on held-out text (lengths may exceed training length)."""
+"""Perplexity versus evaluation length on held-out text (lengths may exceed training length).
+
+Two ways to cut the held-out text into windows:
+- `perplexity_vs_length` ("perplexity"): consecutive windows of the held-out stream, documents
+  packed as training packs them;
+- `document_perplexity` ("doc_perplexity"): the first `length + 1` tokens of each held-out document at
+  least that long, one document a window, so every position predicts from its own document only
+  (what a model trained with document masking is read on; docs/training.md, "Documents").
+"""
 
 from __future__ import annotations
 
@@ -38,6 +46,57 @@ def heldout_samples(data_dir: str, count: int) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.int64)
     return (np.stack([r["tokens"] for r in rows]).astype(np.int64),
             np.stack([r["doc_ids"] for r in rows]).astype(np.int64))
+
+
+def heldout_documents(data_dir: str, eos_id: int, min_tokens: int, count: int, *, count_at: int = 0,
+                      max_tokens: int = 50_000_000) -> list[np.ndarray]:
+    """The held-out documents of at least `min_tokens` tokens (their EOS included), in order, until
+    `count` of them have at least `count_at` tokens (default `min_tokens`): the split's samples joined
+    whole and cut after every EOS (the builder closes each document with one,
+    `fsframework.data.shards.pack_documents`); at most `max_tokens` are read."""
+    count_at = max(count_at, min_tokens)
+    long_enough = 0
+    from streaming import StreamingDataset
+
+    dataset = StreamingDataset(local=data_dir, shuffle=False, batch_size=1)
+    found, current, read = [], [], 0
+    for i in range(len(dataset)):
+        tokens = np.asarray(dataset[i]["tokens"]).astype(np.int64)
+        read += len(tokens)
+        ends = np.flatnonzero(tokens == eos_id)
+        begin = 0
+        for end in ends:
+            current.append(tokens[begin:end + 1])
+            document = np.concatenate(current)
+            current, begin = [], end + 1
+            if len(document) >= min_tokens:
+                found.append(document)
+                long_enough += len(document) >= count_at
+                if long_enough == count:
+                    return found
+        current.append(tokens[begin:])
+        if read >= max_tokens:
+            break
+    return found
+
+
+@torch.inference_mode()
+def document_perplexity(model, tokenizer, lengths: list[int], *, data_dir: str, num_samples: int, batch_size: int,
+                        device) -> dict[int, tuple[float, int]]:
+    """Per length: (perplexity over the first `length + 1` tokens of up to `num_samples` held-out documents
+    of at least that many tokens, the number of documents read); NaN and 0 where none is that long."""
+    documents = heldout_documents(data_dir, tokenizer.eos_id, min(lengths) + 1, num_samples, count_at=max(lengths) + 1)
+    results = {}
+    for length in lengths:
+        rows = [torch.from_numpy(d[:length + 1]) for d in documents if len(d) >= length + 1][:num_samples]
+        if not rows:
+            results[length] = (float("nan"), 0)
+            continue
+        data = torch.stack(rows)
+        nll = sum(sequence_nll(model, batch[:, :-1], batch[:, 1:])
+                  for batch in (data[s:s + batch_size].to(device) for s in range(0, len(rows), batch_size)))
+        results[length] = (math.exp(nll / (len(rows) * length)), len(rows))
+    return results
 
 
 # output-head positions per row and step: a step's logits are [B LOGIT_CHUNK, V] at any evaluation length

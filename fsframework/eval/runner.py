@@ -27,7 +27,7 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
     # held-out text is needed (and, for the embedded corpus, built) only for perplexity: every
     # stream's, found (or found missing) before the model is loaded
-    data_dir = heldout_streams(ckpt.config(overrides)) if "perplexity" in tasks else None
+    data_dir = heldout_streams(ckpt.config(overrides)) if {"perplexity", "doc_perplexity"} & set(tasks) else None
     model, cfg = load_model(ckpt, device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,12 +23,13 @@ from fsframework.eval import decoding
 from fsframework.eval.ffact import FACT_COUNTS, FFACT_GEN_TOKENS, ffact_samples, queries_per_prefix
 from fsframework.eval.mqar import mqar_scores
 from fsframework.eval.passkey import PASSKEY_GEN_TOKENS, passkey_samples
-from fsframework.eval.perplexity import perplexity_vs_length
+from fsframework.eval.perplexity import document_perplexity, perplexity_vs_length
 from fsframework.eval.ruler import NIAH_GEN_TOKENS, RULER_TASKS, NaturalHaystack, PromptTooLong, niah_samples
 from fsframework.eval.scoring import mean, passkey_match, postprocess_pred, sample_match_all
 
-TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity", "mqar")
-UNPROMPTED = ("perplexity", "mqar")  # scored from one forward pass, not from generated text
+TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
+UNPROMPTED = ("perplexity", "doc_perplexity", "mqar")  # scored from one forward pass, not from generated text
+HELDOUT_TASKS = ("perplexity", "doc_perplexity")  # read the run's held-out split
 DEFAULT_GEN_TOKENS = {**{t: NIAH_GEN_TOKENS for t in RULER_TASKS}, "passkey": PASSKEY_GEN_TOKENS,
                       "ffact": FFACT_GEN_TOKENS}
 
@@ -107,6 +108,23 @@ def _run_task(task, model, tokenizer, lengths, num_samples, seed, batch_size, ge
     results["samples"][task] = records_out
 
 
+def _run_document_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results):
+    """Perplexity on held-out documents at least as long as each length (`document_perplexity`), of the
+    first held-out stream; the number of documents per length goes to `breakdown`."""
+    location = data_dir if isinstance(data_dir, str) else list(data_dir)[0].location
+    values = document_perplexity(model, tokenizer, list(lengths), data_dir=location, num_samples=num_samples,
+                                 batch_size=batch_size, device=device)
+    scores, counts = {}, {}
+    for n in lengths:
+        ppl, count = values[n]
+        scores[str(n)] = ppl if math.isfinite(ppl) else None
+        counts[str(n)] = count
+        if not count:
+            results["skipped"].setdefault("doc_perplexity", {})[str(n)] = f"no held-out document of {n + 1} tokens"
+    results["scores"]["doc_perplexity"] = scores
+    results["breakdown"]["doc_perplexity"] = {"documents": counts}
+
+
 def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results):
     """Perplexity per length of every held-out stream (`data_dir`: one MDS split, or the run's
     `HeldOutStream`s), and of their mixture (`mixture_perplexity`) as the task's score; with
@@ -178,11 +196,14 @@ def print_table(results: dict, console: Console | None = None) -> Table:
         return "-" if value is None else f"{value:.{digits}f}"
 
     for task, series in results["scores"].items():
-        digits = 2 if task == "perplexity" else 1
+        digits = 2 if task in HELDOUT_TASKS else 1
         table.add_row(task, *(cell(series.get(n), digits) for n in lengths))
         if task == "perplexity":  # a mixture's streams, each on its own held-out text
             for stream, values in results["breakdown"].get("perplexity", {}).items():
                 table.add_row(f"  {stream}", *(cell(values.get(n), digits) for n in lengths))
+        if task == "doc_perplexity":
+            counts = results["breakdown"].get("doc_perplexity", {}).get("documents", {})
+            table.add_row("  documents", *(str(counts.get(n, 0)) for n in lengths))
         if task == "mqar":
             for split in ("within", "beyond"):
                 for name, key in ((f"  {split} reach", split), ("    its floor", f"{split}_floor")):
@@ -215,8 +236,9 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
     per-sample records) and PNGs under `plots_dir` when given. `meta` (e.g. the checkpoint and its read path) joins the file's "meta".
     """
     validate_tasks(tasks, lengths)
-    if "perplexity" in tasks and not data_dir:
-        raise ValueError("task 'perplexity' needs data_dir (the evaluation MDS dataset)")
+    heldout = [task for task in tasks if task in HELDOUT_TASKS]
+    if heldout and not data_dir:
+        raise ValueError(f"task {heldout[0]!r} needs data_dir (the evaluation MDS dataset)")
     if num_samples < 1 or batch_size < 1:
         raise ValueError(f"num_samples and batch_size must be >= 1, got {num_samples} and {batch_size}")
     lengths = sorted({int(n) for n in lengths})
@@ -246,6 +268,10 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
 
                 if task == "perplexity":
                     _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results)
+                    advance(len(lengths))
+                elif task == "doc_perplexity":
+                    _run_document_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device,
+                                             results)
                     advance(len(lengths))
                 elif task == "mqar":
                     _run_mqar(model, mqar, mqar_reach, lengths, num_samples, seed, batch_size, device, advance,
