@@ -1,0 +1,111 @@
+"""Document masking on the quickstart recipe: FS-L and TF++ trained on packed documents read apart
+(`data.document_masking=true`) or together, each with 2 seeds (experiments/README.md, "Documents").
+
+Every run is `fsf run yamls/quickstart.yaml` with its model, seed and masking, scored at 1x-4x the
+training length on held-out documents at least that long, one document a window (`doc_perplexity`),
+on the held-out stream as training packs it (`perplexity`) and on passkey retrieval. Beside them
+the floors of the same rows: the perplexity of the documents' own byte frequencies (the best model
+that knows which bytes are common but nothing of their order) and passkey's, a key guessed.
+
+    .venv/bin/python experiments/documents.py --jobs 2 --out runs/documents
+
+Writes `<out>/results.json` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LENGTHS = [512, 1024, 2048]
+
+
+def run(args, model: str, masking: bool, seed: int) -> Path:
+    out = Path(args.out) / f"{model}-{'masked' if masking else 'packed'}-s{seed}"
+    if not (out / "eval" / "scores.json").exists():
+        cmd = [sys.executable, "-m", "fsframework", "run", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={out}",
+               f"model.name={model}", f"train.seed={seed}", f"data.shuffle_seed={1234 + seed}",
+               f"data.document_masking={str(masking).lower()}", "train.progress=false", "train.tensorboard=false",
+               "eval.tasks=[doc_perplexity,perplexity,passkey]", f"eval.lengths=[{','.join(map(str, LENGTHS))}]",
+               f"eval.num_samples={args.samples}", *args.override]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        if done.returncode:
+            raise RuntimeError(f"{out} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return out
+
+
+def byte_frequency_floor(args) -> dict[str, float]:
+    """Per length: the perplexity of the `doc_perplexity` windows under their own unigram frequencies."""
+    from fsframework.config import load_config
+    from fsframework.data.mixture import heldout_streams
+    from fsframework.eval.perplexity import heldout_documents
+
+    cfg = load_config(str(REPO / "yamls" / "quickstart.yaml"), [])
+    location = heldout_streams(cfg, build=False)[0].location
+    docs = heldout_documents(location, 256, LENGTHS[0] + 1, args.samples, count_at=LENGTHS[-1] + 1)
+    floor = {}
+    for n in LENGTHS:
+        rows = [d[:n + 1] for d in docs if len(d) >= n + 1][:args.samples]
+        targets = np.concatenate([r[1:] for r in rows])
+        p = np.bincount(targets, minlength=260) / len(targets)
+        floor[str(n)] = float(math.exp(-np.log(p[targets]).mean()))
+    return floor
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="fsl,tfpp")
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--samples", type=int, default=10, help="windows per length and task")
+    parser.add_argument("--out", default="runs/documents")
+    parser.add_argument("override", nargs="*", help="config overrides for every run (key=value)")
+    args = parser.parse_args(argv)
+    jobs = [(m, masking, int(s)) for s in args.seeds.split(",") for m in args.models.split(",")
+            for masking in (False, True)]
+    start = time.time()
+    runs = [run(args, *jobs[0])]  # the first builds the embedded corpus, the others read it
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs += list(pool.map(lambda job: run(args, *job), jobs[1:]))
+    results = []
+    for (model, masking, seed), out in zip(jobs, runs):
+        scores = json.loads((out / "eval" / "scores.json").read_text())
+        results.append({"model": model, "masking": masking, "seed": seed, "scores": scores["scores"],
+                        "documents": scores["breakdown"]["doc_perplexity"]["documents"]})
+    floor = byte_frequency_floor(args)
+    Path(args.out, "results.json").write_text(json.dumps({"results": results, "floor": floor}, indent=1))
+    lines = ["| model | documents | seed | doc ppl " + " / ".join(f"{n // 512}x" for n in LENGTHS)
+             + " | stream ppl | passkey % |", "|---|---|---|---|---|---|"]
+
+    def fmt(values: dict, digits: int = 2) -> str:
+        return " / ".join("-" if values.get(str(n)) is None else f"{values[str(n)]:.{digits}f}" for n in LENGTHS)
+
+    def passkey(values: dict) -> str:
+        return fmt(values, 0)
+    for r in results:
+        s = r["scores"]
+        lines.append(f"| {r['model']} | {'read apart' if r['masking'] else 'packed'} | {r['seed']} | "
+                     f"{fmt(s['doc_perplexity'])} | {fmt(s['perplexity'])} | "
+                     f"{passkey(s['passkey'])} |")
+    lines.append(f"| floor | byte frequencies of the same windows | | {fmt(floor)} | | a key guessed: 0 |")
+    counts = results[0]["documents"]
+    print("\n".join(lines))
+    print(f"held-out documents per length: {' / '.join(str(counts[str(n)]) for n in LENGTHS)}; "
+          f"wall time {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
