@@ -25,17 +25,24 @@ def build(
     text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
     compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
     overwrite: bool = flag("Replace an existing MDS dataset in --out", "--overwrite"),
-    eval_fraction: float = typer.Option(0.0, "--eval-fraction",
-                                        help="Fraction of the documents held out in OUT/eval (training goes to OUT/train)"),
-    eval_docs: int = typer.Option(0, "--eval-docs", help="Number of documents held out in OUT/eval (instead of a fraction)"),
+    # None: the user chose no split size, so the default 0.02 is filled to one sample (build_shards)
+    eval_fraction: Optional[float] = typer.Option(
+        None, "--eval-fraction", help="Fraction of the documents held out in OUT/eval, the rest in OUT/train "
+                                      "(default: 0.02, at least one sample; 0: no split, OUT is the training dataset)"),
+    eval_docs: Optional[int] = typer.Option(None, "--eval-docs",
+                                            help="Number of documents held out in OUT/eval (instead of a fraction)"),
     seed: int = typer.Option(0, help="Seed of the held-out draw"),
 ) -> None:
     """Tokenize INPUTS and write MDS shards (documents closed by EOS, packed to seq_len + 1).
 
-    With --eval-fraction or --eval-docs, whole documents are held out in OUT/eval, which training
-    validation, `fsf eval --tasks perplexity` and `fsf calibrate` read.
+    Whole documents are held out in OUT/eval (2% by default), which training validation,
+    `fsf eval --tasks perplexity` and `fsf calibrate` read; the rest go to OUT/train. Under the
+    default, further documents are held out until the split fills one sample, and a corpus too
+    small for one sample held out and one trained on is built without a split (a line says so).
+    A given --eval-fraction or --eval-docs is taken as is (an error when it holds less than one
+    sample); --eval-fraction 0 holds nothing out.
 
-    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096 --eval-fraction 0.02
+    Example: fsf data build corpus/*.jsonl --out shards/ --tokenizer tokenizer.json --seq-len 4096
     """
     from fsframework.data.build import DataBuildError, build_shards  # numpy: `fsf --help` starts without it
 

@@ -22,10 +22,17 @@ What is skipped and what is an error:
   or with a non-text column. These mean the inputs or the options are wrong, so
   a shard built from them would be silently wrong.
 
-Held-out split: with `eval_fraction` or `eval_docs`, whole documents are drawn (seeded,
+Held-out split (docs/training.md, "Validation loss"): whole documents are drawn (seeded,
 independent of the number of workers) into `out_dir/eval`, the rest go to `out_dir/train`;
-training validation, `fsf eval --tasks perplexity` and `fsf calibrate` read `eval`. Without
-either, `out_dir` itself is the training dataset and has no held-out split.
+training validation, `fsf eval --tasks perplexity` and `fsf calibrate` read `eval`. By default
+`DEFAULT_EVAL_FRACTION` (2%) of the documents are held out, as the embedded corpus holds out
+`data.eval_fraction`, so a dataset built without options validates and evaluates. Under that
+default the split is made to fill at least one sample: when the drawn documents hold fewer
+than `seq_len + 1` tokens, further documents are held out in a seeded order until they do;
+when that would leave training less than one sample (a tiny corpus, or a few long documents),
+the build has no held-out split and says so. An explicit `eval_fraction` or `eval_docs` is
+taken as given (too small a split is an error); `eval_fraction=0` means no split: `out_dir`
+itself is then the training dataset.
 
 `build.json` (in `out_dir`) records the recipe, including the tokenizer's identity
 (`tokenizers.tokenizer_identity`), which training checks against `data.tokenizer`.
@@ -38,6 +45,7 @@ their input order.
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import multiprocessing as mp
 import math
@@ -56,6 +64,7 @@ from fsframework.data.shards import pack_documents, write_mds
 from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
 SKIP_REASONS = ("empty", "invalid_utf8")
+DEFAULT_EVAL_FRACTION = 0.02  # held out when neither eval_fraction nor eval_docs is given (as data.eval_fraction)
 _EXTENSIONS = (".jsonl.gz", ".jsonl", ".txt", ".parquet")
 _CHUNK_BYTES = 1 << 20      # payload bytes per task sent to a worker
 _CHUNK_RECORDS = 1024       # ...or this many documents, whichever comes first
@@ -288,14 +297,34 @@ class HeldOutSplit:
     binomial draw around it (30 documents at 0.1 hold out 3, where independent draws held out none
     4% of the time). A `count`: a uniform `count` of them by reservoir sampling (a document a
     later draw displaces goes back to training). The held-out documents stay in memory until the
-    training split is written: they are the small part of the data."""
+    training split is written: they are the small part of the data.
 
-    def __init__(self, fraction: float, count: int, seed: int):
-        self.fraction, self.count = fraction, count
+    `fill_tokens` (the default split of `build_shards`, with a fraction): the split must hold at
+    least that many tokens (one sample), and training too. Every training document gets a seeded
+    uniform key (from its own generator, so the fraction's draw is the one `fraction` alone makes);
+    the training documents of smallest key that hold `fill_tokens` are kept back as a reserve (the
+    rest go to training as they come, a displaced one when it leaves the reserve). At the end, when
+    the drawn documents hold fewer than `fill_tokens`, reserve documents join them in key order (a
+    uniform draw of further documents) until they do; the rest of the reserve closes the training
+    split, in input order. When the split cannot fill one sample and leave training one, nothing is
+    held out (`dropped`): the held-out and reserve documents close the training split, in input order.
+    """
+
+    def __init__(self, fraction: float, count: int, seed: int, fill_tokens: int = 0):
+        if fill_tokens and not fraction:
+            raise ValueError("fill_tokens needs a fraction")
+        self.fraction, self.count, self.fill_tokens = fraction, count, fill_tokens
         self.rng = random.Random(seed)
         self.held: list[np.ndarray] = []
         self.seen = 0
         self.next_pick = self._pick(0, -1) if fraction else -1  # the index of the next held-out document
+        self.filled = 0          # documents held out beyond the fraction's draw to fill one sample
+        self.dropped = False     # no split: too few tokens for one sample held out and one trained on
+        self._fill_rng = random.Random(f"fill-{seed}")
+        self._held_at: list[int] = []   # input index of every held-out document (fill_tokens only)
+        self._reserve: list[tuple[float, int, np.ndarray]] = []  # max-heap on key: (-key, index, doc)
+        self._reserve_tokens = 0
+        self._train_tokens = 0   # tokens (EOS included) of every document not drawn, reserve included
 
     def train_documents(self, docs: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         """The documents of `docs` that training keeps; the others collect in `held`."""
@@ -304,7 +333,10 @@ class HeldOutSplit:
             if self.fraction:
                 if self.seen - 1 == self.next_pick:
                     self.held.append(doc)
+                    self._held_at.append(self.seen - 1)
                     self.next_pick = self._pick(len(self.held), self.next_pick)
+                elif self.fill_tokens:
+                    yield from self._keep_back(doc)
                 else:
                     yield doc
             elif len(self.held) < self.count:
@@ -314,11 +346,46 @@ class HeldOutSplit:
                 if slot < self.count:
                     self.held[slot], doc = doc, self.held[slot]
                 yield doc
+        if self.fill_tokens:
+            yield from self._fill()
 
     def _pick(self, k: int, last: int) -> int:
         """The index held out in the k-th run of 1/fraction documents (after `last`, where two
         runs' picks would meet in one document)."""
         return max(math.floor((k + self.rng.random()) / self.fraction), last + 1)
+
+    def _keep_back(self, doc: np.ndarray) -> Iterator[np.ndarray]:
+        """Adds a training document to the reserve; yields those the reserve no longer needs (the
+        largest keys, while the others still hold `fill_tokens`)."""
+        size = len(doc) + 1
+        self._train_tokens += size
+        heapq.heappush(self._reserve, (-self._fill_rng.random(), self.seen - 1, doc))
+        self._reserve_tokens += size
+        while self._reserve_tokens - (len(self._reserve[0][2]) + 1) >= self.fill_tokens:
+            _, _, out = heapq.heappop(self._reserve)
+            self._reserve_tokens -= len(out) + 1
+            yield out
+
+    def _fill(self) -> Iterator[np.ndarray]:
+        """At the end of the input: fills the split to one sample from the reserve, or drops it."""
+        held_tokens = sum(len(d) + 1 for d in self.held)
+        by_key = sorted(self._reserve, reverse=True)  # smallest key first
+        taken = 0
+        while held_tokens < self.fill_tokens and taken < len(by_key):
+            held_tokens += len(by_key[taken][2]) + 1
+            taken += 1
+        joined = [(i, d) for _, i, d in by_key[:taken]]
+        kept = [(i, d) for _, i, d in by_key[taken:]]
+        left = self._train_tokens - sum(len(d) + 1 for _, d in joined)  # for training
+        if held_tokens >= self.fill_tokens and left >= self.fill_tokens:
+            held = sorted([*zip(self._held_at, self.held), *joined], key=lambda item: item[0])
+            self.held, self.filled = [d for _, d in held], len(joined)
+        else:
+            kept = [*kept, *joined, *zip(self._held_at, self.held)]
+            self.held, self.dropped = [], True
+        self._reserve, self._held_at = [], []
+        for _, doc in sorted(kept, key=lambda item: item[0]):
+            yield doc
 
 
 # ---------------------------------------------------------------- building
@@ -327,7 +394,8 @@ def _prepare_out(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not overwrite:
             raise DataBuildError(f"{out_dir}: output directory exists and is not empty (use overwrite)")
-        if out_dir.is_dir() and not (out_dir / "index.json").is_file():
+        # a build without a split has its index in out_dir, one with a split (the default) in out_dir/train
+        if out_dir.is_dir() and not any((out_dir / sub / "index.json").is_file() for sub in (".", "train")):
             raise DataBuildError(f"{out_dir}: refusing to overwrite a directory that is not an MDS dataset")
 
 
@@ -342,14 +410,21 @@ def shard_summary(out_dir: str | Path) -> dict:
 def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "byte", seq_len: int,
                  workers: int = 1, text_field: str = "text", compression: str | None = "zstd",
                  size_limit: int = 1 << 24, overwrite: bool = False, verbose: bool = True,
-                 eval_fraction: float = 0.0, eval_docs: int = 0, seed: int = 0) -> dict:
-    """Tokenize `inputs` and write MDS shards of `seq_len + 1`-token samples to `out_dir`
-    (to `out_dir/train` and `out_dir/eval` when `eval_fraction` or `eval_docs` holds documents out).
+                 eval_fraction: float | None = None, eval_docs: int | None = None, seed: int = 0) -> dict:
+    """Tokenize `inputs` and write MDS shards of `seq_len + 1`-token samples to `out_dir/train`,
+    with whole documents held out in `out_dir/eval` (to `out_dir` itself when nothing is held out).
+
+    Held out (the module docstring): with neither `eval_fraction` nor `eval_docs` (None), the
+    default, `DEFAULT_EVAL_FRACTION` of the documents, filled to one sample or dropped when the
+    data is too small; otherwise the fraction or count given, an error when it holds less than a
+    sample; `eval_fraction=0` (or `eval_docs=0`) alone holds out nothing.
 
     Returns stats: documents, skipped (per reason), tokens (document tokens incl. EOS),
     tokens_written (in samples; the trailing partial sample is dropped), samples,
-    shards, bytes, and with a held-out split eval_documents and eval_samples. With
-    `verbose`, shows a progress bar and prints the summary.
+    shards, bytes, and with a held-out split eval_documents and eval_samples (and under the
+    default eval_filled_documents, those held out beyond the fraction to fill one sample), or
+    no_eval_split (why) where the default split was dropped. With `verbose`, shows a progress
+    bar and prints the summary.
     """
     from streaming.base.compression import is_compression
 
@@ -361,6 +436,9 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
         compression = None
     if compression is not None and not is_compression(compression):
         raise DataBuildError(f"unknown compression {compression!r}")
+    default_split = eval_fraction is None and eval_docs is None  # the user chose no split size
+    eval_fraction = DEFAULT_EVAL_FRACTION if default_split else eval_fraction or 0.0
+    eval_docs = eval_docs or 0
     if not 0.0 <= eval_fraction < 1.0:
         raise DataBuildError(f"--eval-fraction {eval_fraction} must lie in [0, 1)")
     if eval_docs < 0 or (eval_docs and eval_fraction):
@@ -395,7 +473,8 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
             if progress is not None:
                 progress.update(task_id, advance=advanced, description=f"{stats['documents']:,} documents")
 
-    split = HeldOutSplit(eval_fraction, eval_docs, seed) if eval_fraction or eval_docs else None
+    split = (HeldOutSplit(eval_fraction, eval_docs, seed, fill_tokens=seq_len + 1 if default_split else 0)
+             if eval_fraction or eval_docs else None)
     train_dir = tmp_dir / "train" if split else tmp_dir
 
     def write(docs, where: Path) -> int:
@@ -409,10 +488,23 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
             samples = write(split.train_documents(docs) if split else docs, train_dir)
             if progress is not None:
                 progress.update(task_id, completed=total_bytes)
+        note = None
+        if split and split.dropped:  # the default split, too small: out_dir is the training dataset
+            note = (f"no held-out split: {stats['documents']:,} documents of {stats['tokens']:,} tokens do not fill "
+                    f"one sample of {seq_len + 1} tokens held out and one for training; validation and perplexity "
+                    "need more data, or documents held out with --eval-fraction or --eval-docs")
+            split = None
+            if train_dir.is_dir():
+                for entry in train_dir.iterdir():
+                    os.replace(entry, tmp_dir / entry.name)
+                train_dir.rmdir()
+            train_dir = tmp_dir
         if samples == 0:
             raise DataBuildError(f"inputs hold {stats['tokens']} tokens{' for training' if split else ''}, "
                                  f"fewer than one sample of {seq_len + 1}; nothing written")
         stats.update(samples=samples, tokens_written=samples * (seq_len + 1), **shard_summary(train_dir))
+        if note:
+            stats.update(no_eval_split=note)
         if split:
             held_tokens = sum(len(d) + 1 for d in split.held)
             eval_samples = write(split.held, tmp_dir / "eval") if held_tokens > seq_len else 0
@@ -420,9 +512,12 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
                 raise DataBuildError(f"the {len(split.held)} held-out documents hold {held_tokens} tokens, fewer "
                                      f"than one sample of {seq_len + 1}: raise --eval-fraction or --eval-docs")
             stats.update(eval_documents=len(split.held), eval_samples=eval_samples)
+            if default_split:
+                stats.update(eval_filled_documents=split.filled)
         recipe = {"inputs": [str(p) for p in paths], "tokenizer": tok.name, "seq_len": seq_len,
                   "text_field": text_field, "compression": compression, "eval_fraction": eval_fraction,
-                  "eval_docs": eval_docs, "seed": seed, "tokenizer_identity": tokenizer_identity(tok)}
+                  "eval_docs": eval_docs, "eval_default": default_split, "seed": seed,
+                  "tokenizer_identity": tokenizer_identity(tok)}
         (tmp_dir / "build.json").write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
@@ -430,6 +525,8 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     if verbose:
+        if note:
+            print(note, flush=True)
         print_summary(stats, out_dir)
     return stats
 
@@ -454,5 +551,9 @@ def print_summary(stats: dict, out_dir: str | Path) -> None:
                        ("bytes", f"{stats['bytes']:,}")):
         table.add_row(key, value)
     if "eval_samples" in stats:
-        table.add_row("held out (eval/)", f"{stats['eval_documents']:,} documents, {stats['eval_samples']:,} samples")
+        filled = stats.get("eval_filled_documents")
+        table.add_row("held out (eval/)", f"{stats['eval_documents']:,} documents, {stats['eval_samples']:,} samples"
+                      + (f" ({filled:,} added to fill one sample)" if filled else ""))
+    else:
+        table.add_row("held out", "none")
     Console().print(table)

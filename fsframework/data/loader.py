@@ -40,8 +40,11 @@ def _split_location(source: str, split: str) -> str:
     if split == "train" and (Path(root) / "index.json").is_file():
         return root
     if split == "eval" and ((Path(root) / "index.json").is_file() or (Path(root) / "train" / "index.json").is_file()):
+        # built with --eval-fraction 0, or too small for the default split (`fsf data build` said so)
         raise FileNotFoundError(f"dataset {source!r} has no held-out split ({local} is missing): rebuild it with "
-                                f"`fsf data build ... --out {source} --eval-fraction 0.02` (or --eval-docs N)")
+                                f"`fsf data build ... --out {source} --overwrite`, which holds out 2% of the "
+                                "documents (--eval-fraction F or --eval-docs N to choose; a corpus too small for it "
+                                "needs more data)")
     raise FileNotFoundError(f"dataset {source!r}: no MDS index at {local / 'index.json'} "
                             "(build shards with `fsf data build`)")
 

@@ -1,4 +1,7 @@
-"""Building MDS shards from text files, reading them back, bad input, inspect, CLI."""
+"""Building MDS shards from text files, reading them back, bad input, inspect, CLI.
+
+The packing tests build without a held-out split (`eval_fraction=0.0`), so the output directory is the
+dataset itself and its samples are every document in input order (the split: tests/data/test_heldout.py)."""
 
 import gzip
 import json
@@ -64,7 +67,7 @@ def test_build_txt(tmp_path):
     for i, doc in enumerate(DOCS):
         files.append(tmp_path / f"doc{i}.txt")
         files[-1].write_text(doc, encoding="utf-8")
-    stats = build_shards([str(f) for f in files], tmp_path / "out", seq_len=16, verbose=False)
+    stats = build_shards([str(f) for f in files], tmp_path / "out", seq_len=16, eval_fraction=0.0, verbose=False)
     assert stats["documents"] == len(DOCS) and stats["skipped"] == {"empty": 0, "invalid_utf8": 0}
     assert stats["tokens"] == len(expected_stream(DOCS)[0])
     samples = read_back(tmp_path / "out")
@@ -77,7 +80,7 @@ def test_build_txt(tmp_path):
 def test_build_jsonl(tmp_path, name):
     path = write_jsonl(tmp_path / name, DOCS, field="content")
     stats = build_shards([str(path)], tmp_path / "out", seq_len=8, text_field="content",
-                         size_limit=1 << 10, verbose=False)
+                         size_limit=1 << 10, eval_fraction=0.0, verbose=False)
     assert stats["documents"] == len(DOCS) and stats["shards"] > 1
     check_samples(read_back(tmp_path / "out"), DOCS, 8)
 
@@ -87,7 +90,8 @@ def test_build_parquet(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     table = pa.table({"text": DOCS[:3] + [None] + DOCS[3:], "n": list(range(len(DOCS) + 1))})
     pq.write_table(table, tmp_path / "docs.parquet", row_group_size=2)
-    stats = build_shards([str(tmp_path / "docs.parquet")], tmp_path / "out", seq_len=12, verbose=False)
+    stats = build_shards([str(tmp_path / "docs.parquet")], tmp_path / "out", seq_len=12, eval_fraction=0.0,
+                         verbose=False)
     assert stats["documents"] == len(DOCS) and stats["skipped"]["empty"] == 1
     check_samples(read_back(tmp_path / "out"), DOCS, 12)
 
@@ -101,7 +105,7 @@ def test_mixed_inputs_keep_order_and_count_skips(tmp_path):
     raw = ("\n".join(lines) + "\n").encode() + b'{"text": "bad \xff byte"}\n'
     (tmp_path / "b.jsonl").write_bytes(raw)
     inputs = [str(tmp_path / n) for n in ("a.txt", "empty.txt", "bad.txt", "b.jsonl")]
-    stats = build_shards(inputs, tmp_path / "out", seq_len=8, verbose=False)
+    stats = build_shards(inputs, tmp_path / "out", seq_len=8, eval_fraction=0.0, verbose=False)
     assert stats["documents"] == 3
     assert stats["skipped"] == {"empty": 4, "invalid_utf8": 3}
     check_samples(read_back(tmp_path / "out"), DOCS[:3], 8)
@@ -166,11 +170,19 @@ def test_parquet_missing_column(tmp_path):
 
 def test_existing_output(tmp_path):
     (tmp_path / "a.txt").write_text(DOCS[2])
-    build_shards([str(tmp_path / "a.txt")], tmp_path / "out", seq_len=8, verbose=False)
+    build_shards([str(tmp_path / "a.txt")], tmp_path / "out", seq_len=8, eval_fraction=0.0, verbose=False)
     with pytest.raises(DataBuildError, match="not empty"):
         build_shards([str(tmp_path / "a.txt")], tmp_path / "out", seq_len=8, verbose=False)
-    stats = build_shards([str(tmp_path / "a.txt")], tmp_path / "out", seq_len=16, overwrite=True, verbose=False)
+    stats = build_shards([str(tmp_path / "a.txt")], tmp_path / "out", seq_len=16, overwrite=True, eval_fraction=0.0,
+                         verbose=False)
     assert inspect(tmp_path / "out", verbose=False)["seq_len"] == 16 and stats["samples"] > 0
+    # a dataset with a held-out split (index.json in train/ and eval/) is replaced too, by either layout
+    write_jsonl(tmp_path / "d.jsonl", DOCS * 4)
+    for eval_fraction in (0.2, None, 0.0):
+        build_shards([str(tmp_path / "d.jsonl")], tmp_path / "out", seq_len=8, overwrite=True,
+                     eval_fraction=eval_fraction, verbose=False)
+        assert (tmp_path / "out" / "train").is_dir() == (eval_fraction != 0.0)
+        assert (tmp_path / "out" / "index.json").is_file() == (eval_fraction == 0.0)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep.txt").write_text("mine")
     with pytest.raises(DataBuildError, match="not an MDS dataset"):
@@ -186,16 +198,18 @@ def test_workers_give_identical_shards(tmp_path):
         stats = build_shards([str(path)], out, seq_len=64, workers=workers, size_limit=1 << 14, verbose=False)
         outs.append((out, stats))
     (a, sa), (b, sb) = outs
-    assert sa == sb and sa["shards"] > 1
-    names = sorted(p.name for p in a.iterdir() if p.name != "build.json")
-    assert names == sorted(p.name for p in b.iterdir() if p.name != "build.json")
+    assert sa == sb and sa["shards"] > 1 and sa["eval_documents"] == 60  # the default split: 2% of 3000
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file() and p.name != "build.json")
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file() and p.name != "build.json")
+    assert any(name.startswith("eval/") for name in names)
     for name in names:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 def test_inspect_and_corruption(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", DOCS * 4)
-    stats = build_shards([str(path)], tmp_path / "out", seq_len=8, size_limit=1 << 10, verbose=False)
+    stats = build_shards([str(path)], tmp_path / "out", seq_len=8, size_limit=1 << 10, eval_fraction=0.0,
+                         verbose=False)
     info = inspect(tmp_path / "out", sample=4, verbose=False)
     assert info["samples"] == stats["samples"] and info["shards"] == stats["shards"] > 2
     assert info["tokens"] == stats["samples"] * 9 and info["seq_len"] == 8
@@ -218,7 +232,7 @@ def test_inspect_and_corruption(tmp_path):
 
 def test_inspect_checks_decompressed_copies(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", DOCS * 4)
-    build_shards([str(path)], tmp_path / "out", seq_len=8, size_limit=1 << 10, verbose=False)
+    build_shards([str(path)], tmp_path / "out", seq_len=8, size_limit=1 << 10, eval_fraction=0.0, verbose=False)
     read_back(tmp_path / "out")  # the loader leaves decompressed shard.NNNNN.mds copies
     raw = tmp_path / "out" / "shard.00002.mds"
     assert raw.is_file()
@@ -239,7 +253,9 @@ def test_cli(tmp_path):
     res = runner.invoke(app, ["data", "build", str(path), "--out", str(out), "--seq-len", "8",
                               "--text-field", "body", "--workers", "1"])
     assert res.exit_code == 0, res.output
-    assert "documents" in res.output
+    assert "documents" in res.output and "held out (eval/)" in res.output
+    assert (out / "train" / "index.json").is_file() and (out / "eval" / "index.json").is_file()
+    out = out / "train"
     res = runner.invoke(app, ["data", "inspect", str(out), "--sample", "2"])
     assert res.exit_code == 0, res.output
     assert "samples" in res.output and "sample 2" in res.output

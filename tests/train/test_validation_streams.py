@@ -67,7 +67,8 @@ def test_training_logs_each_streams_validation_loss_and_their_mix(streams, tmp_p
 
 
 def test_a_stream_without_held_out_split_is_named_before_any_work(streams, tmp_path):
-    run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32")
+    run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32",
+            "--eval-fraction", "0")
     run = tmp_path / "run"
     mixture = f"data.streams=[{{path: {streams / 'prose'}}}, {{path: {tmp_path / 'no_eval'}}}]"
     proc = run_fsf("train", QUICKSTART, f"run_dir={run}", mixture, *TINY, "train.max_steps=2", "train.eval_every=1",
@@ -133,7 +134,8 @@ def test_mixture_windows_share_the_count_by_weight():
 
 
 def test_calibrate_names_a_stream_without_held_out_split(streams, tmp_path):
-    run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32")
+    run_fsf("data", "build", str(streams / "digits.jsonl"), "--out", str(tmp_path / "no_eval"), "--seq-len", "32",
+            "--eval-fraction", "0")
     run = tmp_path / "fs"
     run_fsf("train", QUICKSTART, f"run_dir={run}", f"data.streams=[{{path: {streams / 'prose'}}}, "
             f"{{path: {tmp_path / 'no_eval'}}}]", *TINY, *FS)
