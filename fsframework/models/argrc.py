@@ -103,12 +103,14 @@ class TreeScan(nn.Module):
     """Every application of the cell in one forward pass, as one call of this module.
 
     `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
-    leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism.
+    leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism; with
+    `documents`, of each packed document from its own start (`fsframework.models.documents`: the
+    documents of each length scanned together, inside this one call).
 
     Why one module call: ZeRO-3 gathers a module's parameters at every call of it, with a
     collective over all ranks. The ranks of a sequence-parallel group apply the cell different
-    numbers of times (their slices cut into different trees), so per-application gathers
-    would not pair up across ranks. DeepSpeed is told to treat this module as a leaf (the
+    numbers of times (their slices cut into different trees; with document masking, their rows
+    hold documents of different lengths), so per-application gathers would not pair up across ranks. DeepSpeed is told to treat this module as a leaf (the
     model's `zero3_leaf_modules`): the cell's parameters are gathered once when the scan starts and
     once for its backward, the same calls on every rank. The Triton tree kernel reads the
     cell's weights directly, which needs the same.
@@ -138,7 +140,10 @@ class TreeScan(nn.Module):
         itemsize = self.cell.w1.weight.element_size()
         return max(64, CELL_TILE_BYTES // (hidden * itemsize))
 
-    def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None,
+                documents: Optional[Documents] = None) -> torch.Tensor:
+        if documents is not None:
+            return documents.map(lambda rows: self.forward(rows, identity), h)
         identity = identity.to(h.dtype)
         if shard is not None:
             return sharded_inclusive_prefixes(h, self.combine(), identity, shard.slices, shard.rank,
@@ -230,19 +235,17 @@ class ARGRCLanguageModel(LanguageModel):
         """Prefix states `[B, n, D]` -> final hidden states `[B, n, E]` (the lm_head's input)."""
         return self.out_proj(self.out_drop(prefixes))
 
-    def inclusive_prefixes(self, h: torch.Tensor) -> torch.Tensor:
-        """`[B, T, D]` -> `[B, T, D]`: row `t` covers leaves `0..t`. `model.attention.impl` picks
-        the Triton tree kernel or the reference."""
-        return self.scan(h, self.identity)
+    def inclusive_prefixes(self, h: torch.Tensor, documents: Optional[Documents] = None) -> torch.Tensor:
+        """`[B, T, D]` -> `[B, T, D]`: row `t` covers leaves `0..t` (of its own document, with `documents`).
+        `model.attention.impl` picks the Triton tree kernel or the reference."""
+        return self.scan(h, self.identity, documents=documents)
 
     # --- the language-model interface (`fsframework.models.language_model`) ---
 
     def hidden_states(self, tokens: torch.Tensor, *, documents: Optional[Documents] = None) -> torch.Tensor:
         """tokens `[B, T]` -> final hidden states `[B, T, E]`; with `documents`, the scan restarts at each
         packed document's start (each is scanned as a row of its own, `fsframework.models.documents`)."""
-        leaves = self.leaves(tokens)
-        prefixes = self.inclusive_prefixes(leaves) if documents is None else documents.map(self.inclusive_prefixes, leaves)
-        return self.readout(prefixes)
+        return self.readout(self.inclusive_prefixes(self.leaves(tokens), documents))
 
     def decode_state(self, chunk: Optional[int] = None) -> ScanDecodeCache:
         """The cached-decoding form (`fsframework.models.argrc_cache`); `chunk`: prefill positions per step."""
@@ -275,8 +278,9 @@ class ARGRCLanguageModel(LanguageModel):
         """The cell: each of its calls, one per tree level, is recomputed."""
         return [self.cell]
 
-    def zero3_leaf_modules(self) -> list[type]:
-        """The scan: its ranks apply the cell different numbers of times (`TreeScan`)."""
+    def zero3_leaf_modules(self, documents: bool = False) -> list[type]:
+        """The scan: its ranks apply the cell different numbers of times (`TreeScan`), with or without
+        `documents`."""
         return [TreeScan]
 
     def shape_summary(self) -> str:

@@ -138,8 +138,10 @@ class LanguageModel(nn.Module, ABC):
         return []
 
     @abstractmethod
-    def zero3_leaf_modules(self) -> list[type]:
-        """Module classes ZeRO-3 gathers whole at each call (`fsframework.parallel.deepspeed_config`)."""
+    def zero3_leaf_modules(self, documents: bool = False) -> list[type]:
+        """Module classes ZeRO-3 gathers whole at each call (`fsframework.parallel.deepspeed_config`);
+        `documents`: packed documents are read apart (`data.document_masking`), so a sequence-mixing module
+        runs its inner modules once per document length, a number that differs between ranks."""
 
     @abstractmethod
     def shape_summary(self) -> str:

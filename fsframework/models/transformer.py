@@ -134,11 +134,14 @@ class TransformerLM(LanguageModel):
     def decoder_blocks(self) -> list[nn.Module]:
         return list(self.layers)
 
-    def zero3_leaf_modules(self) -> list[type]:
+    def zero3_leaf_modules(self, documents: bool = False) -> list[type]:
         """Under the zigzag layout the attention modules: each runs its forward once per run, and as
         leaves their projections are gathered once per layer call, not once per run
-        (`python tools/bench_zero3_layout.py`: +31% of the parameters gathered per step otherwise)."""
-        if self.parallelism is None or self.parallelism.context.layout != "zigzag":
+        (`python tools/bench_zero3_layout.py`: +31% of the parameters gathered per step otherwise).
+        With `documents` read apart too: an attention module runs once per document length, a count
+        that differs between ranks, so per-call gathers of its projections would not pair up."""
+        zigzag = self.parallelism is not None and self.parallelism.context.layout == "zigzag"
+        if not (zigzag or documents):
             return []
         return sorted({type(layer.attn) for layer in self.layers}, key=lambda c: f"{c.__module__}.{c.__qualname__}")
 

@@ -15,11 +15,11 @@ def use_bf16(cfg: Config) -> bool:
     return precision == "bf16" or (precision == "auto" and torch.cuda.is_available())
 
 
-def zero3_leaf_classes(model: Optional[LanguageModel] = None) -> list[str]:
+def zero3_leaf_classes(model: Optional[LanguageModel] = None, documents: bool = False) -> list[str]:
     """Module classes ZeRO-3 gathers whole at each call, by fully qualified name (the form DeepSpeed
     matches them by): what the model says (`LanguageModel.zero3_leaf_modules`: AR-GRC's scan, the
-    attention modules under the zigzag layout); none without a model."""
-    classes = model.zero3_leaf_modules() if model is not None else []
+    attention modules under the zigzag layout or with `documents` read apart); none without a model."""
+    classes = model.zero3_leaf_modules(documents) if model is not None else []
     return [f"{c.__module__}.{c.__qualname__}" for c in classes]
 
 
@@ -27,7 +27,7 @@ def deepspeed_config(cfg: Config, model: Optional[LanguageModel] = None) -> dict
     """The engine's config for `cfg`; `model`, the (parallelized) model it will hold, names the ZeRO-3
     leaf modules of its layout."""
     zero: dict[str, Any] = {"stage": cfg.parallel.zero_stage}
-    leaves = zero3_leaf_classes(model)
+    leaves = zero3_leaf_classes(model, cfg.data.document_masking)
     if cfg.parallel.zero_stage == 3 and leaves:
         zero["leaf_module"] = {"classes": leaves}
     return {

@@ -11,7 +11,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from deepspeed.utils.z3_leaf_module import set_z3_leaf_modules  # noqa: E402
 
-from fsframework.config import Config, ModelConfig  # noqa: E402
+from fsframework.config import Config, ModelConfig, load_config  # noqa: E402
 from fsframework.models.registry import build_model  # noqa: E402
 from fsframework.parallel.context import SPContext  # noqa: E402
 from fsframework.parallel.deepspeed_config import deepspeed_config, zero3_leaf_classes  # noqa: E402
@@ -45,3 +45,14 @@ def test_zigzag_attention_modules_are_zero3_leaves(name):
 def test_the_kinds_own_leaves_stay():
     cfg = tiny("argrc")
     assert zero3_leaf_classes(build_model(cfg.model)) == ["fsframework.models.argrc.TreeScan"]
+
+
+def test_attention_modules_are_zero3_leaves_when_documents_are_read_apart():
+    """An attention module reads a micro-batch's documents one length at a time, a number of calls of its
+    projections that differs between ranks: as a leaf, ZeRO-3 gathers them once per layer call."""
+    cfg = load_config(None, ["model.name=fs", "model.n_layers=2", "parallel.zero_stage=3",
+                             "data.document_masking=true"])
+    model = build_model(cfg.model)
+    assert zero3_leaf_classes(model) == []
+    leaves = deepspeed_config(cfg, model)["zero_optimization"]["leaf_module"]["classes"]
+    assert leaves == ["fsframework.models.freesolo_attention.FreeSoloAttention"]

@@ -126,3 +126,17 @@ def test_argrc_sp2_zero3_losses_equal_single_process(tmp_path, data_cache):
     run_fsf(*train_args(single_run, data_cache, *argrc))
     torchrun(2, *train_args(sp_run, data_cache, *argrc, *SP2_ZERO3))  # cells recomputed in backward too
     assert_close(losses(sp_run), losses(single_run))
+
+
+def test_document_masking_on_two_zero3_ranks_equals_one_rank(tmp_path):
+    """Packed documents read apart (docs/training.md, "Documents") under ZeRO-3 with activation
+    checkpointing on 2 data-parallel ranks: the losses of one rank accumulating the same 2 micro-batches.
+    A corpus of its own whose retrieval documents are shorter than a row, so rows hold several."""
+    masked = ["data.document_masking=true", "data.embedded_retrieval_docs=400", "data.embedded_python_chars=20000",
+              "data.embedded_retrieval_max_fraction=0.6"]
+    one, two, cache = tmp_path / "one", tmp_path / "two", str(tmp_path / "cache")
+    run_fsf(*train_args(one, cache, "parallel.grad_accum=2", *masked))
+    torchrun(2, *train_args(two, cache, "parallel.zero_stage=3", "train.activation_checkpointing=true", *masked))
+    assert_close(losses(two), losses(one))
+    records = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["documents_per_row"] for r in records) > 1  # rows that held several documents were read apart
