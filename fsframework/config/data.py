@@ -59,7 +59,7 @@ class DataConfig:
     source: str = "embedded"
     path: str = ""  # the data of a source that reads a path: a local MDS directory or an s3:// prefix
     streams: List[StreamConfig] = field(default_factory=list)  # a mixture; when set, it replaces the source
-    cache_dir: str = "data_cache/embedded"  # where the embedded corpus shards are written
+    cache_dir: str = "data_cache/embedded"  # the embedded corpus: one directory per build settings under it
     tokenizer: str = "byte"  # byte | path to tokenizer.json | path to sentencepiece .model
     seq_len: int = 512
     micro_batch_size: int = 4

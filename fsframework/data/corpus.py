@@ -48,32 +48,85 @@ def _split_heldout(docs: list[str], fraction: float, min_chars: int) -> tuple[li
     return docs[:count], docs[count:]
 
 
-def build_embedded_corpus(out_dir: str | Path, tokenizer, seq_len: int, *, python_chars: int,
-                          retrieval_docs: int, eval_fraction: float, seed: int = 0,
-                          retrieval_max_fraction: float = 1.5) -> dict:
-    """Write `out_dir/train` and `out_dir/eval` MDS datasets (skipped when the same build exists)."""
-    from fsframework.data.shards import pack_documents, write_mds  # numpy: `fsf data` imports this module at start-up
+# written last into a build: a directory holding it is complete
+RECIPE = "recipe.json"
 
-    out_dir = Path(out_dir)
-    recipe = {"tokenizer": tokenizer.name, "seq_len": seq_len, "python_chars": python_chars,
-              "retrieval_docs": retrieval_docs, "retrieval_max_fraction": retrieval_max_fraction,
-              "eval_fraction": eval_fraction, "seed": seed, "version": 7}
-    stamp = out_dir / "recipe.json"
-    if stamp.is_file() and json.loads(stamp.read_text()).get("recipe") == recipe:
-        return json.loads(stamp.read_text())["stats"]
+# Bumped whenever the build writes other shards from the same settings (document order, packing,
+# the retrieval documents' text, the split), so an older cache is never taken for a current one.
+FORMAT_VERSION = 8
+
+
+def embedded_recipe(tokenizer, seq_len: int, *, python_chars: int, retrieval_docs: int, eval_fraction: float,
+                    seed: int = 0, retrieval_max_fraction: float = 1.5) -> dict:
+    """Everything the shards of one build depend on: the settings, the tokenizer's contents (not its
+    path: the same file elsewhere builds the same shards), the Python whose standard library gives
+    the text, and the format version."""
+    import platform
+
+    from fsframework.data.tokenizers import tokenizer_identity
+
+    identity = tokenizer_identity(tokenizer)
+    return {"tokenizer": {key: identity[key] for key in ("vocab_size", "eos_id", "sha256")},
+            "seq_len": seq_len, "python_chars": python_chars, "retrieval_docs": retrieval_docs,
+            "retrieval_max_fraction": retrieval_max_fraction, "eval_fraction": eval_fraction, "seed": seed,
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
+            "version": FORMAT_VERSION}
+
+
+def embedded_corpus_dir(cache_dir: str | Path, recipe: dict) -> Path:
+    """The directory of the build of `recipe` under `cache_dir`: `seq<seq_len>-<hash>`, the hash of the
+    whole recipe, so builds of other settings (another length, tokenizer, size) sit side by side
+    and none is ever rewritten in place."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:8]
+    return Path(cache_dir) / f"seq{recipe['seq_len']}-{digest}"
+
+
+def build_embedded_corpus(cache_dir: str | Path, tokenizer, seq_len: int, *, python_chars: int,
+                          retrieval_docs: int, eval_fraction: float, seed: int = 0,
+                          retrieval_max_fraction: float = 1.5) -> Path:
+    """Build the `train` and `eval` MDS datasets of these settings under `cache_dir` (once: an existing
+    build is used as it is) and return their directory (`embedded_corpus_dir`).
+
+    The build is written to a temporary directory beside it, renamed into place only when complete:
+    a crashed build leaves no half-written corpus at the name readers look at, and of two builds
+    racing, the second to finish finds the first one's in place and uses it."""
+    import os
+    import secrets
     import shutil
 
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    # retrieval documents are `retrieval_max_fraction / 2 .. retrieval_max_fraction` x seq_len characters
-    docs = embedded_documents(python_chars, retrieval_docs, doc_chars=int(seq_len * retrieval_max_fraction), seed=seed,
-                              tokenizer=tokenizer)
-    eval_docs, train_docs = _split_heldout(docs, eval_fraction, min_chars=64 * seq_len)
-    stats = {}
-    for split, split_docs in (("train", train_docs), ("eval", eval_docs)):
-        if not split_docs:
-            continue
-        samples = pack_documents((tokenizer.encode(d) for d in split_docs), seq_len, tokenizer.eos_id)
-        stats[split] = write_mds(samples, out_dir / split)
-    stamp.write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
-    return stats
+    from fsframework.data.shards import pack_documents, write_mds  # numpy: `fsf data` imports this module at start-up
+
+    recipe = embedded_recipe(tokenizer, seq_len, python_chars=python_chars, retrieval_docs=retrieval_docs,
+                             eval_fraction=eval_fraction, seed=seed, retrieval_max_fraction=retrieval_max_fraction)
+    out_dir = embedded_corpus_dir(cache_dir, recipe)
+    # Shards written straight into `cache_dir` (the layout before keyed builds) are left alone and
+    # never read: the corpus is rebuilt under its keyed directory.
+    if (out_dir / RECIPE).is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # a dot name no reader looks at, on the same filesystem so the rename is atomic
+    tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        # retrieval documents are `retrieval_max_fraction / 2 .. retrieval_max_fraction` x seq_len characters
+        docs = embedded_documents(python_chars, retrieval_docs, doc_chars=int(seq_len * retrieval_max_fraction),
+                                  seed=seed, tokenizer=tokenizer)
+        eval_docs, train_docs = _split_heldout(docs, eval_fraction, min_chars=64 * seq_len)
+        stats = {}
+        for split, split_docs in (("train", train_docs), ("eval", eval_docs)):
+            if not split_docs:
+                continue
+            samples = pack_documents((tokenizer.encode(d) for d in split_docs), seq_len, tokenizer.eos_id)
+            stats[split] = write_mds(samples, tmp / split)
+        (tmp / RECIPE).write_text(json.dumps({"recipe": recipe, "stats": stats}, indent=1))
+        try:
+            os.rename(tmp, out_dir)
+        except OSError:
+            if not (out_dir / RECIPE).is_file():
+                raise
+            # another build of the same settings finished first: its corpus is the same, use it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

@@ -18,7 +18,7 @@ import torch
 
 from fsframework.config import Config, ConfigError
 from fsframework.config.sources import data_path, reads_text
-from fsframework.data.corpus import build_embedded_corpus
+from fsframework.data.corpus import build_embedded_corpus, embedded_corpus_dir, embedded_recipe
 from fsframework.data.inspect_shards import ShardError, read_index, read_shard
 from fsframework.data.masks import loss_weights, recall_masks
 from fsframework.data.sample_loader import SampleCountingLoader
@@ -99,19 +99,37 @@ def check_data_fits(cfg: Config, heldout_for: str | None = None) -> None:
                 raise FileNotFoundError(f"{heldout_for} reads the held-out split: {exc}") from None
 
 
+def _embedded_settings(cfg: Config) -> dict:
+    """The arguments of `build_embedded_corpus` and `embedded_recipe` from `cfg.data`."""
+    data = cfg.data
+    return {"tokenizer": load_tokenizer(data.tokenizer), "seq_len": data.seq_len,
+            "python_chars": data.embedded_python_chars, "retrieval_docs": data.embedded_retrieval_docs,
+            "eval_fraction": data.eval_fraction, "retrieval_max_fraction": data.embedded_retrieval_max_fraction,
+            "seed": 0}
+
+
+def embedded_corpus_location(cfg: Config) -> Path:
+    """The directory of the embedded corpus of `cfg` (built or not): `data.cache_dir/seq<N>-<hash>`, keyed
+    by everything the build depends on (`fsframework.data.corpus.embedded_recipe`). Training,
+    validation, `fsf eval`, `fsf calibrate` and a resumed run all find the corpus through here."""
+    return embedded_corpus_dir(cfg.data.cache_dir, embedded_recipe(**_embedded_settings(cfg)))
+
+
+def derived_data_location(cfg: Config) -> str | None:
+    """A line naming where the run's text lies when the config does not spell it out (the embedded
+    corpus's keyed directory, training prints it), else None."""
+    if reads_text(cfg) and not cfg.data.streams and not data_path(cfg):
+        return f"embedded corpus: {embedded_corpus_location(cfg)}"
+    return None
+
+
 def prepare_data_dir(cfg: Config, split: str = "train", *, build: bool = True) -> str:
     """Location of the single MDS dataset for `split` (`train` or `eval`): the shards at `data.path`
-    (data.source=shards), else the embedded corpus, built on first use."""
-    data = cfg.data
+    (data.source=shards), else the embedded corpus (`embedded_corpus_location`), built on first use."""
     if data_path(cfg):
         return _split_location(data_path(cfg), split)
-    root = Path(data.cache_dir)
-    if build:
-        build_embedded_corpus(root, load_tokenizer(data.tokenizer), data.seq_len,
-                              python_chars=data.embedded_python_chars,
-                              retrieval_docs=data.embedded_retrieval_docs, eval_fraction=data.eval_fraction,
-                              retrieval_max_fraction=data.embedded_retrieval_max_fraction,
-                              seed=0)
+    root = build_embedded_corpus(cfg.data.cache_dir, **_embedded_settings(cfg)) if build else \
+        embedded_corpus_location(cfg)
     return str(root / split)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
 from fsframework.config import Config, check_world_size, to_yaml
-from fsframework.data.loader import check_data_fits, check_shard_files
+from fsframework.data.loader import check_data_fits, check_shard_files, derived_data_location
 from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
@@ -113,6 +113,9 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.run.config.write_text(to_yaml(cfg))
             source_streams(cfg, build=True)  # builds the built-in corpus once, before other ranks read it
+            located = derived_data_location(cfg)  # a directory derived from the config: say which
+            if located:
+                self.log(escape(located))
         barrier()
         streams = source_streams(cfg, build=False)  # none for generated rows
         check_shard_files([location for location, _ in streams])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,11 +27,13 @@ def test_embedded_corpus_builds_and_loads(tmp_path):
     cfg = load_config(None, [f"data.cache_dir={tmp_path}", "data.seq_len=128", "data.micro_batch_size=3",
                              "data.embedded_python_chars=100000", "data.embedded_retrieval_docs=20"])
     train_dir = prepare_data_dir(cfg, "train")
-    stats = (tmp_path / "recipe.json").read_text()
-    assert '"train"' in stats and (tmp_path / "eval" / "index.json").is_file()
-    mtime = (tmp_path / "train" / "index.json").stat().st_mtime
-    prepare_data_dir(cfg, "train")  # same recipe: reused, not rebuilt
-    assert (tmp_path / "train" / "index.json").stat().st_mtime == mtime
+    root = Path(train_dir).parent
+    assert root.parent == tmp_path and re.fullmatch(r"seq128-[0-9a-f]{8}", root.name)
+    stats = (root / "recipe.json").read_text()
+    assert '"train"' in stats and (root / "eval" / "index.json").is_file()
+    mtime = (root / "train" / "index.json").stat().st_mtime
+    assert prepare_data_dir(cfg, "train") == train_dir  # same recipe: reused, not rebuilt
+    assert (root / "train" / "index.json").stat().st_mtime == mtime
 
     dataset = make_streaming_dataset(train_dir, batch_size=3, shuffle=False, seed=0)
     loader = TokenLoader(dataset, batch_size=3)

@@ -3,8 +3,12 @@ CI, and in these tests), a plain line per logging interval, checkpoint and valid
 summary, whatever `train.progress` says; no line is wrapped."""
 
 import re
+from pathlib import Path
 
 import pytest
+
+from fsframework.config import load_config
+from fsframework.data.loader import embedded_corpus_location
 
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
 
@@ -17,6 +21,11 @@ def test_plain_lines_per_interval_checkpoint_validation_and_end(tmp_path, data_c
                    "train.ckpt_every=2", "train.eval_every=2", "train.eval_batches=1", f"train.progress={progress}",
                    "train.tensorboard=false")
     lines = proc.stdout.splitlines()
+    # the corpus's directory under data.cache_dir, keyed by its settings, as every reader finds it
+    cfg = load_config(REPO / "yamls" / "quickstart.yaml", [f"data.cache_dir={data_cache}", *TINY_DATA])
+    corpus = embedded_corpus_location(cfg)
+    assert f"embedded corpus: {corpus}" in lines and corpus.parent == Path(data_cache), proc.stdout
+    assert (corpus / "train" / "index.json").is_file()
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 2, proc.stdout
     assert re.fullmatch(r"step 2/4  loss \d+\.\d{4}  lr \S+  tokens/s [\d,]+  TFLOP/s \S+  rss [\d,]+ MB  "
