@@ -30,7 +30,9 @@ RESUME_RULES: dict[str, str] = {
     "model.attention.fsb": GIVEN,  # FS-B reads the same weights its own way
     "data": ANNOUNCED,
     "data.seq_len": REFUSED, "data.tokenizer": REFUSED,
-    "data.cache_dir": GIVEN, "data.num_workers": GIVEN, "data.eval_fraction": GIVEN,
+    # data.eval_fraction is announced with the rest of data: the embedded corpus's training split is
+    # keyed by it (fsframework.data.corpus), so another value trains on other documents
+    "data.cache_dir": GIVEN, "data.num_workers": GIVEN,
     "optim": APPLIED, "train.max_steps": APPLIED,
     "train": GIVEN,
     "train.short_seq_len": ANNOUNCED, "train.short_seq_steps": ANNOUNCED,
