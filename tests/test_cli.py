@@ -156,6 +156,26 @@ def test_version_flags_examples_and_task_names_in_the_help():
     assert all(re.search(rf"\b{name}\b", tasks_help) for name in TASKS)
 
 
+def _command_paths(command, path=()):
+    """Every command of the `fsf` tree, groups included, as its words after `fsf`."""
+    yield list(path)
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _command_paths(sub, (*path, name))
+
+
+def test_no_help_shows_a_type_after_a_flag():
+    """typer prints a boolean flag's type, `<bool>`, where an option's value goes (`--help <bool>`);
+    a flag takes no value, and no command's help shows one."""
+    import typer
+
+    paths = list(_command_paths(typer.main.get_command(app)))
+    assert ["data", "build"] in paths and ["generate"] in paths and len(paths) > 15
+    for path in paths:
+        res = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0 and "--help" in res.output, path
+        assert "<bool>" not in res.output, (path, res.output)
+
+
 def line_of(text: str, needle: str) -> str:
     return next(line for line in text.splitlines() if needle in line)
 

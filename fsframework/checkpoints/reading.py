@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from fsframework.checkpoints.layout import (CONFIG_FILE, ENGINE_TAG, EXPORT_HF_CONFIG, EXPORT_WEIGHTS, FP32_FILE,
                                             CheckpointError, RunDir, checkpoint_tokenizer, client_state_name,
                                             is_export, read_config, resolve_checkpoint)
+from fsframework.quiet import merging_zero_shards
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -222,7 +223,7 @@ class Checkpoint:
         if any(ds_dir.glob("zero_pp_rank_*_mp_rank_*_optim_states.pt")) and not _has_full_module(ds_dir):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            with weights_only_loads():  # DeepSpeed's merge reads every shard through safe_load
+            with weights_only_loads(), merging_zero_shards():  # DeepSpeed's merge reads every shard through safe_load
                 try:
                     state = get_fp32_state_dict_from_zero_checkpoint(str(self.path), tag=ENGINE_TAG)
                 except CheckpointError:

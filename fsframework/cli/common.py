@@ -41,6 +41,26 @@ def flag(help: str, *names: str):
     return typer.Option(False, *names, help=help, metavar="")
 
 
+class _BareFlags:
+    """A command whose help shows every boolean flag bare, its own `--help` included: typer prints
+    a flag's type, `<bool>`, in the column of the values an option takes, and a flag takes none."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_bool_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class BareFlagsCommand(_BareFlags, typer.core.TyperCommand):
+    pass
+
+
+class BareFlagsGroup(_BareFlags, typer.core.TyperGroup):
+    pass
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     """Print `error: MESSAGE` to stderr and exit with `code`."""
     from rich.console import Console

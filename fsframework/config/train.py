@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 from fsframework.config.checks import ConfigError, choice, positive, positive_fields
 from fsframework.config.kinds import has_decoder_blocks, is_freesolo
+from fsframework.quiet import LOG_LEVELS
 
 if TYPE_CHECKING:
     from fsframework.config.job import Config
@@ -39,6 +40,9 @@ class TrainConfig:
     stop_at_step: Optional[int] = None  # end this invocation early (after a checkpoint); the schedule still spans max_steps
     progress: bool = True
     tensorboard: bool = True
+    # quiet: the libraries' messages that say nothing to a user of fsframework are filtered
+    # (fsframework.quiet lists them and why); verbose: shown, with DeepSpeed's INFO lines
+    log_level: str = "quiet"
     # sequence-length warmup: for the first `short_seq_steps` steps every sample is cut into
     # seq_len / short_seq_len shorter sequences (same tokens per step); 0 = off
     short_seq_len: int = 0
@@ -108,6 +112,7 @@ def check_train(cfg: Config) -> None:
                           "(early stopping counts validation evaluations)")
     _check_compile(cfg)
     choice("train.nonfinite", t.nonfinite, ("stop", "skip"))
+    choice("train.log_level", t.log_level, LOG_LEVELS)
     positive("train.nonfinite_max_skips", t.nonfinite_max_skips)
     for name in t.preempt_signals:
         choice("train.preempt_signals", name, PREEMPT_SIGNALS)

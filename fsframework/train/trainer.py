@@ -21,6 +21,7 @@ import torch
 from rich.markup import escape
 from torch import nn
 
+from fsframework import quiet
 from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
 from fsframework.config import Config, check_world_size, to_yaml
@@ -108,6 +109,7 @@ class Trainer:
         import deepspeed
 
         cfg = self.cfg
+        quiet.set_log_level(cfg.train.log_level)  # after DeepSpeed's import, which sets its logger's level
         if self.dist.is_main:
             self.tokenizer = writing.read_tokenizer(cfg.data.tokenizer)  # written into every checkpoint
             self.run_dir.mkdir(parents=True, exist_ok=True)
