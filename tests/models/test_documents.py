@@ -111,3 +111,24 @@ def test_masking_never_adds_work(name):
     assert 0 < masked.macs <= whole.macs, (whole.macs, masked.macs)
     assert masked.written <= 1.75 * whole.written, (whole.written, masked.written)
     assert masked.largest <= whole.largest, (whole.largest, masked.largest)
+
+
+def test_masking_under_sequence_parallelism_is_refused_in_one_line():
+    from fsframework.config import load_config
+    from fsframework.config.checks import ConfigError
+
+    with pytest.raises(ConfigError, match="data.document_masking=true with parallel.sp=2"):
+        load_config(None, ["data.document_masking=true", "parallel.sp=2"])
+
+
+def test_the_target_that_crosses_into_the_next_document_is_not_scored():
+    import numpy as np
+
+    from fsframework.data.loader import window_batch
+
+    tokens = np.arange(7)[None]
+    doc_ids = np.array([[0, 0, 0, 1, 1, 2, 2]])
+    batch = window_batch(tokens, doc_ids, skip_boundary_targets=True)
+    assert batch["targets"].tolist() == [[1, 2, -100, 4, -100, 6]]  # 3 and 5 start documents
+    assert batch["doc_ids"].tolist() == [[0, 0, 0, 1, 1, 2]]  # the inputs' documents
+    assert window_batch(tokens, doc_ids)["targets"].tolist() == [[1, 2, 3, 4, 5, 6]]
