@@ -2,7 +2,10 @@
 
 A fault is `KIND:RANK:STEP`: `raise` makes rank RANK raise at the start of optimizer step
 STEP (1-based), `hang` makes it sleep forever there (its peers must notice through the
-process-group timeout), `nan` makes that rank's loss of that step NaN (`train.nonfinite`).
+process-group timeout), `stall` makes it block there in a system call that signals do not
+interrupt (a read of a pipe nobody writes to, restarted by the kernel like a collective's
+socket read: no Python signal handler runs, as in a step stuck in a long kernel), `nan`
+makes that rank's loss of that step NaN (`train.nonfinite`).
 It enters as a wrapper of the source table (`fsframework.data.source_table.register_wrapper`,
 docs/training.md): the rank's source raises, hangs or serves a batch whose recall weights are NaN.
 
@@ -26,7 +29,7 @@ from fsframework.data.sources import Batch, BatchSource, WrappedSource
 from fsframework.parallel.health import RankFailure
 
 FAULT_ENV = "FSF_FAULT"
-KINDS = ("raise", "hang", "nan")
+KINDS = ("raise", "hang", "stall", "nan")
 
 
 def parse(spec: str) -> tuple[str, int, int]:
@@ -36,7 +39,7 @@ def parse(spec: str) -> tuple[str, int, int]:
             raise ValueError
         return kind, int(rank), int(step)
     except ValueError:
-        raise ValueError(f"{FAULT_ENV}={spec!r} must look like raise:RANK:STEP, hang:RANK:STEP or nan:RANK:STEP") from None
+        raise ValueError(f"{FAULT_ENV}={spec!r} must look like KIND:RANK:STEP, KIND one of {', '.join(KINDS)}") from None
 
 
 class FaultySource(WrappedSource):
@@ -58,6 +61,9 @@ class FaultySource(WrappedSource):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             while True:
                 time.sleep(3600)
+        if self.kind == "stall":
+            read_end, self._write_end = os.pipe()  # the write end stays open: no end-of-file either
+            os.read(read_end, 1)  # never returns
         return {**batch, "weights": torch.full(batch["targets"].shape, float("nan"))}
 
 

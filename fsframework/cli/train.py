@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, TypeVar
 
@@ -18,6 +20,7 @@ from fsframework.config.kinds import check_trainable
 from fsframework.parallel.health import RankFailure
 
 T = TypeVar("T")
+RANK_ZERO_FIRST_S = 5.0  # how long the other ranks wait for rank 0 to report a bad input and exit
 
 
 def guarded(step: Callable[[], T]) -> T:
@@ -39,9 +42,32 @@ def guarded(step: Callable[[], T]) -> T:
         fail(str(exc))
 
 
+@contextmanager
+def said_by_rank_zero() -> Iterator[None]:
+    """Checks that every rank of a job makes alike (the config, the paths it names): their
+    errors and warnings are printed by rank 0 alone, one line per job rather than one per rank.
+    The other ranks exit with the same code, silently, and a few seconds late: torchrun stops
+    the ranks still running when one ends, and rank 0 must have said why by then."""
+    if os.environ.get("RANK", "0") == "0":
+        yield
+        return
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    except typer.Exit as exc:
+        if exc.exit_code:
+            time.sleep(RANK_ZERO_FIRST_S)  # cut short by the launcher's SIGTERM once rank 0 has ended
+        raise
+
+
 def trainable_config(config: Path, overrides: Optional[List[str]]):
     """The job's config; exits 2 when its model is a read path only (FS-B: train fs, read it with fsb),
     or when a path it names is of the wrong kind: run_dir a file, train.init_from missing."""
+    with said_by_rank_zero():
+        return _trainable_config(config, overrides)
+
+
+def _trainable_config(config: Path, overrides: Optional[List[str]]):
     cfg = load_job_config(config, overrides)
     try:
         check_trainable(cfg.model.name)

@@ -295,3 +295,21 @@ class TokenLoader(StreamSource):
         iteration = getattr(self.dataset, "_iterator", None)  # streaming's state of the epoch under way
         if iteration is not None:
             iteration.non_blocking_exit()
+
+
+def unlink_shared_memory() -> None:
+    """Unlink the shared memory blocks that streaming created in this process, leaving them mapped
+    (a thread may still read them). For a process about to end with `os._exit` (a second SIGINT,
+    fsframework.train.preemption): streaming unlinks them at exit, which `os._exit` skips, and
+    multiprocessing's resource tracker would then unlink them itself, warning of leaked objects."""
+    import gc
+
+    from streaming.base.shared.memory import SharedMemory
+
+    for obj in gc.get_objects():
+        if type(obj) is SharedMemory:  # not isinstance: it would read `__class__` of module proxies, some of which warn
+            for shm in obj.created_shms:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:  # unlinked already (a peer process, or streaming itself)
+                    pass

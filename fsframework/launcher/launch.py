@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fsframework.config import Config, to_yaml
+from fsframework.launcher.agent import QUIET_CODES
 from fsframework.launcher.errors import LaunchError
 from fsframework.launcher.plan import LaunchPlan, make_plan, node_commands, shell_join, with_snapshot
 from fsframework.launcher.run import run_command
@@ -103,7 +104,9 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
     if plan.nodes > 1 and plan.launcher == "torchrun":
         console.print(f"starting {label}; start the other nodes with their own --node-rank "
                       f"(or `bash {snap.dir / 'command.sh'} NODE_RANK`)")
-    result = run_command(argv, plan.env())
+    result = run_command(argv, plan.env(), forward_signals=plan.launcher == "torchrun")
+    if result.returncode in QUIET_CODES and plan.launcher == "torchrun":
+        return result.returncode  # stopped on purpose (Ctrl-C, preemption, bad input): the ranks said so
     if result.returncode:
         who = f"rank {result.failed_rank}" if result.failed_rank is not None else "a rank"
         console.print(f"[bold red]error:[/] {who} failed and ended the job ({plan.launcher} exit code "

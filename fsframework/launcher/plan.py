@@ -48,6 +48,8 @@ class LaunchPlan:
     gpus_per_node: int
     launcher: str = "torchrun"
     master_addr: str = "127.0.0.1"
+    # False when nothing named node 0's address (--slurm: the allocation's first host, known at run time)
+    master_addr_given: bool = True
     master_port: int = DEFAULT_PORT
     job_name: str = "fsf"
     rdzv: bool = False  # multi-node torchrun: c10d rendezvous instead of fixed node ranks
@@ -92,6 +94,7 @@ def make_plan(*, run_dir: str, sp: int, nodes: int, gpus_per_node: int, launcher
     hosts = tuple(read_hostfile(hostfile, nodes=nodes, gpus_per_node=gpus_per_node)) if hostfile else ()
     if launcher == "deepspeed" and nodes > 1 and not hosts:
         raise LaunchError(f"--launcher deepspeed on {nodes} nodes needs --hostfile (lines 'HOST slots=N')")
+    master_addr_given = master_addr is not None or bool(hosts) or nodes == 1
     if master_addr is None:
         if hosts:
             master_addr = hosts[0].name
@@ -107,7 +110,7 @@ def make_plan(*, run_dir: str, sp: int, nodes: int, gpus_per_node: int, launcher
         omp_threads = int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     job_name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(run_dir).name) or "fsf"
     return LaunchPlan(nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher, master_addr=master_addr,
-                      master_port=master_port, job_name=job_name, rdzv=rdzv, hosts=hosts,
+                      master_addr_given=master_addr_given, master_port=master_port, job_name=job_name, rdzv=rdzv, hosts=hosts,
                       hostfile=Path(hostfile).resolve() if hostfile else None, omp_threads=omp_threads)
 
 
@@ -120,15 +123,23 @@ def train_args(plan: LaunchPlan) -> list[str]:
     return ["fsframework", "train", str(plan.config)]
 
 
+def agent_command() -> list[str]:
+    """torchrun, as `fsframework.launcher.agent` runs it: the job ends as its ranks did (exit
+    code 130 on Ctrl-C, 75 when preempted, 2 on bad input, each said in one line by the ranks)
+    instead of in torchrun's failure report and exit code 1. The interpreter of `fsf`, so ranks
+    run the same Python environment even when it is not activated."""
+    return [sys.executable, "-m", "fsframework.launcher.agent"]
+
+
 def torchrun_command(plan: LaunchPlan, node_rank: int | str = 0, *, master_addr: str | None = None) -> list[str]:
-    """`torchrun ...` for one node. `node_rank` / `master_addr` may be Shell values that
-    a batch script expands on each node."""
+    """`torchrun ...` (through `agent_command`) for one node. `node_rank` / `master_addr` may be
+    Shell values that a batch script expands on each node."""
     addr = master_addr if master_addr is not None else plan.master_addr
-    argv = [_executable("torchrun"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(plan.gpus_per_node)]
+    argv = [*agent_command(), "--nnodes", str(plan.nodes), "--nproc_per_node", str(plan.gpus_per_node)]
     if plan.nodes > 1 and plan.rdzv:
         # Ranks are handed out by the rendezvous, so node_rank would be ignored; omit it.
         argv += ["--rdzv_id", plan.job_name, "--rdzv_backend", "c10d",
-                 "--rdzv_endpoint", f"{addr}:{plan.master_port}"]
+                 "--rdzv_endpoint", (Shell if isinstance(addr, Shell) else str)(f"{addr}:{plan.master_port}")]
     else:
         argv += ["--node_rank", node_rank if isinstance(node_rank, Shell) else str(node_rank),
                  "--master_addr", addr, "--master_port", str(plan.master_port)]

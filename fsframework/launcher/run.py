@@ -38,17 +38,31 @@ def failed_rank_from(lines: list[str]) -> int | None:
     return None
 
 
-def run_command(argv: list[str], env: dict[str, str]) -> RunResult:
-    """Run ARGV with ENV added to this environment (PYTHONPATH prepended); wait for it."""
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_command(argv: list[str], env: dict[str, str], *, forward_signals: bool = False) -> RunResult:
+    """Run ARGV with ENV added to this environment (PYTHONPATH prepended); wait for it.
+
+    `forward_signals` (the torchrun agent, `fsframework.launcher.agent`): ARGV runs in a session
+    of its own, so a terminal's Ctrl-C reaches this process alone, and SIGINT, SIGTERM and
+    SIGHUP are passed on to it, each once; it passes them to the ranks and ends as they do.
+    Without the new session the agent would get a Ctrl-C twice (from the terminal and from
+    here), and two SIGINTs abort the ranks without waiting for the step to end."""
     full = dict(os.environ)
     for key, value in env.items():
         if key == "PYTHONPATH" and full.get(key):
             value = value + os.pathsep + full[key]
         full[key] = value
     try:
-        proc = subprocess.Popen(argv, env=full, stderr=subprocess.PIPE, text=True, bufsize=1)
+        proc = subprocess.Popen(argv, env=full, stderr=subprocess.PIPE, text=True, bufsize=1,
+                                start_new_session=forward_signals)
     except FileNotFoundError:
         raise LaunchError(f"{argv[0]} not found; install torch (torchrun) / deepspeed in this environment") from None
+    previous = {}
+    if forward_signals:
+        for signum in FORWARDED:
+            previous[signum] = signal.signal(signum, lambda signum, frame: proc.send_signal(signum))
     tail: list[str] = []
     try:
         for line in proc.stderr:
@@ -65,6 +79,9 @@ def run_command(argv: list[str], env: dict[str, str]) -> RunResult:
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
             proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     # A launcher killed by signal N reports -N; shells report 128 + N, which is a valid exit status.
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     return RunResult(code, failed_rank_from(tail) if code else None)

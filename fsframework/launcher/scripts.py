@@ -55,10 +55,32 @@ def command_script(plan: LaunchPlan, invocation: str) -> str:
               f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{plan.omp_threads}}}"]
     if plan.launcher == "deepspeed":
         lines.append(f"exec {shell_join(deepspeed_command(plan))}")
-    else:
+    elif plan.nodes == 1:
         argv = torchrun_command(plan, Shell('"$NODE_RANK"'))
         lines += ["NODE_RANK=${1:-0}", f"exec {shell_join(argv)}"]
+    else:
+        argv = torchrun_command(plan, Shell('"$NODE_RANK"'), master_addr=Shell('"$MASTER_ADDR"'))
+        lines += ["NODE_RANK=${1:-0}", *_master_addr_lines(plan), f"exec {shell_join(argv)}"]
     return "\n".join(lines) + "\n"
+
+
+def _master_addr_lines(plan: LaunchPlan) -> list[str]:
+    """Shell lines that set MASTER_ADDR, node 0's address, on every node of a multi-node job, or
+    stop with one line when nothing names it: 127.0.0.1 would start a job of its own on each node."""
+    if plan.master_addr_given:
+        lines = ["# Node 0's address: MASTER_ADDR from the environment, else the one given at launch.",
+                 f"MASTER_ADDR=${{MASTER_ADDR:-{shlex.quote(plan.master_addr)}}}"]
+    else:
+        lines = ["# Node 0's address: MASTER_ADDR from the environment, else the first host of the SLURM allocation.",
+                 'if [ -z "${MASTER_ADDR:-}" ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then',
+                 '    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+                 "fi"]
+    lines += ['if [ -z "${MASTER_ADDR:-}" ]; then',
+              f'    echo "error: no address of node 0 for this {plan.nodes}-node job: set MASTER_ADDR, or run '
+              'inside the SLURM allocation" >&2',
+              "    exit 2",
+              "fi"]
+    return lines
 
 
 def slurm_script(plan: LaunchPlan, options: SlurmOptions, *, script: Path, log_dir: Path) -> str:

@@ -25,7 +25,7 @@ from fsframework import quiet
 from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
 from fsframework.config import Config, check_world_size, to_yaml
-from fsframework.data.loader import check_data_fits, check_shard_files, derived_data_location
+from fsframework.data.loader import check_data_fits, check_shard_files, derived_data_location, unlink_shared_memory
 from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.models.compile import compile_blocks
 from fsframework.models.registry import build_model, check_trainable, count_parameters
@@ -326,6 +326,9 @@ class Trainer:
             return "no checkpoint was written yet: a rerun starts from step 0"
         return f"a rerun resumes from {self.last_checkpoint} (step {int(self.last_checkpoint.name.split('_')[-1])})"
 
+    def abort_line(self) -> str:
+        return f"aborted by a second SIGINT during step {self.state.step + 1}, without a checkpoint: {self.resume_hint()}"
+
     def stop_on_request(self, stops: StopRequests, saved: bool) -> None:
         """At a step boundary: act on a signal any rank received (collective). Preemption saves
         a checkpoint (unless this step's was just written) and raises RunStopped(EXIT_PREEMPTED);
@@ -367,6 +370,10 @@ class Trainer:
             self.check_resume()
             self.build()
             self.maybe_resume()
+            # a second SIGINT ends the process from another thread, mid-step: its one line names
+            # the checkpoint a rerun resumes from, said by the main rank only
+            stops.abort_message, stops.report = self.abort_line, self.dist.is_main
+            stops.before_abort = unlink_shared_memory
             return self._loop(stops)
         finally:
             stops.restore()

@@ -266,3 +266,130 @@ def test_failing_rank_is_named_and_its_exit_code_returned(tmp_path, capsys):
     result = run_command([sys.executable, str(fake)], {"PYTHONPATH": "x"})
     assert result.returncode == 3 and result.failed_rank == 1
     assert "RuntimeError: boom" in capsys.readouterr().err  # passed through as it came
+
+
+@pytest.mark.parametrize("args, given", [(("--slurm", "--dry-run"), None),
+                                         (("--master-addr", "node0", "--dry-run"), "node0"),
+                                         (("--master-addr", "node0", "--rdzv", "--dry-run"), "node0")],
+                         ids=["slurm", "master-addr", "rdzv"])
+def test_two_node_command_script_takes_node_0_from_the_scheduler_or_refuses(tmp_path, args, given):
+    """`bash command.sh NODE_RANK` on every node: node 0's address comes from MASTER_ADDR, the SLURM
+    allocation or the launch's --master-addr, never 127.0.0.1; with none it stops in one line."""
+    res, snap = launch(tmp_path, "--nodes", "2", "--gpus-per-node", "2", *args)
+    assert res.exit_code == 0, res.output
+    script = snap / "command.sh"
+    assert "127.0.0.1" not in script.read_text()
+    bin_dir = tmp_path / "bin"  # stand-ins: scontrol names the allocation's hosts; python prints its arguments
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\nprintf "gpu-a\\ngpu-b\\n"\n')
+    (bin_dir / "python").write_text('#!/bin/sh\necho "$@"\n')
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    text = script.read_text().replace(f"exec {sys.executable} ", f"exec {bin_dir / 'python'} ")
+    script.write_text(text)
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "SLURM_JOB_NODELIST")}
+    base["PATH"] = f"{bin_dir}:{base['PATH']}"
+
+    def run(**env):
+        return subprocess.run(["bash", str(script), "1"], env={**base, **env}, capture_output=True, text=True)
+
+    endpoint = "--rdzv_endpoint {}:29500" if "--rdzv" in args else "--master_addr {} --master_port 29500"
+    done = run()
+    if given is None:
+        assert done.returncode == 2 and done.stdout == "", done
+        assert done.stderr.strip().splitlines() == ["error: no address of node 0 for this 2-node job: set "
+                                                    "MASTER_ADDR, or run inside the SLURM allocation"]
+    else:
+        assert done.returncode == 0 and endpoint.format(given) in done.stdout, done
+    done = run(SLURM_JOB_NODELIST="gpu-[a-b]")
+    assert done.returncode == 0 and endpoint.format(given or "gpu-a") in done.stdout, done
+    done = run(MASTER_ADDR="10.0.0.7", SLURM_JOB_NODELIST="gpu-[a-b]")
+    assert done.returncode == 0 and endpoint.format("10.0.0.7") in done.stdout, done
+    if "--rdzv" not in args:
+        assert '--node_rank 1 ' in done.stdout
+
+
+@pytest.mark.parametrize("first, codes, expected", [
+    (130, [130, 130], 130), (75, [75, -15], 75), (2, [2, 2], 2), (130, [130, 1], None), (1, [1, 130], None),
+    (-9, [-9, 130], None), (0, [0], None)])
+def test_the_agent_ends_as_the_ranks_did(first, codes, expected):
+    from fsframework.launcher.agent import job_exit_code
+
+    assert job_exit_code(first, codes) == expected
+
+
+def _job(tmp_path: Path, *argv: str, signal_after_steps: int | None = None, sig=None):
+    """Run ARGV in a process group of its own, as a shell runs a command in a terminal; optionally
+    send `sig` to the whole group (a terminal's Ctrl-C) once `signal_after_steps` more steps are logged."""
+    import signal as signals
+    import time
+
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    before = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.Popen(list(argv), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        if signal_after_steps is not None:
+            deadline = time.monotonic() + 180
+            while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= before + signal_after_steps):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.1)
+            os.killpg(proc.pid, sig or signals.SIGINT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signals.SIGKILL)
+    return proc.returncode, out, err
+
+
+TINY = ("data.seq_len=64", "data.micro_batch_size=2", "data.embedded_python_chars=200000",
+        "data.embedded_retrieval_docs=40", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+        "model.name=tfpp", "train.max_steps=100000", "train.ckpt_every=3", "optim.warmup_steps=2",
+        "train.progress=false", "train.tensorboard=false")
+
+
+def _launch_cmd(tmp_path: Path, data_cache: str) -> list[str]:
+    return [sys.executable, "-m", "fsframework", "launch", QUICKSTART, f"run_dir={tmp_path / 'run'}",
+            f"data.cache_dir={data_cache}", *TINY, "--gpus-per-node", "2"]
+
+
+@pytest.mark.ranks
+def test_ctrl_c_under_fsf_launch_ends_with_the_ranks_line_and_130(tmp_path, data_cache):
+    """2 CPU ranks: a Ctrl-C (SIGINT to the terminal's process group) ends `fsf launch` with the
+    ranks' one line and code 130; no SignalException traceback or ChildFailedError report."""
+    from fsframework.train.preemption import EXIT_INTERRUPTED
+
+    code, out, err = _job(tmp_path, *_launch_cmd(tmp_path, data_cache), signal_after_steps=4)
+    assert code == EXIT_INTERRUPTED, out + err
+    assert len([line for line in out.splitlines() if "interrupted (SIGINT) at step" in line]) == 1, out
+    assert "a rerun resumes from" in out and "error:" not in out + err
+    assert err.strip() == "", err
+
+
+@pytest.mark.ranks
+def test_sigterm_under_fsf_launch_ends_with_the_preemption_line_and_75(tmp_path, data_cache):
+    import signal as signals
+
+    from fsframework.train.preemption import EXIT_PREEMPTED
+
+    code, out, err = _job(tmp_path, *_launch_cmd(tmp_path, data_cache), signal_after_steps=4, sig=signals.SIGTERM)
+    assert code == EXIT_PREEMPTED, out + err
+    assert "preempted (SIGTERM) at step" in out and "error:" not in out + err
+    assert err.strip() == "", err
+
+
+@pytest.mark.ranks
+def test_a_config_error_under_torchrun_is_one_line_from_rank_0(tmp_path):
+    """Every rank finds the typo; rank 0 alone says so. The agent of `fsf launch` then ends with
+    that line and code 2; raw torchrun adds its own failure report and exit code 1 (its agent's
+    output, which the ranks cannot change)."""
+    args = ["--nproc_per_node", "2", "-m", "fsframework", "train", QUICKSTART, f"run_dir={tmp_path / 'run'}",
+            "parallel.sp=2", "train.max_stepz=3"]
+    line = "error: invalid config key 'train.max_stepz'"
+    code, out, err = _job(tmp_path, sys.executable, "-m", "fsframework.launcher.agent", *args)
+    assert code == 2 and out == "", out + err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(line), err
+    code, out, err = _job(tmp_path, sys.executable, "-m", "torch.distributed.run", *args)
+    assert code == 1 and err.count(line) == 1, err
+    assert not (tmp_path / "run").exists()

@@ -70,6 +70,36 @@ def test_sigterm_checkpoints_and_exits_for_requeue_then_sigint_names_the_resume_
     assert "Traceback" not in err and find_latest(run_dir / "checkpoints") == saved  # SIGINT writes nothing
 
 
+def test_a_second_sigint_aborts_a_step_that_does_not_end(tmp_path, data_cache):
+    """Step 4 blocks in a system call that the kernel restarts after a signal (like a long kernel or
+    a collective), so no Python handler runs: the first SIGINT waits for a boundary that never
+    comes, the second ends the process at once with one line naming the checkpoint of step 2."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tests.faults", *_args(run_dir, data_cache, "train.ckpt_every=2")]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                 "FSF_FAULT": "stall:0:4"})
+    try:
+        deadline = time.monotonic() + 120
+        while _steps_logged(run_dir) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # into step 4
+        proc.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):  # the first waits for the end of the step
+            proc.wait(timeout=2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    saved = run_dir / "checkpoints" / "step_00000002"
+    assert err.strip().splitlines() == [f"aborted by a second SIGINT during step 4, without a checkpoint: a rerun "
+                                        f"resumes from {saved} (step 2)"], err
+    assert find_latest(run_dir / "checkpoints") == saved
+
+
 def test_a_nan_loss_skips_its_update_under_zero2(tmp_path, data_cache, monkeypatch):
     """One rank under ZeRO-2 (whose optimizer differs from ZeRO-3's, which the two-rank test below
     runs): train.nonfinite=skip leaves the weights of the NaN step as they were, the next step
