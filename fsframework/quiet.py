@@ -125,9 +125,12 @@ def merging_zero_shards() -> Iterator[None]:
 _python_format = warnings.formatwarning  # Python's own, for every other warning
 
 
-def _one_line_for_ours(message, category, filename, lineno, line=None) -> str:
-    from fsframework.checkpoints.layout import CheckpointWarning
+class UserFacingWarning(UserWarning):
+    """A warning of the framework's own that is a message for the user (e.g. `CheckpointWarning`, a
+    damaged checkpoint skipped), printed as one line without the source line that raised it."""
 
-    if issubclass(category, CheckpointWarning):  # a message for the user, not a place in the code
+
+def _one_line_for_ours(message, category, filename, lineno, line=None) -> str:
+    if issubclass(category, UserFacingWarning):  # a message for the user, not a place in the code
         return f"warning: {message}\n"
     return _python_format(message, category, filename, lineno, line)

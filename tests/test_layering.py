@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "fsf_kernels": 0,
     "fsframework.ops": 1,
+    "fsframework.quiet": 1.5,  # the libraries' warning filters: config declares the log levels, every layer may use it
     "fsframework.config": 2,
     "fsframework.models": 3,
     "fsframework.data": 4,

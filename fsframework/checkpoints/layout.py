@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from fsframework.config import Config, load_run_config
+from fsframework.quiet import UserFacingWarning
 
 MANIFEST = "MANIFEST.json"
 CONFIG_FILE = "config.yaml"  # in a run directory and in every checkpoint
@@ -60,7 +61,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt, or its weights do not fit the model."""
 
 
-class CheckpointWarning(UserWarning):
+class CheckpointWarning(UserFacingWarning):
     """A damaged checkpoint was skipped in favour of an older one."""
 
 

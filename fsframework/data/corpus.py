@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fsframework.data.retrieval_docs import key_words, retrieval_document
 from fsframework.data.stdlib_text import stdlib_code, stdlib_prose
+from fsframework.data.tokenizers import tokenizer_identity
 
 
 def embedded_documents(python_chars: int, retrieval_docs: int, doc_chars: int, seed: int = 0,
@@ -62,8 +63,6 @@ def embedded_recipe(tokenizer, seq_len: int, *, python_chars: int, retrieval_doc
     path: the same file elsewhere builds the same shards), the Python whose standard library gives
     the text, and the format version."""
     import platform
-
-    from fsframework.data.tokenizers import tokenizer_identity
 
     identity = tokenizer_identity(tokenizer)
     return {"tokenizer": {key: identity[key] for key in ("vocab_size", "eos_id", "sha256")},

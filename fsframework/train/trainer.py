@@ -21,7 +21,7 @@ import torch
 from rich.markup import escape
 from torch import nn
 
-from fsframework import quiet
+import fsframework.quiet as quiet
 from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
 from fsframework.config import Config, check_world_size, to_yaml
