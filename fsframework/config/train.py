@@ -73,6 +73,14 @@ class TrainConfig:
     # one device's dense peak TFLOP/s for the logged MFU (fsframework.train.throughput); 0: the
     # table's figure for a known GPU at the run's precision, none (TFLOP/s only) on a CPU
     peak_tflops: float = 0.0
+    # before the first step, a step's peak memory is estimated from the config
+    # (fsframework.train.memory_estimate) and a run whose estimate exceeds 90% of the device's memory
+    # is refused, naming the longest data.seq_len that fits: a step that cannot fit would otherwise
+    # swap or be killed after minutes; false: the estimate is only said
+    memory_check: bool = True
+    # the memory (GB) the estimate is compared with; 0: the device's (a GPU's total memory, the
+    # host's available memory on a CPU)
+    memory_limit_gb: float = 0.0
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -103,6 +111,7 @@ def check_train(cfg: Config) -> None:
     positive("train.early_stop_patience", t.early_stop_patience, zero_ok=True)
     positive("train.loss_chunk", t.loss_chunk, zero_ok=True)
     positive("train.peak_tflops", t.peak_tflops, zero_ok=True)
+    positive("train.memory_limit_gb", t.memory_limit_gb, zero_ok=True)
     positive("train.profile.steps", t.profile.steps, zero_ok=True)
     positive("train.profile.start", t.profile.start)
     for rank in t.profile.ranks:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTE
                                           StopRequests)
 from fsframework.train.resume_config import apply_optimizer_settings
 from fsframework.train.profiling import StepProfiler
+from fsframework.train.memory_estimate import check_memory
 from fsframework.train.schedule import lr_factor
 from fsframework.train.throughput import StepClock, device_peak_tflops, peak_memory_mb, step_record
 from fsframework.train.validation import validation_sets
@@ -444,7 +446,21 @@ class Trainer:
         return self.state
 
 
+def check_step_memory(cfg: Config) -> None:
+    """Before any work: a step's estimated peak memory against the device's, said by the main rank;
+    a ConfigError (one line, naming what fits) when it does not fit (fsframework.train.memory_estimate).
+    The device and the ranks come from the launcher's environment, as init_distributed reads them."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    # a CPU host's memory is shared by the ranks on it; a GPU's is its own rank's
+    on_host = 1 if cuda else int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    main = os.environ.get("RANK", "0") == "0"
+    check_memory(cfg, cuda=cuda, world_size=world, ranks_per_device=on_host, bf16=use_bf16(cfg),
+                 log=(lambda line: console.print(escape(line), soft_wrap=True)) if main else (lambda line: None))
+
+
 def train(cfg: Config) -> TrainState:
     check_trainable(cfg.model.name)  # a read path only (FS-B) has no training of its own
+    check_step_memory(cfg)  # before the data, the run directory and the engine
     check_data_fits(cfg, heldout_for=f"train.eval_every={cfg.train.eval_every}" if cfg.train.eval_every else None)
     return Trainer(cfg).fit()
