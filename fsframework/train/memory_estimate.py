@@ -89,9 +89,12 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
+
 from fsframework.config import Config
 from fsframework.config.checks import ConfigError
 from fsframework.config.kinds import is_freesolo, kind_facts
+from fsframework.models.registry import build_model
 
 GB = 1e9
 # the share of the device's memory a step may take: the rest is the process itself (the
@@ -142,10 +145,6 @@ class MemoryEstimate:
 
 def parameter_count(cfg: Config) -> int:
     """The model's parameters, counted on a model built on the meta device (no memory, exact)."""
-    import torch
-
-    from fsframework.models.registry import build_model
-
     with torch.device("meta"):
         model = build_model(cfg.model)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
