@@ -40,6 +40,10 @@ class KindFacts:
     # a TransformerLM of decoder blocks around an attention module; False: a language model of its own
     # (AR-GRC), which brings its own cached decoding and sequence parallelism
     decoder_blocks: bool = True
+    # what its attention keeps in training beyond a block's activations (fsframework.train.memory_estimate):
+    # "window" (the chunked window op's tiles), "bias" (ALiBi's explicit bias masks, `H T^2 / 2`),
+    # "tile" (rewired's transient score tile), "" (a fused kernel: nothing)
+    attention_memory: str = ""
 
     def __post_init__(self):
         if self.routing not in ("", *ROUTINGS) or self.keys not in KEY_SPANS:
@@ -71,17 +75,18 @@ _FSB_SETTINGS = tuple((name, f"fsb.{name}") for name in ("top_k", "beam_width", 
 
 KIND_FACTS: dict[str, KindFacts] = {kind.name: kind for kind in (
     KindFacts("tfpp", "prefix", "Transformer++: full causal attention, RoPE"),
-    KindFacts("swa", "window", "sliding-window attention, RoPE"),
-    KindFacts("alibi", "prefix", "full causal attention, ALiBi bias"),
+    KindFacts("swa", "window", "sliding-window attention, RoPE", attention_memory="window"),
+    KindFacts("alibi", "prefix", "full causal attention, ALiBi bias", attention_memory="bias"),
     KindFacts("sinusoidal", "prefix", "full causal attention, sinusoidal absolute positions",
               absolute_positions=True),
     KindFacts("fs", "prefix", "FreeSolo: RoPE window + routed NoPE cells", routing="fs",
-              read_settings=(("top_k", "top_k"),)),
+              read_settings=(("top_k", "top_k"),), attention_memory="window"),
     KindFacts("fsl", "retained", "FreeSolo-L: FS routing over a norm-pruned prefix", routing="fsl",
-              read_settings=(("top_k", "top_k"),)),
+              read_settings=(("top_k", "top_k"),), attention_memory="window"),
     KindFacts("fsb", "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)", routing="fsb",
-              trained_as="fs", calibrated=True, read_settings=_FSB_SETTINGS),
-    KindFacts("rewired", "prefix", "runway-rewired causal attention, RoPE (docs/rewired.md)"),
+              trained_as="fs", calibrated=True, read_settings=_FSB_SETTINGS, attention_memory="window"),
+    KindFacts("rewired", "prefix", "runway-rewired causal attention, RoPE (docs/rewired.md)",
+              attention_memory="tile"),
     # AR-GRC has no attention (no keys read, no layer cache): a learned cell composed by a tree scan
     KindFacts("argrc", "", "AR-GRC: log-depth recurrent LM, a gated cell over a Blelloch scan",
               decoder_blocks=False),

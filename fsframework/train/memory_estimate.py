@@ -175,17 +175,16 @@ def _activation_bytes(cfg: Config, bf16: bool) -> tuple[float, float]:
     per_token = BLOCK_D * D + BLOCK_F * m.ffn_hidden  # elements of one layer
     per_layer_fixed = 0.0  # elements of one layer not proportional to the tokens
     transient = 0.0
-    window_kind = m.name == "swa" or is_freesolo(m.name)
-    if window_kind:
+    if facts.attention_memory == "window":
         per_token += WINDOW_EXTRA_D * D
         if a.impl == "reference":
             c = max(WINDOW_CHUNK["reference"], a.window)
             per_token += 2 * m.n_heads * 2 * c
     if is_freesolo(m.name):
         per_token += READOUT_EXTRA_D * D
-    if m.name == "alibi":  # the explicit bias masks, one per chunk, shared by the rows
+    if facts.attention_memory == "bias":  # the explicit bias masks, one per chunk, shared by the rows
         per_layer_fixed += m.n_heads * (seq / sp) * seq / 2
-    if m.name == "rewired":
+    if facts.attention_memory == "tile":
         transient += 3 * b * m.n_heads * REWIRED_TILE * seq * FP32
     if sp > 1 and facts.keys in ("prefix", "retained"):
         per_layer_fixed += PREFIX_GATHER_D * D * b * seq
