@@ -34,13 +34,9 @@ class Documents:
         self.shape = tuple(doc_ids.shape)
         bsz, length = self.shape
         device = doc_ids.device
-        starts = torch.ones_like(doc_ids, dtype=torch.bool)
-        starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+        starts = _starts(doc_ids)
         flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # row * T + start, in packed order
-        ends = torch.cat((flat_starts[1:], flat_starts.new_tensor([bsz * length])))
-        # a run ends at the next start or at its row's end (rows never share a document)
-        ends = torch.minimum(ends, (flat_starts // length + 1) * length)
-        lengths = ends - flat_starts
+        lengths = _lengths(flat_starts, bsz * length)
         # the position of every token inside its document (the positions a document read alone has)
         index = torch.arange(bsz * length, device=device)
         run = torch.cumsum(starts.reshape(-1).long(), 0) - 1
@@ -73,12 +69,22 @@ class Documents:
         return packed[self.inverse].view(*self.shape, *packed.shape[1:])
 
 
-def document_lengths(doc_ids: torch.Tensor) -> list[int]:
-    """The lengths of the documents packed in `doc_ids` `[B, T]`, row by row."""
+def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` bool: where a document starts (every row's first position, and wherever the id changes)."""
     starts = torch.ones_like(doc_ids, dtype=torch.bool)
     starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    flat = starts.reshape(-1).nonzero().squeeze(1)
-    return torch.diff(flat, append=flat.new_tensor([doc_ids.numel()])).tolist()
+    return starts
+
+
+def _lengths(flat_starts: torch.Tensor, total: int) -> torch.Tensor:
+    """Each document's length from the flat indices of the starts: a document ends at the next start
+    (every row begins with one, so no document runs past its row's end)."""
+    return torch.diff(flat_starts, append=flat_starts.new_tensor([total]))
+
+
+def document_lengths(doc_ids: torch.Tensor) -> list[int]:
+    """The lengths of the documents packed in `doc_ids` `[B, T]`, row by row."""
+    return _lengths(_starts(doc_ids).reshape(-1).nonzero().squeeze(1), doc_ids.numel()).tolist()
 
 
 def documents_of(doc_ids: Optional[torch.Tensor]) -> Optional[Documents]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fsframework.config.kinds import KIND_NAMES
-from fsframework.models.documents import Documents
+from fsframework.models.documents import Documents, document_lengths
 from tests.utils import tiny_model
 
 VOCAB = 64
@@ -76,6 +76,7 @@ def test_document_positions_and_groups():
     docs = Documents(torch.tensor([[0, 0, 0, 1, 1, 2], [5, 5, 6, 6, 6, 6]]))
     assert docs.positions.tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 3]]
     assert docs.count == 5 and not docs.whole_rows
+    assert document_lengths(torch.tensor([[0, 0, 0, 1, 1, 2], [5, 5, 6, 6, 6, 6]])) == [3, 2, 1, 2, 4]
     assert sorted(g.shape[1] for g in docs.groups) == [1, 2, 3, 4]  # the two 2-token documents run together
     x = torch.arange(12.0).view(2, 6, 1)
     torch.testing.assert_close(docs.map(lambda rows: rows.cumsum(1), x).view(2, 6),
