@@ -14,11 +14,12 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
   grown geometrically;
 - `WindowKVCache` (SWA): a ring of the last `window` positions (SWA hands it its keys
   already rotated: `keeps_keys`);
-- `FSCache`, `FSLCache` (`fsframework.models.freesolo_cache`), `FSBCache`
-  (`fsframework.models.fsb_cache`): FreeSolo's raw keys and cell summaries, FS-L's bounded
+- FreeSolo's decode states (`FSDecodeState`, `FSLDecodeState`, `FSBDecodeState`,
+  `fsframework.ops.freesolo_decode`, `fsb_decode`): raw keys and cell summaries, FS-L's bounded
   set (a size that does not depend on the context), FS-B's forests. The cache is a
-  `LayerStateSource`: a FreeSolo layer asks it for its layer's cache (`layer_state`) and
-  that cache for both branches (`branches`) instead of for keys.
+  `LayerStateSource`: a FreeSolo layer asks it for its layer's state (`layer_state`) and hands
+  that state to the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`), which advances it,
+  instead of asking for keys.
 
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
 walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
@@ -31,7 +32,7 @@ decode state (`LanguageModel.decode_state`): a Transformer this cache, AR-GRC it
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -42,21 +43,21 @@ from fsframework.models.language_model import LanguageModel
 
 
 class DecodeCache(DecodeState, LayerStateSource):
-    """One cache per attention layer (built by the kind's `layer_class` on first use), plus
+    """One cache per attention layer (built by the kind's `layer_cache` on first use), plus
     the number of positions already processed."""
 
     keeps_keys = True  # the keys handed to `keys` are kept for later steps (`KeySource.keeps_keys`)
 
-    def __init__(self, model: nn.Module, layer_class: type, chunk: Optional[int] = None):
+    def __init__(self, model: nn.Module, layer_cache: Callable, chunk: Optional[int] = None):
         super().__init__(chunk)
         self.model = model
-        self.layer_class = layer_class  # the registry entry's `cache_class()`
+        self.layer_cache = layer_cache  # the registry entry's `cache_class()`: attention module -> layer cache
         self.layers: dict[int, object] = {}
 
     def layer_state(self, layer: int):
         """Layer `layer`'s cache, built from its attention module on first use."""
         if layer not in self.layers:
-            self.layers[layer] = self.layer_class(self.model.layers[layer].attn)
+            self.layers[layer] = self.layer_cache(self.model.layers[layer].attn)
         return self.layers[layer]
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,

@@ -25,9 +25,10 @@ from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
-from fsframework.ops.freesolo import cell_readout, select_cells, unit_gradient_gain
+from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
-from fsframework.ops.offset_attention import window_attention_at
+from fsframework.ops.freesolo_decode import FreeSoloDecodeState
+from fsframework.ops.freesolo_driver import PrefixKeys, freesolo, new_decode_state
 
 
 class FreeSoloAttention(QKVAttention):
@@ -114,7 +115,8 @@ class FreeSoloAttention(QKVAttention):
     def route(self, q: torch.Tensor, k: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         """Unrotated q of positions `[q_start, q_start + n)` and k of `[0, q_start + n)`
         `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient; FS-B: `fsb.top_k` cells,
-        docs/freesolo.md §1.8). One method, so diagnostics can measure or replace it."""
+        docs/freesolo.md §1.8). For diagnostics (experiments/routing.py): the forward pass routes inside
+        the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`), with the same call."""
         return select_cells(q, k, self.settings, self.prior, q_start=q_start)
 
     @property
@@ -135,46 +137,25 @@ class FreeSoloAttention(QKVAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
                cells: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries of `[start, start + n)` -> (local, LR), each `[B, n, H, Dh]`, before the combination.
+        """Queries of `[start, start + n)` -> (local, LR), each `[B, n, H, Dh]`, before the combination:
+        the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`) on the keys of the prefix.
 
-        Without `cells`, k and v are the keys of `[0, start + n)` and the queries are routed here.
+        Without `cells`, k and v are the keys of `[0, start + n)` and the queries are routed there.
         With `cells` `[B, n, H, K]` (a source routed them, `KeySource.routed_keys`; start a block
         boundary), k and v may be compact: any cells the queries read, then at least the
         `min(window, start)` positions before `start` and the own keys, contiguous; the cells index
         k's cells. The readout is position-free (NoPE), so it reads the same numbers either way."""
-        a = self.cfg.attention
-        n = q.shape[1]
-        if cells is None and k.shape[1] != start + n:
-            raise ValueError(f"the long-range branch needs the keys of the whole prefix [0, {start + n}), "
-                             f"got {k.shape[1]}")
-        own_at = k.shape[1] - n  # where the own keys begin in k: `start`, or later in compact keys
-        before = own_at - min(a.window, start)
-        local = window_attention_at(q, k[:, before:], v[:, before:], start, window=a.window,
-                                    rope_theta=a.rope_theta, impl=a.impl)
-        # routing takes query offsets at block boundaries: a query slice that starts mid-block
-        # (decoding) is front-padded with zero queries back to its block's start, which select
-        # the same cells as every query of that block, and their outputs are dropped
-        pad = start % a.block_size
-        if pad:
-            if cells is not None:
-                raise ValueError(f"routed cells need queries from a block boundary, got start={start}")
-            q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
-        if cells is None:
-            cells = self.route(q, k, start - pad)
-        if self.settings.readout_backward == "unit":  # learns as if read at gain 1 (docs/freesolo.md §1.6)
-            long_range = unit_gradient_gain(cell_readout(q, k, v, cells, self.settings, q_start=own_at - pad),
-                                            self.readout_gain())
-        else:
-            long_range = cell_readout(q, k, v, cells, self.settings, rms_weight=self.readout_gain(),
-                                      q_start=own_at - pad)
-        return local, long_range[:, pad:]
+        local, long_range, _ = freesolo(q, k, v, PrefixKeys(start, cells), self.settings, self.prior,
+                                        self.readout_gain())
+        return local, long_range
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
-        if isinstance(source, LayerStateSource):  # a FreeSolo decode cache reads its own state (docs/decoding.md)
-            q, k, v = self.project(x, source.start)
-            return source.layer_state(self.layer_idx).branches(q, k, v, source.start, self.readout_gain())
         q, k, v = self.project(x, source.start)
+        if isinstance(source, LayerStateSource):  # decoding: the layer's decode state, carried (docs/decoding.md)
+            state = source.layer_state(self.layer_idx).at(source.start)
+            local, long_range, _ = freesolo(q, k, v, state, self.settings, self.prior, self.readout_gain())
+            return local, long_range
         k, v, cells = source.routed_keys(self.layer_idx, q, k, v, self.key_span, self)
         return self.attend(q, k, v, source.start, cells)
 
@@ -186,6 +167,12 @@ class FreeSoloAttention(QKVAttention):
         if combine == "gate":
             long_range = torch.sigmoid(self.w_gate(x)).unsqueeze(-1).to(long_range.dtype) * long_range  # B T H 1
         return self.wo((local + long_range).flatten(2))
+
+
+def freesolo_decode_state(module: FreeSoloAttention) -> FreeSoloDecodeState:
+    """A FreeSolo layer's empty decode state (`fsframework.ops.freesolo_decode`): what the registry names as
+    the FreeSolo kinds' layer cache, built from the layer's settings alone."""
+    return new_decode_state(module.settings)
 
 
 def freesolo_layers(model: nn.Module) -> list[FreeSoloAttention]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Optional
+from typing import Callable, Optional
 
 from fsframework.config import ModelConfig
 from fsframework.config.attention import AttentionConfig
@@ -28,9 +28,7 @@ from fsframework.models import llama
 from fsframework.models.argrc import ARGRCLanguageModel
 from fsframework.models.attention import AlibiAttention, NoPositionAttention, RopeAttention, SlidingWindowAttention
 from fsframework.models.context import RetainedCells
-from fsframework.models.freesolo_attention import FreeSoloAttention
-from fsframework.models.freesolo_cache import FSCache, FSLCache
-from fsframework.models.fsb_cache import FSBCache
+from fsframework.models.freesolo_attention import FreeSoloAttention, freesolo_decode_state
 from fsframework.models.kv_cache import PrefixKVCache, WindowKVCache
 from fsframework.models.rewired_attention import RewiredAttention
 from fsframework.models.transformer import TransformerLM
@@ -46,10 +44,11 @@ class AttentionKind:
 
     facts: KindFacts
     module: Optional[type] = None  # the attention module of each decoder block; None: no attention (AR-GRC)
-    # the class of one layer's decode cache (built from the layer's attention module;
-    # fsframework.models.decode_cache): what a kind keeps of the past while decoding. None: the keys
-    # its offset form reads (every key and value for "prefix", a ring of them for "window")
-    cache: Optional[type] = None
+    # what builds one layer's decode cache from the layer's attention module (a class, or FreeSolo's
+    # `freesolo_decode_state`; fsframework.models.decode_cache): what a kind keeps of the past while
+    # decoding. None: the keys its offset form reads (every key and value for "prefix", a ring of them
+    # for "window")
+    cache: Optional[Callable] = None
     # a whole language model of its own (built from the ModelConfig) instead of a TransformerLM around
     # `module`; what it needs of ZeRO-3 and decoding it declares itself (`LanguageModel`)
     language_model: Optional[type] = None
@@ -78,7 +77,7 @@ class AttentionKind:
         """The `native_export` module, or None for an export with its own modeling code."""
         return self.native_export
 
-    def cache_class(self) -> type:
+    def cache_class(self) -> Callable:
         if self.cache is not None:
             return self.cache
         if self.keys not in _KEY_CACHES:
@@ -94,9 +93,9 @@ _CLASSES: dict[str, dict] = {
     "swa": dict(module=SlidingWindowAttention),
     "alibi": dict(module=AlibiAttention),
     "sinusoidal": dict(module=NoPositionAttention),
-    "fs": dict(module=FreeSoloAttention, cache=FSCache),
-    "fsl": dict(module=FreeSoloAttention, cache=FSLCache),
-    "fsb": dict(module=FreeSoloAttention, cache=FSBCache),
+    "fs": dict(module=FreeSoloAttention, cache=freesolo_decode_state),
+    "fsl": dict(module=FreeSoloAttention, cache=freesolo_decode_state),
+    "fsb": dict(module=FreeSoloAttention, cache=freesolo_decode_state),
     "rewired": dict(module=RewiredAttention),
     "argrc": dict(language_model=ARGRCLanguageModel),
 }

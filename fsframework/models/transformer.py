@@ -42,7 +42,7 @@ class TransformerLM(LanguageModel):
     activation_checkpointing = False  # recompute each block in backward (fsframework.models.recompute)
 
     def __init__(self, cfg: ModelConfig, attention_factory: Callable[[ModelConfig, int], nn.Module],
-                 absolute_positions: bool = False, layer_cache: Optional[type] = None):
+                 absolute_positions: bool = False, layer_cache: Optional[Callable] = None):
         super().__init__()
         self.cfg = cfg
         self.absolute_positions = absolute_positions

@@ -12,7 +12,7 @@ block into the previous top-P, so its routing is `O(N)` in time and memory.
 No `N x N` or `N x N/s` tensor is ever built.
 
 The per-block steps are ops of their own, which a decode cache calls as well
-(`fsframework.models.freesolo_cache`): `block_candidates` prepares what Eq. 7 reads of one block's
+(`fsframework.ops.freesolo_decode`): `block_candidates` prepares what Eq. 7 reads of one block's
 available cells and its `route` scores the block's queries over them (`route_candidates` does
 both), and `admit_fsl` takes FS-L's candidate set (an `FSLState`) at a block
 boundary and returns the next one.

@@ -32,7 +32,7 @@ of one `Forests` (`[G, capacity, ...]` buffers), admission is batched over them
 
 The per-block steps take and return FS-B's state (`FSBState`: the forests and their
 thresholds): `admit_fsb` at a block boundary, `route_fsb_block` for a block's queries; a decode
-cache (`fsframework.models.fsb_cache`) calls them as its blocks arrive. `select_cells_fsb` knows
+state (`fsframework.ops.fsb_decode`) calls them as its blocks arrive. `select_cells_fsb` knows
 every block's cells up front: it builds the forests of all blocks at once
 (`fsframework.ops.fsb_states`, the same nodes) and searches and rescores block by block.
 """

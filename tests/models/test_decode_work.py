@@ -47,7 +47,7 @@ def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
     """The window's keys are kept rotated (docs/decoding.md): a step rotates 1 query and 1 key per
     layer, not the whole window again."""
     import fsframework.models.attention
-    import fsframework.models.freesolo_cache
+    import fsframework.ops.freesolo_decode
     import fsframework.ops.local_attention
     import fsframework.ops.offset_attention
     from fsframework.ops.rope import rotate
@@ -58,7 +58,7 @@ def test_a_decoded_token_rotates_only_its_own_query_and_key(name, monkeypatch):
         rows.append(x.shape[1])
         return rotate(x, *args, **kwargs)
 
-    for module in (fsframework.models.attention, fsframework.models.freesolo_cache, fsframework.ops.local_attention,
+    for module in (fsframework.models.attention, fsframework.ops.freesolo_decode, fsframework.ops.local_attention,
                    fsframework.ops.offset_attention):
         monkeypatch.setattr(module, "rotate", counting)
     model = tiny_model(name, VOCAB)
@@ -89,7 +89,7 @@ def test_a_query_block_prepares_its_candidates_once(name, monkeypatch):
     """What Eq. 7 reads of a block's candidates (prior weights, centers, FS-L's valid mask) changes only at
     a block boundary (docs/decoding.md): the cache prepares it at the block's first token and its other
     tokens reuse it."""
-    import fsframework.models.freesolo_cache as caches
+    import fsframework.ops.freesolo_decode as caches
 
     prepared, prepare = [], caches.block_candidates
 

@@ -17,8 +17,9 @@ from fsframework.config.kinds import KIND_FACTS
 from fsframework.models import flops
 from fsframework.models.flops import (KIND_FLOPS, dense_parameters, fsb_routing, fsb_search_levels,
                                       inference_flops_per_token, training_flops_per_token)
-from fsframework.models.freesolo_attention import freesolo_layers, set_fsb_thresholds
+from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import build_model
+from fsframework.ops import freesolo_driver
 from tests.work import WorkCounter
 
 VOCAB, LENGTHS = 64, (256, 512)
@@ -62,25 +63,27 @@ def _counted_flops_per_token(cfg: ModelConfig, length: int) -> float:
 
 def _counted_forward(cfg: ModelConfig, length: int) -> tuple[float, float]:
     """2 x the multiply-adds of a forward over one row without gradient, per token: all of it, and the
-    part the FreeSolo layers' routing (`route`) does (0 for another kind)."""
+    part the FreeSolo op's routing (`select_cells`) does (0 for another kind)."""
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     routing = []
-    for layer in freesolo_layers(model):
-        if cfg.name == "fsb":
-            set_fsb_thresholds(model, [[FSB_TAU] * cfg.n_heads] * cfg.n_layers, source="test")
-        plain = layer.route
+    if cfg.name == "fsb":
+        set_fsb_thresholds(model, [[FSB_TAU] * cfg.n_heads] * cfg.n_layers, source="test")
+    plain = freesolo_driver.select_cells
 
-        def route(*args, plain=plain, **kwargs):
-            with WorkCounter() as inner:  # nested: the outer counter sees these products too
-                cells = plain(*args, **kwargs)
-            routing.append(inner.macs)
-            return cells
+    def route(*args, **kwargs):  # the FreeSolo op's routing, counted apart
+        with WorkCounter() as inner:  # nested: the outer counter sees these products too
+            cells = plain(*args, **kwargs)
+        routing.append(inner.macs)
+        return cells
 
-        layer.route = route
     tokens = torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), WorkCounter() as work:
-        model(tokens)
+    freesolo_driver.select_cells = route
+    try:
+        with torch.no_grad(), WorkCounter() as work:
+            model(tokens)
+    finally:
+        freesolo_driver.select_cells = plain
     assert work.macs > 0
     return 2 * work.macs / length, 2 * sum(routing) / length
 

@@ -1,5 +1,5 @@
 """FreeSolo over cached summaries (the per-block ops `route_candidates` / `cell_readout_kept`, and the
-caches of `fsframework.models.freesolo_cache`) selects the cells and reads the values that the
+FreeSolo op over the decode states of `fsframework.ops.freesolo_decode`) selects the cells and reads the values that the
 whole-sequence routing and readout do."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import torch
 
 from fsframework.config import AttentionConfig, FsbConfig, ModelConfig
 from fsframework.models.freesolo_attention import FreeSoloAttention
-from fsframework.models.freesolo_cache import FSCache, FSLCache
 from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
-from fsframework.models.fsb_cache import FSBCache
 from fsframework.ops.freesolo import cell_readout, cell_readout_kept, select_cells
+from fsframework.ops.freesolo_decode import FSDecodeState, FSLDecodeState
+from fsframework.ops.freesolo_driver import freesolo
+from fsframework.ops.fsb_decode import FSBDecodeState
 from fsframework.ops.freesolo_routing import cell_summaries, route_candidates
 
 ROUTING = dict(cell_size=4, block_size=8, top_k=3, recent_cells=2, retained_cells=3)
@@ -77,8 +78,8 @@ def test_a_decoded_tokens_fp32_readout_equals_the_chunk_paths():
     assert torch.equal(one[0, 0, 0], torch.zeros(8))
 
 
-@pytest.mark.parametrize("variant,cache_class", [("fs", FSCache), ("fsl", FSLCache), ("fsb", FSBCache)])
-def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, cache_class):
+@pytest.mark.parametrize("variant,state_class", [("fs", FSDecodeState), ("fsl", FSLDecodeState), ("fsb", FSBDecodeState)])
+def test_decode_state_selects_the_cells_of_the_whole_sequence_routing(variant, state_class):
     # pieces of 1 to 8 positions over 20 blocks: FS-L's retained set merges and drops cells at every
     # boundary; FS-B's forests admit them (a beam of 4 < 40 cells)
     att = AttentionConfig(window=6, impl="reference", sigma=2.0, fsb=FsbConfig(beam_width=4, top_k=3), **ROUTING)
@@ -94,11 +95,13 @@ def test_layer_cache_selects_the_cells_of_the_whole_sequence_routing(variant, ca
     else:
         full = select_cells(q, k, *fs_pair(variant=variant, sigma=module.sigma, lam=module.lam, impl="reference",
                                            **ROUTING))
-    cache, pos, sizes = cache_class(module), 0, [5, 3, 1, 7, 8, 2, 6]
+    state, pos, sizes = state_class(module.settings), 0, [5, 3, 1, 7, 8, 2, 6]
     while pos < 160:
         end = min(160, pos + sizes[pos % 7], (pos // 8 + 1) * 8)
-        cache.branches(q[:, pos:end], k[:, pos:end], v[:, pos:end], pos, module.readout_gain())
-        assert torch.equal(cache.selected, full[:, pos:end]), pos
+        _, _, out = freesolo(q[:, pos:end], k[:, pos:end], v[:, pos:end], state.at(pos), module.settings,
+                             module.prior, module.readout_gain())
+        assert out is state and state.length == end  # advanced in place and returned
+        assert torch.equal(state.selected, full[:, pos:end]), pos
         pos = end
     with pytest.raises(ValueError, match="holds 160 positions"):
-        cache.branches(q[:, :9], k[:, :9], v[:, :9], 150, module.readout_gain())
+        state.at(150)
