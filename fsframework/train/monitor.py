@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fsframework.checkpoints import RunDir
+from fsframework.train.hparams import HParam, write_session_start
 
 console = Console(soft_wrap=True)
 
@@ -81,7 +82,7 @@ def say(line: str) -> None:
 
 class Monitor:
     def __init__(self, run_dir: Path | RunDir, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
-                 tensorboard: bool, config_yaml: str = ""):
+                 tensorboard: bool, config_yaml: str = "", hparams: dict[str, HParam] | None = None):
         run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.enabled = enabled
         self.metrics_path = run.metrics
@@ -103,6 +104,8 @@ class Monitor:
             if config_yaml:  # the run's resolved config in the text tab, as a code block (4-space indent)
                 self.writer.add_text("config", "".join(f"    {line}\n" for line in config_yaml.splitlines()),
                                      start_step)
+            if hparams:  # the HPARAMS tab: one row per run, its scalars' last values beside it
+                write_session_start(self.writer, hparams, start_step)
         if progress and not self.plain:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),

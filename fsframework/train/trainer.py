@@ -40,6 +40,7 @@ from fsframework.parallel.health import init_health_group, reraise_naming_rank
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
 from fsframework.train import resume, resume_config
+from fsframework.train.hparams import run_hparams
 from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
@@ -104,6 +105,7 @@ class Trainer:
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.source = None  # the batch source, made in build() (fsframework.data.source_table)
+        self.num_parameters: Optional[int] = None  # the model's, counted in build()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
         self.clock = StepClock()  # each step's time by phase: data wait, forward and backward, optimizer
 
@@ -131,7 +133,8 @@ class Trainer:
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
         shape = model.shape_summary()
-        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
+        self.num_parameters = count_parameters(model)  # here: ZeRO-3 partitions the weights once the engine holds them
+        self.log(f"model [bold]{cfg.model.name}[/]: {self.num_parameters / 1e6:.2f}M parameters{shape}")
         if cfg.train.activation_checkpointing:
             model.enable_activation_checkpointing()
         if cfg.train.compile:
@@ -391,7 +394,8 @@ class Trainer:
         flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len))
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard,
-                          config_yaml=to_yaml(cfg))
+                          config_yaml=to_yaml(cfg),
+                          hparams=run_hparams(cfg, self.dist.world_size, self.num_parameters))
         profiler = StepProfiler(cfg.train.profile, self.dist.rank, self.run_dir / "profile", self.dist.device)
         self.engine.train()
         try:
