@@ -45,14 +45,21 @@ def strict_json(record: dict[str, Any]) -> str:
 SUMMARY_KEYS = ("tokens_per_s", "tflops", "mfu", "host_rss_mb", "cuda_allocated_mb", "cuda_reserved_mb")
 
 
+# the collectives' shares of a step, by their label on the plain line
+COLLECTIVE_SHARES = (("collectives_share", "collectives"), ("grad_reduce_share", "grad reduce"))
+
+
 def throughput_text(record: dict[str, Any]) -> str:
-    """A logged step's TFLOP/s (MFU where known), peak memory and data-wait share, for the plain line."""
+    """A logged step's TFLOP/s (MFU where known), peak memory, data-wait share and collectives' shares,
+    for the plain line."""
     if "tflops" not in record:
         return ""
     mfu = f" (MFU {record['mfu']:.1%})" if "mfu" in record else ""
     memory = (f"cuda {record['cuda_allocated_mb']:,.0f} MB" if "cuda_allocated_mb" in record
               else f"rss {record['host_rss_mb']:,.0f} MB")
-    return f"  TFLOP/s {record['tflops']:.3g}{mfu}  {memory}  data {record['data_share']:.0%}"
+    # the collectives where a run has them (sequence parallelism, gradient reduction on several ranks)
+    collectives = "".join(f"  {label} {record[key]:.0%}" for key, label in COLLECTIVE_SHARES if key in record)
+    return f"  TFLOP/s {record['tflops']:.3g}{mfu}  {memory}  data {record['data_share']:.0%}{collectives}"
 
 
 def summary_throughput(records: list[dict[str, Any]]) -> str:
