@@ -44,6 +44,9 @@ class KindFacts:
     # "window" (the chunked window op's tiles), "bias" (ALiBi's explicit bias masks, `H T^2 / 2`),
     # "tile" (rewired's transient score tile), "" (a fused kernel: nothing)
     attention_memory: str = ""
+    # the `model.*` settings (dotted below `model`) beyond the shape that a run of this kind is compared
+    # by: the columns of tensorboard's HPARAMS tab (fsframework.train.hparams)
+    compared_settings: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.routing not in ("", *ROUTINGS) or self.keys not in KEY_SPANS:
@@ -72,24 +75,33 @@ def _setting(attention: AttentionConfig, key: str):
 
 
 _FSB_SETTINGS = tuple((name, f"fsb.{name}") for name in ("top_k", "beam_width", "bound_c", "forests"))
+# FreeSolo's window, cells, routing and readout (docs/freesolo.md); FS-L adds its retained set
+_FREESOLO_COMPARED = tuple(f"attention.{name}" for name in (
+    "window", "cell_size", "block_size", "top_k", "sigma", "lam", "combine", "readout_gain", "readout_gain_lr"))
+_RETAINED_COMPARED = ("attention.recent_cells", "attention.retained_cells")
 
 KIND_FACTS: dict[str, KindFacts] = {kind.name: kind for kind in (
     KindFacts("tfpp", "prefix", "Transformer++: full causal attention, RoPE"),
-    KindFacts("swa", "window", "sliding-window attention, RoPE", attention_memory="window"),
+    KindFacts("swa", "window", "sliding-window attention, RoPE", attention_memory="window",
+              compared_settings=("attention.window",)),
     KindFacts("alibi", "prefix", "full causal attention, ALiBi bias", attention_memory="bias"),
     KindFacts("sinusoidal", "prefix", "full causal attention, sinusoidal absolute positions",
               absolute_positions=True),
     KindFacts("fs", "prefix", "FreeSolo: RoPE window + routed NoPE cells", routing="fs",
-              read_settings=(("top_k", "top_k"),), attention_memory="window"),
+              read_settings=(("top_k", "top_k"),), attention_memory="window", compared_settings=_FREESOLO_COMPARED),
     KindFacts("fsl", "retained", "FreeSolo-L: FS routing over a norm-pruned prefix", routing="fsl",
-              read_settings=(("top_k", "top_k"),), attention_memory="window"),
+              read_settings=(("top_k", "top_k"),), attention_memory="window",
+              compared_settings=_FREESOLO_COMPARED + _RETAINED_COMPARED),
     KindFacts("fsb", "prefix", "FreeSolo-B: forest search over FS/FS-L weights (inference only)", routing="fsb",
-              trained_as="fs", calibrated=True, read_settings=_FSB_SETTINGS, attention_memory="window"),
+              trained_as="fs", calibrated=True, read_settings=_FSB_SETTINGS, attention_memory="window",
+              compared_settings=_FREESOLO_COMPARED + tuple(f"attention.{key}" for _, key in _FSB_SETTINGS)),
     KindFacts("rewired", "prefix", "runway-rewired causal attention, RoPE (docs/rewired.md)",
-              attention_memory="tile"),
+              attention_memory="tile",
+              compared_settings=("attention.rewired.runway", "attention.rewired.score", "attention.rewired.head")),
     # AR-GRC has no attention (no keys read, no layer cache): a learned cell composed by a tree scan
     KindFacts("argrc", "", "AR-GRC: log-depth recurrent LM, a gated cell over a Blelloch scan",
-              decoder_blocks=False),
+              decoder_blocks=False, compared_settings=tuple(f"argrc.{name}" for name in (
+                  "d_state", "cell", "identity", "post_embed_mlp_hidden", "post_merge_mlp_hidden"))),
 )}
 
 KIND_NAMES = tuple(KIND_FACTS)

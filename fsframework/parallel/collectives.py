@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.parallel.context import SPContext
+from fsframework.parallel.collective_time import SP_COLLECTIVES
 
 
 class CommCounter:
@@ -69,7 +70,8 @@ def _all_gather_padded(x: torch.Tensor, sp: SPContext, slices: list[tuple[int, i
     `sp x [B, L, ...]` in rank order, by one all-gather."""
     chunk = _pad_to(x, max(e - s for s, e in slices))
     out = [torch.empty_like(chunk) for _ in range(sp.size)]
-    dist.all_gather(out, chunk, group=sp.group)
+    with SP_COLLECTIVES.timing(chunk.device):
+        dist.all_gather(out, chunk, group=sp.group)
     CommCounter.add("all_gather", (sp.size - 1) * num_bytes(chunk))
     return out
 
@@ -100,7 +102,8 @@ def _return_to_owners(grad: torch.Tensor, sp: SPContext, slices: list[tuple[int,
         piece = grad[:, s - lo:max(s, min(e, upto)) - lo]
         chunks.append(_pad_to(piece, longest))
     mine = grad.new_empty(shape)
-    dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, group=sp.group)
+    with SP_COLLECTIVES.timing(mine.device):
+        dist.reduce_scatter(mine, chunks, op=dist.ReduceOp.SUM, group=sp.group)
     CommCounter.add("reduce_scatter", (sp.size - 1) * num_bytes(mine))
     return mine[:, :own]
 
@@ -181,8 +184,9 @@ def exchange(sp: SPContext, outgoing: list[tuple[int, torch.Tensor]], incoming: 
     ops = [dist.P2POp(dist.isend, t.contiguous(), sp.peers[p], group=sp.group) for p, t in outgoing]
     ops += [dist.P2POp(dist.irecv, t, sp.peers[p], group=sp.group) for p, t in incoming]
     if ops:
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        with SP_COLLECTIVES.timing(ops[0].tensor.device):
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
     for _, t in incoming:
         CommCounter.add(kind, num_bytes(t))
 

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from fsframework.models.context import CellRouter, RetainedCells
 from fsframework.parallel.cell_relays import CellPlan, balance
+from fsframework.parallel.collective_time import SP_COLLECTIVES
 from fsframework.parallel.collectives import CommCounter, exchange, num_bytes
 from fsframework.parallel.compact import Held, cells_of, compact_keys, local_positions
 from fsframework.parallel.context import SPContext
@@ -76,7 +77,8 @@ def _candidates(k: torch.Tensor, sp: SPContext, span: RetainedCells) -> tuple[to
         values, cells = _rank_order(a, cells, span.retained_cells)
         mine = torch.stack((values, cells.double()))  # cell indices are exact in float64
         every = [torch.empty_like(mine) for _ in range(sp.size)]
-        dist.all_gather(every, mine, group=sp.group)
+        with SP_COLLECTIVES.timing(mine.device):
+            dist.all_gather(every, mine, group=sp.group)
         CommCounter.add("all_gather", (sp.size - 1) * num_bytes(mine))
         every = torch.stack(every, dim=1)  # 2 sp B H P
     return every[0], every[1].long()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from fsframework.parallel.collective_time import SP_COLLECTIVES
 from fsframework.parallel.collectives import CommCounter
 from fsframework.parallel.context import SPContext
 
@@ -18,11 +19,13 @@ class _GatherRoots(torch.autograd.Function):
     @staticmethod
     def forward(ctx, roots: torch.Tensor, sp: SPContext):
         counts = [torch.zeros(1, dtype=torch.long, device=roots.device) for _ in range(sp.size)]
-        dist.all_gather(counts, torch.tensor([roots.shape[0]], device=roots.device), group=sp.group)
+        with SP_COLLECTIVES.timing(roots.device):
+            dist.all_gather(counts, torch.tensor([roots.shape[0]], device=roots.device), group=sp.group)
         ctx.sp, ctx.counts = sp, [int(c) for c in counts]
         padded = _pad(roots, max(ctx.counts))
         out = [torch.empty_like(padded) for _ in range(sp.size)]
-        dist.all_gather(out, padded, group=sp.group)
+        with SP_COLLECTIVES.timing(padded.device):
+            dist.all_gather(out, padded, group=sp.group)
         CommCounter.add("all_gather", (sp.size - 1) * padded.numel() * padded.element_size())
         return tuple(part[:count] for part, count in zip(out, ctx.counts))
 
@@ -34,7 +37,8 @@ class _GatherRoots(torch.autograd.Function):
         for r, (grad, count) in enumerate(zip(grads, ctx.counts)):
             grad = some.new_zeros(count, *some.shape[1:]) if grad is None else grad
             padded = _pad(grad, most)
-            dist.reduce(padded, dst=sp.peers[r], group=sp.group)  # every rank's gradient on rank r's roots
+            with SP_COLLECTIVES.timing(padded.device):
+                dist.reduce(padded, dst=sp.peers[r], group=sp.group)  # every rank's gradient on rank r's roots
             CommCounter.add("reduce", padded.numel() * padded.element_size())
             if r == sp.rank:
                 own = padded[:count]

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from fsframework.models.context import CellRouter
 from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.cell_relays import CellPlan, balance
+from fsframework.parallel.collective_time import SP_COLLECTIVES
 from fsframework.parallel.collectives import CommCounter, num_bytes
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.compact import Held, cells_read, compact_keys
@@ -55,7 +56,8 @@ def gather_summaries(own: Summaries, sp: SPContext, ranges: list[tuple[int, int]
     mine = torch.cat((kbar, a[..., None].to(kbar.dtype)), dim=-1)  # B H c d+1
     chunk = torch.cat((mine, mine.new_zeros((*mine.shape[:2], max(counts) - mine.shape[2], mine.shape[3]))), dim=2)
     every = [torch.empty_like(chunk) for _ in range(sp.size)]
-    dist.all_gather(every, chunk, group=sp.group)
+    with SP_COLLECTIVES.timing(chunk.device):
+        dist.all_gather(every, chunk, group=sp.group)
     CommCounter.add("summaries", (sp.size - 1) * num_bytes(chunk))
     total = max(hi for _, hi in ranges) // s
     out = chunk.new_zeros((*chunk.shape[:2], total, chunk.shape[3]))
@@ -90,11 +92,13 @@ def request_cells(rows: torch.Tensor, sp: SPContext, held: list[Held], s: int) -
     `held[r]`: the ranges rank `r` holds in this call (together they tile the sequence so far)."""
     count = torch.tensor([len(rows)], device=rows.device)
     counts = [torch.empty_like(count) for _ in range(sp.size)]
-    dist.all_gather(counts, count, group=sp.group)
+    with SP_COLLECTIVES.timing(count.device):
+        dist.all_gather(counts, count, group=sp.group)
     counts = [int(c) for c in counts]
     padded = torch.cat((rows.int(), rows.new_zeros((max(counts) - len(rows), 3), dtype=torch.int32)))
     every = [torch.empty_like(padded) for _ in range(sp.size)]
-    dist.all_gather(every, padded, group=sp.group)
+    with SP_COLLECTIVES.timing(padded.device):
+        dist.all_gather(every, padded, group=sp.group)
     CommCounter.add("requests", (sp.size - 1) * (num_bytes(count) + num_bytes(padded)))
     pieces = sorted((lo, r) for r, ranges in enumerate(held) for lo, _ in ranges)
     lows = torch.tensor([lo for lo, _ in pieces], device=rows.device)

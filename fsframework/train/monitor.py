@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fsframework.checkpoints import RunDir
+from fsframework.train.hparams import HParam, write_session_start
 
 console = Console(soft_wrap=True)
 
@@ -44,14 +45,21 @@ def strict_json(record: dict[str, Any]) -> str:
 SUMMARY_KEYS = ("tokens_per_s", "tflops", "mfu", "host_rss_mb", "cuda_allocated_mb", "cuda_reserved_mb")
 
 
+# the collectives' shares of a step, by their label on the plain line
+COLLECTIVE_SHARES = (("collectives_share", "collectives"), ("grad_reduce_share", "grad reduce"))
+
+
 def throughput_text(record: dict[str, Any]) -> str:
-    """A logged step's TFLOP/s (MFU where known), peak memory and data-wait share, for the plain line."""
+    """A logged step's TFLOP/s (MFU where known), peak memory, data-wait share and collectives' shares,
+    for the plain line."""
     if "tflops" not in record:
         return ""
     mfu = f" (MFU {record['mfu']:.1%})" if "mfu" in record else ""
     memory = (f"cuda {record['cuda_allocated_mb']:,.0f} MB" if "cuda_allocated_mb" in record
               else f"rss {record['host_rss_mb']:,.0f} MB")
-    return f"  TFLOP/s {record['tflops']:.3g}{mfu}  {memory}  data {record['data_share']:.0%}"
+    # the collectives where a run has them (sequence parallelism, gradient reduction on several ranks)
+    collectives = "".join(f"  {label} {record[key]:.0%}" for key, label in COLLECTIVE_SHARES if key in record)
+    return f"  TFLOP/s {record['tflops']:.3g}{mfu}  {memory}  data {record['data_share']:.0%}{collectives}"
 
 
 def summary_throughput(records: list[dict[str, Any]]) -> str:
@@ -81,7 +89,7 @@ def say(line: str) -> None:
 
 class Monitor:
     def __init__(self, run_dir: Path | RunDir, *, total_steps: int, start_step: int, enabled: bool, progress: bool,
-                 tensorboard: bool, config_yaml: str = ""):
+                 tensorboard: bool, config_yaml: str = "", hparams: dict[str, HParam] | None = None):
         run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
         self.enabled = enabled
         self.metrics_path = run.metrics
@@ -103,6 +111,8 @@ class Monitor:
             if config_yaml:  # the run's resolved config in the text tab, as a code block (4-space indent)
                 self.writer.add_text("config", "".join(f"    {line}\n" for line in config_yaml.splitlines()),
                                      start_step)
+            if hparams:  # the HPARAMS tab: one row per run, its scalars' last values beside it
+                write_session_start(self.writer, hparams, start_step)
         if progress and not self.plain:
             self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                      TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),

@@ -9,12 +9,15 @@ logs TFLOP/s only unless a peak is set.
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+
+from fsframework.parallel.collective_time import CollectiveClock
 
 # Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets, by compute dtype: bf16
 # and fp16 on the tensor cores, fp32 without TF32 (PyTorch's default for matmuls). Matched against
@@ -76,15 +79,38 @@ class StepClock:
         self._since = now
 
 
+def time_gradient_reduction(engine: Any, zero_stage: int, world_size: int) -> Optional[CollectiveClock]:
+    """A clock of the engine's gradient reduction, where one call holds all of it: with several ranks,
+    under ZeRO 0 and 1 DeepSpeed reduces every gradient in `allreduce_gradients`, at the end of the
+    backward of a step's last micro-batch. Under ZeRO 2 and 3 hooks reduce buckets during the backward
+    (overlapped with it on a GPU) and that call sends only the last ones: None, nothing timed, rather
+    than a figure that leaves most of the reduction out."""
+    if world_size == 1 or zero_stage > 1:
+        return None
+    clock, reduce = CollectiveClock(), engine.allreduce_gradients
+
+    @functools.wraps(reduce)
+    def timed_reduce(*args, **kwargs):
+        with clock.timing(engine.device):
+            return reduce(*args, **kwargs)
+
+    engine.allreduce_gradients = timed_reduce  # the engine's backward calls it through the instance
+    return clock
+
+
 def step_record(*, elapsed: float, phases: dict[str, float], tokens: int, flops_per_token: float, world_size: int,
-                peak_tflops: Optional[float], memory: dict[str, float]) -> dict[str, float]:
+                peak_tflops: Optional[float], memory: dict[str, float],
+                collectives: Optional[dict[str, float]] = None) -> dict[str, float]:
     """The throughput figures of one step of `elapsed` seconds that trained `tokens` tokens (all
     ranks) on `world_size` devices: tokens/s, FLOPs per token, achieved TFLOP/s per device, MFU
     (when the peak is known), the shares of the step spent waiting for data, in forward and backward
-    and in the optimizer, and the peak memory."""
+    and in the optimizer, and the peak memory. `collectives`: seconds of the step in collectives by
+    name ("collectives", "grad_reduce"), each a part of the forward and backward's time, logged as
+    `<name>_share` beside the phases (which still add up to the step)."""
     tflops = flops_per_token * tokens / elapsed / world_size / 1e12
+    shares = {**phases, **(collectives or {})}
     record = {"tokens_per_s": tokens / elapsed, "flops_per_token": flops_per_token, "tflops": tflops,
-              "step_s": elapsed, **{f"{phase}_share": seconds / elapsed for phase, seconds in phases.items()}}
+              "step_s": elapsed, **{f"{phase}_share": seconds / elapsed for phase, seconds in shares.items()}}
     if peak_tflops:
         record["mfu"] = tflops / peak_tflops
     return {**record, **memory}

@@ -36,10 +36,12 @@ from fsframework.parallel.deepspeed_config import deepspeed_config, use_bf16
 from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
 from fsframework.parallel.groups import init_groups
 from fsframework.parallel.batch import shard_batch
+from fsframework.parallel.collective_time import SP_COLLECTIVES, CollectiveClock, CollectiveLap
 from fsframework.parallel.health import init_health_group, reraise_naming_rank
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.process_group import DistInfo, barrier, init_distributed
 from fsframework.train import resume, resume_config
+from fsframework.train.hparams import run_hparams
 from fsframework.train.monitor import Monitor, console
 from fsframework.train.nonfinite import SkippableAdamW, apply_nonfinite_policy
 from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTERRUPT, NONE, PREEMPT, RunStopped,
@@ -48,7 +50,8 @@ from fsframework.train.resume_config import apply_optimizer_settings
 from fsframework.train.profiling import StepProfiler
 from fsframework.train.memory_estimate import check_memory
 from fsframework.train.schedule import lr_factor
-from fsframework.train.throughput import StepClock, device_peak_tflops, peak_memory_mb, step_record
+from fsframework.train.throughput import (StepClock, device_peak_tflops, peak_memory_mb, step_record,
+                                          time_gradient_reduction)
 from fsframework.train.validation import validation_sets
 
 
@@ -104,8 +107,11 @@ class Trainer:
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.source = None  # the batch source, made in build() (fsframework.data.source_table)
+        self.num_parameters: Optional[int] = None  # the model's, counted in build()
         self.log = console.print if self.dist.is_main else (lambda *a, **k: None)
         self.clock = StepClock()  # each step's time by phase: data wait, forward and backward, optimizer
+        self.grad_reduce: Optional[CollectiveClock] = None  # the engine's gradient reduction, where timed
+        self.collective_laps: dict[str, CollectiveLap] = {}  # the last step's collectives, read when logged
 
     def build(self) -> None:
         import deepspeed
@@ -131,7 +137,8 @@ class Trainer:
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
         model = parallelize(model, cfg.parallel, self.groups)  # sequence parallel when parallel.sp > 1
         shape = model.shape_summary()
-        self.log(f"model [bold]{cfg.model.name}[/]: {count_parameters(model) / 1e6:.2f}M parameters{shape}")
+        self.num_parameters = count_parameters(model)  # here: ZeRO-3 partitions the weights once the engine holds them
+        self.log(f"model [bold]{cfg.model.name}[/]: {self.num_parameters / 1e6:.2f}M parameters{shape}")
         if cfg.train.activation_checkpointing:
             model.enable_activation_checkpointing()
         if cfg.train.compile:
@@ -149,6 +156,7 @@ class Trainer:
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, model))
         self.optimizer_base = optimizer  # the optimizer that every ZeRO stage steps (skip_next)
+        self.grad_reduce = time_gradient_reduction(self.engine, cfg.parallel.zero_stage, self.dist.world_size)
         self.model = model
         self.sp = sp_context(model)  # None unless sequence parallel
         # the source the config names, wrapped as the table says (other batches: register a source)
@@ -243,6 +251,9 @@ class Trainer:
         pre_step_norm, finite = None, True
         documents: list[int] = []  # the lengths of the documents read apart (document masking)
         self.clock.start()
+        clocks = self._collective_clocks()
+        for clock in clocks.values():
+            clock.start()  # stopped again below: a validation's collectives are no step's
         for micro in range(self.cfg.parallel.grad_accum):
             batch = self.source.next_batch(self.state.step, micro)
             if self.cfg.data.document_masking and batch.get("doc_ids") is not None:
@@ -260,6 +271,7 @@ class Trainer:
             self.clock.lap("compute")  # on a GPU the finiteness check above waited for the device
             self.engine.step()
             self.clock.lap("optimizer")
+        self.collective_laps = {name: clock.take() for name, clock in clocks.items()}
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is None:
             grad_norm = pre_step_norm
@@ -276,6 +288,14 @@ class Trainer:
             metrics["documents_per_row"] = len(documents) * metrics["seq_len"] / sum(documents)
             metrics["document_lengths"] = documents  # read off by the loop's FLOPs count, not logged
         return metrics
+
+    def _collective_clocks(self) -> dict[str, CollectiveClock]:
+        """The collectives a step times, by the name its share is logged under: the sequence-parallel
+        exchanges when there are any, the gradient reduction where one call holds all of it."""
+        clocks = {"collectives": SP_COLLECTIVES} if self.sp is not None else {}
+        if self.grad_reduce is not None:
+            clocks["grad_reduce"] = self.grad_reduce
+        return clocks
 
     def _mean_losses(self, losses: list[torch.Tensor], plain_losses: list[torch.Tensor]) -> torch.Tensor:
         """[optimised loss, plain CE] of this step, averaged over micro-batches and ranks."""
@@ -391,7 +411,8 @@ class Trainer:
         flops = functools.lru_cache(lambda seq_len: training_flops_per_token(cfg.model, seq_len))
         monitor = Monitor(self.run, total_steps=cfg.train.max_steps, start_step=self.state.step,
                           enabled=self.dist.is_main, progress=cfg.train.progress, tensorboard=cfg.train.tensorboard,
-                          config_yaml=to_yaml(cfg))
+                          config_yaml=to_yaml(cfg),
+                          hparams=run_hparams(cfg, self.dist.world_size, self.num_parameters))
         profiler = StepProfiler(cfg.train.profile, self.dist.rank, self.run_dir / "profile", self.dist.device)
         self.engine.train()
         try:
@@ -422,7 +443,9 @@ class Trainer:
                     per_token = flops(metrics["seq_len"]) if lengths is None else packed_flops_per_token(lengths, flops)
                     figures = step_record(elapsed=elapsed, phases=self.clock.phases, tokens=tokens_per_step,
                                           flops_per_token=per_token, world_size=self.dist.world_size,
-                                          peak_tflops=peak, memory=peak_memory_mb(self.dist.device))
+                                          peak_tflops=peak, memory=peak_memory_mb(self.dist.device),
+                                          collectives={name: lap.seconds()
+                                                       for name, lap in self.collective_laps.items()})
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens, **figures})
                 else:
                     metrics.pop("document_lengths", None)

@@ -58,6 +58,10 @@ def test_two_rank_zero_run_resumes_on_one(reference, two_rank_zero3_stopped_at_3
     # same samples whether one rank reads both or two ranks read one each, so the runs see the same
     # data and 2 data-parallel ranks equal one rank accumulating their 2 micro-batches
     assert_close(losses(run_dir), losses(reference), steps=range(1, 4))
+    # the gradient reduction is timed where one call holds all of it (ZeRO 0 and 1), on several ranks only
+    for record in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        assert "collectives_share" not in record  # no sequence parallelism
+        assert (0 < record["grad_reduce_share"] < 1) if zero_stage == 1 else "grad_reduce_share" not in record
     proc = run_fsf(*train_args(run_dir, data_cache, f"parallel.zero_stage={zero_stage}", *ONE_RANK))
     assert "resumed from step_00000003 at step 3 (written by another number of ranks; now 1)" in proc.stdout
     assert_continues(run_dir, reference)

@@ -41,6 +41,11 @@ def test_sp2_zero3_losses_equal_single_process(single, sp_zero3):
     flops = [[json.loads(line)["flops_per_token"] for line in (run / "metrics.jsonl").read_text().splitlines()]
              for run in (single, sp_zero3)]
     assert flops[0] == flops[1] and flops[0][0] > 0
+    # the time in the sequence-parallel exchanges, a part of forward and backward; none on one process,
+    # and no gradient reduction share under ZeRO-3 (its hooks reduce during the backward)
+    for record in map(json.loads, (sp_zero3 / "metrics.jsonl").read_text().splitlines()):
+        assert 0 < record["collectives_share"] < record["compute_share"] and "grad_reduce_share" not in record
+    assert not any("collectives_share" in line for line in (single / "metrics.jsonl").read_text().splitlines())
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ tensorboard and the plain log; `train.profile` writes a trace torch.profiler's t
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from fsframework.config import load_config
 from fsframework.config.checks import ConfigError
 from fsframework.models.flops import training_flops_per_token
+from fsframework.parallel.collective_time import CollectiveClock
 from fsframework.train.monitor import summary_throughput, throughput_text
 from fsframework.train.throughput import device_peak_tflops, step_record
 from tests.utils import REPO, TINY_DATA, TINY_MODEL, run_fsf
@@ -25,9 +27,29 @@ def test_a_step_record_divides_the_work_by_time_and_devices():
                          flops_per_token=1e9, world_size=4, peak_tflops=None, memory={"host_rss_mb": 10.0})
     assert record["tokens_per_s"] == 2048 and record["tflops"] == pytest.approx(4096 * 1e9 / 2.0 / 4 / 1e12)
     assert record["data_share"] == 0.25 and "mfu" not in record and record["host_rss_mb"] == 10.0
+    # collectives are inside forward and backward: their shares are logged beside the phases
+    timed = step_record(elapsed=2.0, phases={"data": 0.5, "compute": 1.2, "optimizer": 0.3}, tokens=4096,
+                        flops_per_token=1e9, world_size=4, peak_tflops=None, memory={},
+                        collectives={"collectives": 0.4, "grad_reduce": 0.1})
+    assert (timed["collectives_share"], timed["grad_reduce_share"], timed["compute_share"]) == (0.2, 0.05, 0.6)
+    assert "collectives_share" not in record
     with_peak = step_record(elapsed=2.0, phases={}, tokens=4096, flops_per_token=1e9, world_size=4,
                             peak_tflops=0.001, memory={})
     assert with_peak["mfu"] == pytest.approx(with_peak["tflops"] / 0.001)
+
+
+def test_a_collective_clock_times_only_between_start_and_take():
+    clock, cpu = CollectiveClock(), torch.device("cpu")
+    with clock.timing(cpu):  # not started: a validation's or a test's collectives
+        time.sleep(0.01)
+    clock.start()
+    with clock.timing(cpu):
+        time.sleep(0.02)
+    time.sleep(0.02)  # outside a collective
+    lap = clock.take()
+    with clock.timing(cpu):
+        time.sleep(0.01)
+    assert 0.02 <= lap.seconds() < 0.035 and clock.take().seconds() == 0.0
 
 
 def test_the_peak_comes_from_the_setting_or_the_table(monkeypatch):
@@ -52,6 +74,8 @@ def test_the_plain_line_and_the_summary_show_the_figures():
     record = {"tokens_per_s": 100.0, "tflops": 0.0123, "host_rss_mb": 2048.0, "data_share": 0.07, "mfu": 0.25}
     assert throughput_text(record) == "  TFLOP/s 0.0123 (MFU 25.0%)  rss 2,048 MB  data 7%"
     assert throughput_text({"tokens_per_s": 1.0}) == ""
+    assert throughput_text({**record, "collectives_share": 0.21, "grad_reduce_share": 0.04}).endswith(
+        "data 7%  collectives 21%  grad reduce 4%")
     text = summary_throughput([{**record, "tokens_per_s": v, "tflops": v / 1e4} for v in (100.0, 300.0, 200.0)])
     assert text == "median 200 tokens/s, 0.02 TFLOP/s per device (MFU 25.0%), peak host memory 2,048 MB"
 
@@ -70,6 +94,8 @@ def test_a_run_logs_its_throughput_at_every_logging_step(kind, tmp_path, data_ca
         assert all(key in record for key in FIGURES), sorted(set(FIGURES) - set(record))
         assert record["flops_per_token"] == training_flops_per_token(cfg.model, 64, 1)
         assert record["tflops"] > 0 and 0 <= record["data_share"] <= 1 and "mfu" not in record  # a CPU: no peak
+        # one process: no collective to time, so no share (not a 0 that reads as measured)
+        assert "collectives_share" not in record and "grad_reduce_share" not in record
     assert done.stdout.count("TFLOP/s") >= 3  # two plain lines and the summary
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
