@@ -222,7 +222,7 @@ def routing_ablation(model: torch.nn.Module, mode: str, seed: int = 0) -> Iterat
     def replacement(layer):
         a = layer.cfg.attention
 
-        def route(q, k, q_start=0):
+        def route(q, k, cfg, prior, q_start=0):  # `select_cells`' signature (fsframework.ops.freesolo_driver.Router)
             if q_start:
                 raise ValueError("routing ablations replace the routing of whole-sequence forward passes only")
             if mode == "off":
@@ -231,9 +231,9 @@ def routing_ablation(model: torch.nn.Module, mode: str, seed: int = 0) -> Iterat
         return route
 
     for layer in layers:
-        layer.route = replacement(layer)  # an instance attribute shadows the method
+        layer.router = replacement(layer)  # the layer's FreeSolo op routes with it (FreeSoloAttention.router)
     try:
         yield
     finally:
         for layer in layers:
-            del layer.route
+            layer.router = None

@@ -28,7 +28,7 @@ from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSour
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 from fsframework.ops.freesolo_decode import FreeSoloDecodeState
-from fsframework.ops.freesolo_driver import PrefixKeys, freesolo, new_decode_state
+from fsframework.ops.freesolo_driver import PrefixKeys, Router, freesolo, new_decode_state
 
 
 class FreeSoloAttention(QKVAttention):
@@ -73,6 +73,9 @@ class FreeSoloAttention(QKVAttention):
         # FS-B thresholds live beside the checkpoint (calibration.json), not in its weights
         self.register_buffer("tau", torch.full((cfg.n_heads,), float("nan")), persistent=False)
         self.tau_source: Optional[str] = None
+        # replaces the op's routing (`select_cells`) in whole-sequence forward passes, for diagnostics
+        # and ablations (experiments/routing.py); None: the op's own
+        self.router: Optional[Router] = None
         if a.combine == "gate":
             self.w_gate = nn.Linear(cfg.d_model, cfg.n_heads, bias=True)
         elif a.combine == "separate_wo":
@@ -117,7 +120,7 @@ class FreeSoloAttention(QKVAttention):
         `[B, *, H, Dh]` -> the selected cells `[B, n, H, K]` (no gradient; FS-B: `fsb.top_k` cells,
         docs/freesolo.md §1.8). For diagnostics (experiments/routing.py): the forward pass routes inside
         the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`), with the same call."""
-        return select_cells(q, k, self.settings, self.prior, q_start=q_start)
+        return (self.router or select_cells)(q, k, self.settings, self.prior, q_start=q_start)
 
     @property
     def routes_from_summaries(self) -> bool:
@@ -145,7 +148,7 @@ class FreeSoloAttention(QKVAttention):
         boundary), k and v may be compact: any cells the queries read, then at least the
         `min(window, start)` positions before `start` and the own keys, contiguous; the cells index
         k's cells. The readout is position-free (NoPE), so it reads the same numbers either way."""
-        local, long_range, _ = freesolo(q, k, v, PrefixKeys(start, cells), self.settings, self.prior,
+        local, long_range, _ = freesolo(q, k, v, PrefixKeys(start, cells, self.router), self.settings, self.prior,
                                         self.readout_gain())
         return local, long_range
 

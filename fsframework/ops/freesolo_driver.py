@@ -27,7 +27,7 @@ this op; they read nothing of the layer but its config, prior and gain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -39,13 +39,19 @@ from fsframework.ops.fsb_decode import FSBDecodeState
 from fsframework.ops.offset_attention import window_attention_at
 
 
+# what routes the queries of a `PrefixKeys` state: `select_cells`' signature, (q, k, cfg, prior, q_start=) -> cells
+Router = Callable[..., torch.Tensor]
+
+
 @dataclass(frozen=True)
 class PrefixKeys:
     """The state of queries at `[start, start + n)` that are handed the keys of their prefix (module
-    docstring); `cells` `[B, n, H, K]`: routed by whoever gathered the keys (None: route here)."""
+    docstring); `cells` `[B, n, H, K]`: routed by whoever gathered the keys (None: route here, with
+    `router`, `select_cells` unless a diagnostic replaces it: experiments/routing.py's ablations)."""
 
     start: int = 0
     cells: Optional[torch.Tensor] = None
+    router: Optional[Router] = None
 
 
 WHOLE_PREFIX = PrefixKeys()
@@ -92,7 +98,7 @@ def _prefix(q, k, v, state: PrefixKeys, cfg: FreeSoloConfig, prior: RoutingPrior
             raise ValueError(f"routed cells need queries from a block boundary, got start={start}")
         q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
     if cells is None:
-        cells = select_cells(q, k, cfg, prior, q_start=start - pad)
+        cells = (state.router or select_cells)(q, k, cfg, prior, q_start=start - pad)
     if cfg.readout_backward == "unit" and gain is not None:  # learns as if read at gain 1 (docs/freesolo.md §1.6)
         long_range = unit_gradient_gain(cell_readout(q, k, v, cells, cfg, q_start=own_at - pad), gain)
     else:

@@ -17,9 +17,9 @@ from fsframework.config.kinds import KIND_FACTS
 from fsframework.models import flops
 from fsframework.models.flops import (KIND_FLOPS, dense_parameters, fsb_routing, fsb_search_levels,
                                       inference_flops_per_token, training_flops_per_token)
-from fsframework.models.freesolo_attention import set_fsb_thresholds
+from fsframework.models.freesolo_attention import freesolo_layers, set_fsb_thresholds
 from fsframework.models.registry import build_model
-from fsframework.ops import freesolo_driver
+from fsframework.ops.freesolo import select_cells
 from tests.work import WorkCounter
 
 VOCAB, LENGTHS = 64, (256, 512)
@@ -69,21 +69,18 @@ def _counted_forward(cfg: ModelConfig, length: int) -> tuple[float, float]:
     routing = []
     if cfg.name == "fsb":
         set_fsb_thresholds(model, [[FSB_TAU] * cfg.n_heads] * cfg.n_layers, source="test")
-    plain = freesolo_driver.select_cells
 
-    def route(*args, **kwargs):  # the FreeSolo op's routing, counted apart
+    def route(*args, **kwargs):  # the FreeSolo op's routing (`select_cells`), counted apart
         with WorkCounter() as inner:  # nested: the outer counter sees these products too
-            cells = plain(*args, **kwargs)
+            cells = select_cells(*args, **kwargs)
         routing.append(inner.macs)
         return cells
 
+    for layer in freesolo_layers(model):
+        layer.router = route
     tokens = torch.randint(0, VOCAB, (1, length), generator=torch.Generator().manual_seed(0))
-    freesolo_driver.select_cells = route
-    try:
-        with torch.no_grad(), WorkCounter() as work:
-            model(tokens)
-    finally:
-        freesolo_driver.select_cells = plain
+    with torch.no_grad(), WorkCounter() as work:
+        model(tokens)
     assert work.macs > 0
     return 2 * work.macs / length, 2 * sum(routing) / length
 
