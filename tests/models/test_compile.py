@@ -34,6 +34,29 @@ def test_compiled_blocks_give_the_eager_losses_and_gradients(name):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=label)
 
 
+def test_packed_documents_of_new_lengths_do_not_compile_again():
+    """With document masking the blocks see the packed rows (the attention call, which reads each
+    document apart, stays eager), so documents of new lengths reuse the compiled graphs; the masked
+    losses are the eager model's."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager = tiny_model("tfpp", VOCAB)
+    compiled = compile_blocks(copy.deepcopy(eager))
+    tokens = torch.randint(0, VOCAB, (2, 65), generator=torch.Generator().manual_seed(1))
+    graphs = []
+    for cuts in ([10, 30], [5, 17, 50], [33], [7, 60]):  # other document lengths at every step
+        doc_ids = torch.zeros(2, 64, dtype=torch.long)
+        for cut in cuts:
+            doc_ids[:, cut:] += 1
+        with torch.no_grad():
+            losses = [model(tokens[:, :-1], targets=tokens[:, 1:], doc_ids=doc_ids).mean()
+                      for model in (eager, compiled)]
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0 and graphs[1:] == graphs[:-1], graphs  # compiled once, at the first step
+
+
 def test_a_model_without_blocks_is_refused():
     with pytest.raises(TypeError, match="no decoder blocks"):
         compile_blocks(tiny_model("argrc", VOCAB))
