@@ -21,13 +21,16 @@ from fsframework.models.language_model import LanguageModel
 
 
 def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
-    """The held-out MDS split as one token stream, in order (at most `max_tokens`)."""
+    """The held-out MDS split as one token stream, in order (at least `max_tokens` when the split holds
+    them). Samples are consecutive, disjoint `seq_len + 1`-token cuts of the packed documents
+    (`fsframework.data.shards.pack_documents`), so their concatenation, every token kept, is the stream
+    as it was packed: no token is skipped at a sample boundary."""
     from streaming import StreamingDataset
 
     dataset = StreamingDataset(local=data_dir, shuffle=False, batch_size=1)
     chunks, total = [], 0
     for i in range(len(dataset)):
-        tokens = dataset[i]["tokens"][:-1]  # consecutive samples overlap by nothing; drop the spare target
+        tokens = dataset[i]["tokens"]  # the last token is a target in training, and the next sample's context here
         chunks.append(tokens)
         total += len(tokens)
         if total >= max_tokens:
