@@ -13,9 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fsframework.config import ParallelConfig
 from fsframework.config.kinds import KIND_NAMES
 from fsframework.models.documents import Documents
-from fsframework.parallel.documents import SequenceParallelDocuments, rank_documents
+from fsframework.parallel.batch import shard_batch
+from fsframework.parallel.context import SPContext
+from fsframework.parallel.documents import SequenceParallelDocuments, document_rows, rank_documents
+from fsframework.parallel.groups import ParallelGroups
+from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.sharding import block_slices
 from tests.utils import tiny_model
 
@@ -101,3 +106,15 @@ def test_ranks_reading_continued_documents_equal_one_process(name):
             assert got.keys() == want.keys() and got
             for key in got:
                 torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_masked_ranks_take_the_contiguous_layout_and_keep_the_whole_rows_documents():
+    groups = ParallelGroups(rank=1, world_size=3, sp=3, sp_group=None, dp_group=None)
+    tokens, doc_ids = packed_batch()
+    masked = parallelize(tiny_model("tfpp", VOCAB), ParallelConfig(sp=3, sp_layout="zigzag"), groups, documents=True)
+    assert sp_context(masked).layout == "contiguous"
+    mine = shard_batch(sp_context(masked), tokens, tokens, doc_ids=doc_ids)
+    assert mine.inputs.shape[1] == 24 and mine.doc_ids is doc_ids  # a rank's documents may begin before its slice
+    zigzag = SPContext(groups=groups, block_size=8, layout="zigzag").at_length(LENGTH)
+    with pytest.raises(ValueError, match="needs the contiguous layout, got zigzag"):
+        document_rows(zigzag, doc_ids)
