@@ -95,16 +95,8 @@ def check_data(cfg: Config) -> None:
     if not 0.0 <= d.eval_fraction < 1.0:
         raise ConfigError(f"data.eval_fraction={d.eval_fraction} must lie in [0, 1)")
     _check_mqar(cfg)
-    _check_documents(cfg)
     check_source(cfg)
     _check_warmup(cfg)
-
-
-def _check_documents(cfg: Config) -> None:
-    """Document masking reads each packed document as a row of its own on one process."""
-    if cfg.data.document_masking and cfg.parallel.sp > 1:
-        raise ConfigError(f"data.document_masking=true with parallel.sp={cfg.parallel.sp}: documents are read apart "
-                          "on one process per sequence only; train with parallel.sp=1 or without masking")
 
 
 def skips_boundary_targets(data) -> bool:

@@ -20,9 +20,10 @@ from torch import nn
 
 from fsf_kernels.common.support import scan_unsupported
 from fsframework.config import ModelConfig
-from fsframework.models.argrc_blocks import sharded_inclusive_prefixes
+from fsframework.models.argrc_blocks import continued_inclusive_prefixes, sharded_inclusive_prefixes
 from fsframework.models.argrc_cache import ScanDecodeCache
 from fsframework.models.blocks import dropout
+from fsframework.models.context import DocumentRows, after_earlier
 from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
@@ -105,7 +106,9 @@ class TreeScan(nn.Module):
     `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
     leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism; with
     `documents`, of each packed document from its own start (`fsframework.models.documents`: the
-    documents of each length scanned together, inside this one call).
+    documents of each length scanned together, inside this one call); `earlier` `[B, W, D]`: the leaves
+    before this part of the rows, of which a row's first piece that continues a document reads its
+    document's (`continued_inclusive_prefixes`; document masking under sequence parallelism).
 
     Why one module call: ZeRO-3 gathers a module's parameters at every call of it, with a
     collective over all ranks. The ranks of a sequence-parallel group apply the cell different
@@ -141,9 +144,14 @@ class TreeScan(nn.Module):
         return max(64, CELL_TILE_BYTES // (hidden * itemsize))
 
     def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None,
-                documents: Optional[Documents] = None) -> torch.Tensor:
+                documents: Optional[Documents] = None, earlier: Optional[torch.Tensor] = None) -> torch.Tensor:
         if documents is not None:
-            return documents.map(lambda rows: self.forward(rows, identity), h)
+            def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+                before = earlier[row:row + 1, earlier.shape[1] - start:]
+                return continued_inclusive_prefixes(before, piece, self.combine(), identity.to(h.dtype))
+
+            prefixes = documents.map(lambda rows: self.forward(rows, identity), h, continue_piece)
+            return prefixes if earlier is None else after_earlier(prefixes, earlier)
         identity = identity.to(h.dtype)
         if shard is not None:
             return sharded_inclusive_prefixes(h, self.combine(), identity, shard.slices, shard.rank,
@@ -251,10 +259,17 @@ class ARGRCLanguageModel(LanguageModel):
         """The cached-decoding form (`fsframework.models.argrc_cache`); `chunk`: prefill positions per step."""
         return ScanDecodeCache(self, chunk)
 
-    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
+    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp, rows: Optional[DocumentRows] = None
+                                        ) -> torch.Tensor:
         """This rank's slice of the sequence `sp`: its own scan, the block roots of the other ranks
-        gathered by the parallelism (`fsframework.parallel.scan`)."""
-        return self.sharded_hidden_states(tokens, sp.slices, sp.rank, self.parallelism.root_gatherer(sp))
+        gathered by the parallelism (`fsframework.parallel.scan`). With `rows` (document masking) each
+        document is scanned from its own start: a row's first piece that continues a document reads
+        the document's earlier leaves (`rows.earlier_tokens`), no roots are gathered."""
+        if rows is None:
+            return self.sharded_hidden_states(tokens, sp.slices, sp.rank, self.parallelism.root_gatherer(sp))
+        h = self.leaves(tokens)
+        earlier = rows.earlier_tokens(h, None)  # on every rank: an exchange with the other ranks
+        return self.readout(self.scan(h, self.identity, documents=rows.documents, earlier=earlier))
 
     def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
                               gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:

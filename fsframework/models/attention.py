@@ -18,7 +18,7 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.context import WHOLE_SEQUENCE, DocumentRows, KeySource, PrefixKeys, after_earlier, reach_back
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -55,11 +55,27 @@ class QKVAttention(nn.Module):
         except on a rank of the zigzag layout (`fsframework.parallel.attention.ZigzagRunsSource`).
         The runs stay inside this one module call, so ZeRO-3 gathers the projections once for all."""
         if source.documents is not None:  # packed documents, each read as its own row
-            return source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x)
+            return self.forward_documents(x, source)
         runs = source.runs(x)
         if len(runs) == 1:
             return self.forward_run(*runs[0])
         return torch.cat([self.forward_run(piece, run_source) for piece, run_source in runs], dim=1)
+
+    def forward_documents(self, x: torch.Tensor, source: DocumentRows) -> torch.Tensor:
+        """x `[B, n, D]` of packed rows (`source.documents`): each document that starts here in the
+        whole-sequence form; a row's first piece that continues a document begun before `x`'s part (a
+        sequence-parallel rank's) in the offset form at its position in the document, over the keys
+        this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
+        RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
+        earlier = source.earlier_tokens(x, self.key_span)  # on every rank, whatever its rows hold
+
+        def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+            reach = reach_back(self.key_span, start)
+            _, k, v = self.project(earlier[row:row + 1, earlier.shape[1] - reach:], start - reach)
+            return self.forward_run(piece, PrefixKeys(start, k, v))
+
+        y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
+        return after_earlier(y, earlier)
 
     def forward_run(self, x: torch.Tensor, source: KeySource) -> torch.Tensor:
         """The offset form on one contiguous run `x` `[B, n, D]` at `[source.start, source.start + n)`."""

@@ -129,7 +129,11 @@ WHOLE_SEQUENCE = WholeSequence()
 class DocumentRows(WholeSequence):
     """Training on packed rows with document masking: a sequence-mixing layer reads each document as a
     row of its own (`Documents.map`, with `WHOLE_SEQUENCE` inside), and absolute positions restart at
-    each document's start."""
+    each document's start.
+
+    A part of the rows (a sequence-parallel rank's, `fsframework.parallel.documents`) may begin inside
+    a document (`Documents.continuations`): that piece reads the document's earlier part, which
+    `earlier_tokens` supplies; on one process every row begins its first document."""
 
     def __init__(self, documents: Documents):
         self.documents = documents
@@ -137,6 +141,53 @@ class DocumentRows(WholeSequence):
     def positions(self, n: int, device=None) -> torch.Tensor:
         """`[B, n]`: each token's position inside its document."""
         return self.documents.positions.to(device)
+
+    def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
+        """A sequence-mixing layer's input `x` `[B, n, ...]` of this part of the rows -> that layer's input
+        at the `W` positions before the part `[B, W, ...]`, `W` at least every continuation's `start`
+        (fewer for a window `span`: at least `min(span, start)`). A layer calls it once per call, also
+        when no row of its own continues a document: under sequence parallelism it is an exchange that
+        every rank takes part in. Here (whole rows) there is nothing before: `W = 0`."""
+        return x[:, :0]
+
+
+class PrefixKeys(KeySource):
+    """A continuation piece's source: queries at `[start, start + n)` of their document, whose keys and
+    values of `[start - p, start)` (`p = start`, or at least the window of a window span) the layer
+    computed from `DocumentRows.earlier_tokens`; `keys` puts them before the piece's own."""
+
+    def __init__(self, start: int, k: torch.Tensor, v: torch.Tensor):
+        self.start, self.k, self.v = start, k, v
+
+    def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+             span: Span) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1)
+
+
+class _AfterEarlier(torch.autograd.Function):
+    """`y` itself; backward hands `earlier` a zero gradient besides `y`'s own."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+        ctx.shape, ctx.dtype = earlier.shape, earlier.dtype
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, grad.new_zeros(ctx.shape, dtype=ctx.dtype)
+
+
+def after_earlier(y: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """A layer's output `y` tied to the `earlier_tokens` it was handed, so that every rank's backward
+    runs the exchange's backward, also where no piece read `earlier`: under sequence parallelism the
+    ranks whose pieces did read it wait in that backward for their peers' part."""
+    return _AfterEarlier.apply(y, earlier) if earlier.requires_grad else y
+
+
+def reach_back(span: Span, start: int) -> int:
+    """How many keys before `start` a layer of key span `span` reads: the window of a window span, else
+    the whole prefix (FS-L's retained cells index the prefix by position)."""
+    return min(span, start) if isinstance(span, int) else start
 
 
 class LayerStateSource(KeySource):

@@ -16,11 +16,17 @@ whole-sequence form, unchanged; gradients flow through the gather and the scatte
 Cost: a document of `L` tokens costs what a row of `L` tokens costs, so a packed row's work is the
 sum over its documents, never more than the row read whole (every kind's work grows at least
 linearly with length). The price is one call of `fn` per distinct document length in the batch.
+
+Part of a row (a sequence-parallel rank's `[a, b)`, `fsframework.parallel.documents`): a row's first
+document may have begun before the part does. `continued[row]` is the position inside its document
+of the row's first token; such a continuation piece does not run through `fn` but through `map`'s
+`continue_piece(row, piece [1, m, ...], start)`, a layer's offset form at `start`, which reads the
+document's earlier part (`KeySource.earlier_tokens`). Every other piece starts its document here.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -28,43 +34,60 @@ import torch
 class Documents:
     """The documents of a batch of packed rows; see the module docstring."""
 
-    def __init__(self, doc_ids: torch.Tensor):
+    def __init__(self, doc_ids: torch.Tensor, continued: Optional[Sequence[int]] = None):
         if doc_ids.dim() != 2:
             raise ValueError(f"doc_ids must be [B, T], got shape {tuple(doc_ids.shape)}")
         self.shape = tuple(doc_ids.shape)
         bsz, length = self.shape
         device = doc_ids.device
+        continued = [0] * bsz if continued is None else [int(c) for c in continued]
+        if len(continued) != bsz or min(continued) < 0:
+            raise ValueError(f"continued must give {bsz} positions >= 0, got {continued}")
         starts = _starts(doc_ids)
         flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # row * T + start, in packed order
         lengths = _lengths(flat_starts, bsz * length)
-        # the position of every token inside its document (the positions a document read alone has)
-        index = torch.arange(bsz * length, device=device)
-        run = torch.cumsum(starts.reshape(-1).long(), 0) - 1
-        self.positions = (index - flat_starts[run]).view(bsz, length)
+        row_first = _row_firsts(flat_starts, bsz, length)
+        self.positions = _positions(starts, flat_starts, row_first, continued)
         self.count = int(flat_starts.numel())
+        # a row's first piece that continues a document begun before the row's part: (row, its packed
+        # indices, its first token's position in the document); it runs alone (`map`'s continue_piece)
+        continues = torch.zeros_like(flat_starts, dtype=torch.bool)
+        self.continuations: list[tuple[int, torch.Tensor, int]] = []
+        for row, start in enumerate(continued):
+            if start:
+                i = int(row_first[row])
+                continues[i] = True
+                first = int(flat_starts[i])
+                self.continuations.append((row, torch.arange(first, first + int(lengths[i]), device=device), start))
         # documents of one length run together: gather[L] `[n, L]` holds their tokens' packed indices
         self.groups: list[torch.Tensor] = []
-        for size in torch.unique(lengths).tolist():
-            firsts = flat_starts[lengths == size]
+        for size in torch.unique(lengths[~continues]).tolist():
+            firsts = flat_starts[(lengths == size) & ~continues]
             self.groups.append(firsts[:, None] + torch.arange(size, device=device))
-        order = torch.cat([g.reshape(-1) for g in self.groups])
+        order = torch.cat([g.reshape(-1) for g in self.groups] + [index for _, index, _ in self.continuations])
         self.inverse = torch.empty_like(order)
         self.inverse[order] = torch.arange(order.numel(), device=device)
 
     @property
     def whole_rows(self) -> bool:
-        """Every row is one document: `map` is `fn` itself."""
-        return self.count == self.shape[0]
+        """Every row is one document that starts with it: `map` is `fn` itself."""
+        return self.count == self.shape[0] and not self.continuations
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+            continue_piece: Optional[Callable[[int, torch.Tensor, int], torch.Tensor]] = None) -> torch.Tensor:
         """`fn` (a whole-sequence form, `[n, L, ...] -> [n, L, ...]`) on each document of `x` `[B, T, ...]`
-        as its own row -> `[B, T, ...]` in the packed order."""
+        as its own row -> `[B, T, ...]` in the packed order. `continue_piece(row, piece [1, m, ...], start)
+        -> [1, m, ...]`: a row's first piece that continues a document at position `start` (the module
+        docstring); needed only when some row's part begins inside a document."""
         if tuple(x.shape[:2]) != self.shape:
             raise ValueError(f"documents of rows {self.shape}, got a tensor of shape {tuple(x.shape)}")
         if self.whole_rows:
             return fn(x)
+        if self.continuations and continue_piece is None:
+            raise ValueError("these rows begin inside documents: map needs continue_piece to read their earlier part")
         flat = x.reshape(-1, *x.shape[2:])
         outs = [fn(flat[group]) for group in self.groups]
+        outs += [continue_piece(row, flat[index][None], start) for row, index, start in self.continuations]
         packed = torch.cat([out.reshape(-1, *out.shape[2:]) for out in outs])
         return packed[self.inverse].view(*self.shape, *packed.shape[1:])
 
@@ -80,6 +103,31 @@ def _lengths(flat_starts: torch.Tensor, total: int) -> torch.Tensor:
     """Each document's length from the flat indices of the starts: a document ends at the next start
     (every row begins with one, so no document runs past its row's end)."""
     return torch.diff(flat_starts, append=flat_starts.new_tensor([total]))
+
+
+def _row_firsts(flat_starts: torch.Tensor, bsz: int, length: int) -> torch.Tensor:
+    """`[B]`: which of the starts opens each row (every row's first position, flat index `row * T`)."""
+    return torch.searchsorted(flat_starts, torch.arange(bsz, device=flat_starts.device) * length)
+
+
+def _positions(starts: torch.Tensor, flat_starts: torch.Tensor, row_first: torch.Tensor,
+               continued: Sequence[int]) -> torch.Tensor:
+    """`[B, T]`: the position of every token inside its document (the positions a document read alone
+    has), a row's first document counted from `continued[row]`."""
+    bsz, length = starts.shape
+    index = torch.arange(bsz * length, device=starts.device)
+    run = torch.cumsum(starts.reshape(-1).long(), 0) - 1
+    base = flat_starts.clone()
+    base[row_first] -= torch.tensor(list(continued), device=starts.device, dtype=base.dtype)
+    return (index - base[run]).view(bsz, length)
+
+
+def document_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """`[B, T]`: the position of every token of `doc_ids` `[B, T]` inside its document."""
+    starts = _starts(doc_ids)
+    flat_starts = starts.reshape(-1).nonzero().squeeze(1)
+    bsz, length = doc_ids.shape
+    return _positions(starts, flat_starts, _row_firsts(flat_starts, bsz, length), [0] * bsz)
 
 
 def document_lengths(doc_ids: torch.Tensor) -> list[int]:

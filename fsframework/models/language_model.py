@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from fsframework.config import ModelConfig
-from fsframework.models.context import KeySource
+from fsframework.models.context import DocumentRows, KeySource
 from fsframework.models.decode_state import DecodeState
 from fsframework.models.documents import Documents, documents_of
 from fsframework.models.losses import head_output
@@ -57,6 +57,11 @@ class SequenceParallelism(Protocol):
     def root_gatherer(self, sp) -> Callable[[torch.Tensor], list[torch.Tensor]]:
         """Own block roots `[K, B, D]` -> every rank's `[K_r, B, D]` (AR-GRC's scan, docs/argrc.md §6)."""
 
+    def document_rows(self, sp, doc_ids: torch.Tensor) -> DocumentRows:
+        """The documents of this rank's part of rows whose documents are `doc_ids` `[B, N]` (the whole
+        rows: a part may begin inside a document), each read as a row of its own, a continued one
+        reading its earlier tokens from the other ranks (`DocumentRows.earlier_tokens`)."""
+
 
 class LanguageModel(nn.Module, ABC):
     """Base of the registry's language models; see the module docstring."""
@@ -78,9 +83,11 @@ class LanguageModel(nn.Module, ABC):
         packed documents, each read as a row of its own (None: each row is one sequence)."""
 
     @abstractmethod
-    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
+    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp,
+                                        rows: Optional[DocumentRows] = None) -> torch.Tensor:
         """This rank's tokens `[B, n]` of the sequence `sp` -> their hidden states `[B, n, E]`, equal to
-        the single-process ones (the earlier ranks' part comes through `self.parallelism`)."""
+        the single-process ones (the earlier ranks' part comes through `self.parallelism`); `rows`: the
+        documents of the rank's part (document masking, `SequenceParallelism.document_rows`)."""
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None, loss_chunk: int = 0,
                 sp=None, doc_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -88,7 +95,8 @@ class LanguageModel(nn.Module, ABC):
         `[B, T]` instead, the head run `loss_chunk` positions at a time (`models.losses.head_output`).
         Sequence parallel: tokens of this rank's runs `[B, n]`, `sp` the context of their sequence.
         doc_ids `[B, T]`: the documents packed in each row (a document is a run of equal ids), each
-        read as a row of its own (document masking, docs/training.md); None: a row is one document."""
+        read as a row of its own (document masking, docs/training.md); None: a row is one document.
+        Under sequence parallelism they are the whole rows' `[B, N]`, whose part the rank holds."""
         if self.parallelism is None:
             if sp is not None:
                 raise TypeError(f"{type(self).__name__} is not sequence parallel: it takes no sequence context")
@@ -96,10 +104,9 @@ class LanguageModel(nn.Module, ABC):
                 raise ValueError(f"doc_ids must have the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
             hidden = self.hidden_states(tokens, documents=documents_of(doc_ids))
         else:
-            if doc_ids is not None:
-                raise ValueError("document masking under sequence parallelism is not supported: "
-                                 "train with parallel.sp=1 or data.document_masking=false")
-            hidden = self.sequence_parallel_hidden_states(tokens, self.parallelism.sequence(sp, type(self).__name__))
+            sp = self.parallelism.sequence(sp, type(self).__name__)
+            rows = None if doc_ids is None else self.parallelism.document_rows(sp, doc_ids)
+            hidden = self.sequence_parallel_hidden_states(tokens, sp, rows)
         return head_output(self.lm_head, hidden, targets, loss_chunk)
 
     # --- decoding ---

@@ -96,9 +96,11 @@ class TransformerLM(LanguageModel):
             x = recomputed(layer, x, source) if recompute else layer(x, source)
         return self.norm(x)
 
-    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp) -> torch.Tensor:
-        """This rank's runs: every layer takes the earlier ranks' keys from the parallelism's source."""
-        return self.hidden_states(tokens, self.parallelism.key_source(sp))
+    def sequence_parallel_hidden_states(self, tokens: torch.Tensor, sp, rows: Optional[DocumentRows] = None
+                                        ) -> torch.Tensor:
+        """This rank's runs: every layer takes the earlier ranks' keys from the parallelism's source;
+        with `rows` (document masking) its documents, a continued one reading its earlier tokens."""
+        return self.hidden_states(tokens, self.parallelism.key_source(sp) if rows is None else rows)
 
     def decode_state(self, chunk: Optional[int] = None) -> DecodeCache:
         if self.layer_cache is None:

@@ -41,7 +41,9 @@ class RankBatch:
     weights: Optional[torch.Tensor] = None
     sp: Optional[SPContext] = None
     denominators: Optional[Denominators] = None
-    doc_ids: Optional[torch.Tensor] = None  # the packed documents, read apart (one process only)
+    # the packed documents, read apart: the whole rows' `[B, N]` also under sequence parallelism (a
+    # rank's part may begin inside a document; `fsframework.parallel.documents`)
+    doc_ids: Optional[torch.Tensor] = None
 
     def logits(self, model) -> torch.Tensor:
         """`model`'s logits `[B, n, V]` of this rank's inputs (the model, or the engine wrapping it)."""
@@ -65,12 +67,10 @@ def shard_batch(sp: Optional[SPContext], inputs: torch.Tensor, targets: torch.Te
                 weights: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None) -> RankBatch:
     """This rank's `RankBatch` of a batch of whole sequences `[B, N]` (targets `-100` are ignored).
     `sp`: the model's context (`sp_context(model)`), None for a model that is not sequence parallel.
-    doc_ids: the rows' packed documents, each read as a row of its own (one process only)."""
+    doc_ids: the rows' packed documents, each read as a row of its own; kept whole under sequence
+    parallelism, where the model reads from them where the rank's documents began."""
     if sp is None:
         return RankBatch(inputs, targets, weights, doc_ids=doc_ids)
-    if doc_ids is not None:
-        raise ValueError("document masking under sequence parallelism is not supported: "
-                         "train with parallel.sp=1 or data.document_masking=false")
     sequence = sp.at_length(inputs.shape[1])
     count, weight_sum = loss_denominators(targets, weights)
     scale = sequence.size  # see the module docstring: the rank's loss times sp
@@ -79,4 +79,4 @@ def shard_batch(sp: Optional[SPContext], inputs: torch.Tensor, targets: torch.Te
     def own(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         return None if x is None else shard_runs(x, sequence.runs)
 
-    return RankBatch(own(inputs), own(targets), own(weights), sequence, denominators)
+    return RankBatch(own(inputs), own(targets), own(weights), sequence, denominators, doc_ids)

@@ -22,10 +22,11 @@ from typing import Callable, Optional
 
 import torch
 
-from fsframework.models.context import KeySource
+from fsframework.models.context import DocumentRows, KeySource
 from fsframework.models.language_model import LanguageModel
 from fsframework.parallel.attention import SequenceParallelKeys, ZigzagRunsSource
 from fsframework.parallel.context import SPContext
+from fsframework.parallel.documents import document_rows
 from fsframework.parallel.groups import ParallelGroups, init_groups
 from fsframework.parallel.scan import root_gatherer
 from fsframework.parallel.sharding import LAYOUTS
@@ -50,14 +51,21 @@ class SequenceParallel:
     def root_gatherer(self, sp: SPContext) -> Callable[[torch.Tensor], list[torch.Tensor]]:
         return root_gatherer(sp)
 
+    def document_rows(self, sp: SPContext, doc_ids: torch.Tensor) -> DocumentRows:
+        return document_rows(sp, doc_ids)
 
-def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None) -> LanguageModel:
+
+def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None,
+                documents: bool = False) -> LanguageModel:
     """Make `model` (a language model from the registry) sequence parallel over `parallel_cfg.sp` ranks.
 
     groups: the process groups (default: created here; collective over the world).
     The sharding granularity is the model's own `model.cfg.attention.block_size`, which
     FreeSolo needs so that no query block straddles two ranks; the model config is the one
     place it is set (docs/freesolo.md §1.3).
+    documents: packed documents are read apart (`data.document_masking`): the contiguous layout
+    (`fsframework.parallel.documents`; a query's work then grows within its document, not with its
+    position in the row, so the zigzag layout has less to balance).
     Returns the same module object; a no-op when `sp == 1`.
     """
     sp_size = parallel_cfg.sp
@@ -73,8 +81,10 @@ def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGro
     layout = getattr(parallel_cfg, "sp_layout", "contiguous")
     if layout not in LAYOUTS:
         raise ValueError(f"parallel.sp_layout={layout!r} is not one of {LAYOUTS}")
-    if layout not in model.sequence_layouts():
-        layout = "contiguous"  # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already
+    if layout not in model.sequence_layouts() or documents:
+        # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already; documents
+        # read apart: the contiguous layout's halo of earlier tokens (fsframework.parallel.documents)
+        layout = "contiguous"
     sp = SPContext(groups=groups, block_size=model.cfg.attention.block_size, layout=layout)
     model.enable_sequence_parallel(SequenceParallel(sp))
     return model

@@ -141,13 +141,34 @@ def test_argrc_sp2_zero3_losses_equal_single_process(tmp_path, data_cache):
 
 def test_document_masking_on_two_zero3_ranks_equals_one_rank(tmp_path):
     """Packed documents read apart (docs/training.md, "Documents") under ZeRO-3 with activation
-    checkpointing on 2 data-parallel ranks: the losses of one rank accumulating the same 2 micro-batches.
-    A corpus of its own whose retrieval documents are shorter than a row, so rows hold several."""
+    checkpointing on 2 ranks, data parallel and sequence parallel: the losses of one rank accumulating
+    the same 2 micro-batches. A corpus of its own whose retrieval documents are shorter than a row, so
+    rows hold several; under SP the second rank continues the document over the ranks' boundary (input
+    position 32) from the first rank's halo (fsframework/parallel/documents.py), in most rows a document
+    that began at the row's start, in about one row of 11 one that began inside the row (micro-batches
+    of 8 rows: the 96 rows read hold some)."""
     masked = ["data.document_masking=true", "data.embedded_retrieval_docs=400", "data.embedded_python_chars=20000",
-              "data.embedded_retrieval_max_fraction=0.6"]
-    one, two, cache = tmp_path / "one", tmp_path / "two", str(tmp_path / "cache")
+              "data.embedded_retrieval_max_fraction=0.6", "data.micro_batch_size=8"]
+    one, two, sp, cache = tmp_path / "one", tmp_path / "two", tmp_path / "sp", str(tmp_path / "cache")
     run_fsf(*train_args(one, cache, "parallel.grad_accum=2", *masked))
     torchrun(2, *train_args(two, cache, "parallel.zero_stage=3", "train.activation_checkpointing=true", *masked))
     assert_close(losses(two), losses(one))
     records = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
     assert max(r["documents_per_row"] for r in records) > 1  # rows that held several documents were read apart
+    # FS's layers and the tied head recompute in backward (the halo exchange with them)
+    torchrun(2, *train_args(sp, cache, *SP2_ZERO3, "parallel.grad_accum=2", *masked))
+    assert_close(losses(sp), losses(one))
+    crossing, begun_inside = _rows_crossing(Path(cache), 32)
+    assert crossing > 0.9 and begun_inside > 0.05, (crossing, begun_inside)
+
+
+def _rows_crossing(cache: Path, boundary: int) -> tuple[float, float]:
+    """The fractions of the training rows in `cache` whose document at `boundary` began before it, and
+    began inside the row (after its first token)."""
+    from fsframework.data.inspect_shards import read_shard
+
+    index = next(cache.rglob("train/index.json"))
+    rows = [sample["doc_ids"] for shard in json.loads(index.read_text())["shards"]
+            for sample in read_shard(index.parent, shard)]
+    crossing = [row for row in rows if row[boundary - 1] == row[boundary]]
+    return len(crossing) / len(rows), sum(int(row[0] != row[boundary]) for row in crossing) / len(rows)
