@@ -18,7 +18,8 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
-from fsframework.models.context import WHOLE_SEQUENCE, DocumentRows, KeySource, PrefixKeys, after_earlier, reach_back
+from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier,
+                                       reach_back)
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from fsframework.ops.rope import rotate
 
@@ -72,7 +73,7 @@ class QKVAttention(nn.Module):
         def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
             reach = reach_back(self.key_span, start)
             _, k, v = self.project(earlier[row:row + 1, earlier.shape[1] - reach:], start - reach)
-            return self.forward_run(piece, PrefixKeys(start, k, v))
+            return self.forward_run(piece, ContinuedDocument(start, k, v))
 
         y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
         return after_earlier(y, earlier)

@@ -151,7 +151,7 @@ class DocumentRows(WholeSequence):
         return x[:, :0]
 
 
-class PrefixKeys(KeySource):
+class ContinuedDocument(KeySource):
     """A continuation piece's source: queries at `[start, start + n)` of their document, whose keys and
     values of `[start - p, start)` (`p = start`, or at least the window of a window span) the layer
     computed from `DocumentRows.earlier_tokens`; `keys` puts them before the piece's own."""
