@@ -15,7 +15,8 @@ enough for the kind:
 Every source subclasses `KeySource`, which also declares what a layer may ask of any source:
 `keeps_keys` (the keys it is handed are kept for later steps), `positions(n, device)`
 (the queries' absolute positions, `[start, start + n)` unless the source says otherwise) and
-`routed_keys` (keys and, where the source routes, the cells a routed layer's queries select).
+`freesolo_state` (keys and the state a FreeSolo layer's op reads: where the source routes, the cells
+its queries select; a decode cache's carried state).
 
 `WholeSequence` (here) is training and plain inference: `start = 0` and the keys are
 the layer's own. `fsframework.parallel` gathers the earlier keys from other ranks;
@@ -23,8 +24,9 @@ the layer's own. `fsframework.parallel` gathers the earlier keys from other rank
 each kind needs is part of its registry entry (`fsframework.models.registry`).
 
 A source that keeps per-layer state between forward passes (a decode cache) says so by
-being a `LayerStateSource`: a layer whose cached form is more than its earlier keys
-(FreeSolo: cell summaries, FS-L's candidates, FS-B's forests) asks it for `layer_state`.
+being a `LayerStateSource`: for a layer whose cached form is more than its earlier keys
+(FreeSolo: cell summaries, FS-L's candidates, FS-B's forests) it keeps a `layer_state`, which it
+hands the FreeSolo op through `freesolo_state`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import torch
 
 from fsframework.models.documents import Documents
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
+from fsframework.ops.freesolo_driver import PrefixKeys, Router
+from fsframework.ops.freesolo_driver import State as FreeSoloState
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class CellRouter(Protocol):
     def routes_from_summaries(self) -> bool:
         """Its routing reads only the cells' summaries (FS), so a source may route from gathered ones."""
 
+    # what replaces the op's routing in whole-sequence forwards (diagnostics, ablations); None: the op's
+    router: Optional["Router"]
+
 
 class KeySource(ABC):
     """Where a layer's earlier keys come from (module docstring); every source subclasses it."""
@@ -100,17 +107,17 @@ class KeySource(ABC):
         layout, which holds two runs (`fsframework.parallel.attention.ZigzagRunsSource`)."""
         return [(x, self)]
 
-    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
-                    router: "CellRouter") -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """`keys` for a layer that routes its queries to cells (FreeSolo): (keys, values, cells).
-        cells None: the layer routes from the keys, which are what `keys` returns. Otherwise cells
-        `[B, n, H, K]` as `router` selects them for `q`, indexing the cells of keys that may be
-        compact: the cells the queries read, then the `span` window's positions before `start` and
-        the own keys, contiguous (`FreeSoloAttention.attend`). This source routes nothing; a
-        sequence-parallel one routes from the gathered cell summaries and fetches only the cells its
-        queries selected (`fsframework.parallel.selected`)."""
+    def freesolo_state(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                       routed: "CellRouter") -> tuple[torch.Tensor, torch.Tensor, "FreeSoloState"]:
+        """What a FreeSolo layer hands its op (`fsframework.ops.freesolo_driver.freesolo`): the keys,
+        values and state of its queries. Here `keys` and a `PrefixKeys` state without cells: the op routes
+        the queries over the keys (with the layer's `router` hook, if set). A sequence-parallel source
+        builds the state from the other ranks: the cells its queries select, routed from the gathered
+        cell summaries, and compact keys (the selected cells, then the `span` window's positions before
+        `start` and the own keys; `fsframework.parallel.selected`, `retained`); a decode cache hands its
+        layer's decode state (`fsframework.models.decode_cache`)."""
         k, v = self.keys(layer, k, v, span)
-        return k, v, None
+        return k, v, PrefixKeys(self.start, None, routed.router)
 
 
 class WholeSequence(KeySource):

@@ -17,9 +17,9 @@ What a layer keeps is the kind's registry entry's business (`AttentionKind.cache
 - FreeSolo's decode states (`FSDecodeState`, `FSLDecodeState`, `FSBDecodeState`,
   `fsframework.ops.freesolo_decode`, `fsb_decode`): raw keys and cell summaries, FS-L's bounded
   set (a size that does not depend on the context), FS-B's forests. The cache is a
-  `LayerStateSource`: a FreeSolo layer asks it for its layer's state (`layer_state`) and hands
-  that state to the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`), which advances it,
-  instead of asking for keys.
+  `LayerStateSource`: asked by a FreeSolo layer for its keys and state (`freesolo_state`), it
+  hands its layer's decode state (`layer_state`) to the FreeSolo op
+  (`fsframework.ops.freesolo_driver.freesolo`), which advances it.
 
 Prefill runs in chunks of `chunk` positions through the same layer code (a FreeSolo cache
 walks a chunk's query blocks in order), so no step holds more than `chunk` queries'
@@ -65,6 +65,12 @@ class DecodeCache(DecodeState, LayerStateSource):
         """Append `k, v` `[B, n, H, d]` to layer `layer`'s cache and return the keys its offset form
         reads (`fsframework.models.context`), new positions included."""
         return self.layer_state(layer).keys(k, v, self.start)
+
+    def freesolo_state(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span, routed):
+        """A FreeSolo layer's keys and values as given, and its decode state (`fsframework.ops.freesolo_decode`),
+        checked to continue at this step's start; the FreeSolo op advances it (`KeySource.freesolo_state`).
+        Decoding routes with the op itself: a layer's `router` hook serves whole-sequence forwards."""
+        return k, v, self.layer_state(layer).at(self.start)
 
     @property
     def nbytes(self) -> int:

@@ -24,7 +24,7 @@ from torch import nn
 from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
-from fsframework.models.context import WHOLE_SEQUENCE, KeySource, LayerStateSource
+from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 from fsframework.ops.freesolo_decode import FreeSoloDecodeState
@@ -144,7 +144,7 @@ class FreeSoloAttention(QKVAttention):
         the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`) on the keys of the prefix.
 
         Without `cells`, k and v are the keys of `[0, start + n)` and the queries are routed there.
-        With `cells` `[B, n, H, K]` (a source routed them, `KeySource.routed_keys`; start a block
+        With `cells` `[B, n, H, K]` (a source routed them, `KeySource.freesolo_state`; start a block
         boundary), k and v may be compact: any cells the queries read, then at least the
         `min(window, start)` positions before `start` and the own keys, contiguous; the cells index
         k's cells. The readout is position-free (NoPE), so it reads the same numbers either way."""
@@ -155,12 +155,11 @@ class FreeSoloAttention(QKVAttention):
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""
         q, k, v = self.project(x, source.start)
-        if isinstance(source, LayerStateSource):  # decoding: the layer's decode state, carried (docs/decoding.md)
-            state = source.layer_state(self.layer_idx).at(source.start)
-            local, long_range, _ = freesolo(q, k, v, state, self.settings, self.prior, self.readout_gain())
-            return local, long_range
-        k, v, cells = source.routed_keys(self.layer_idx, q, k, v, self.key_span, self)
-        return self.attend(q, k, v, source.start, cells)
+        # the source says what the queries read besides their own keys: the whole sequence, a
+        # sequence-parallel rank's gathered keys and routed cells, or a decode cache's carried state
+        k, v, state = source.freesolo_state(self.layer_idx, q, k, v, self.key_span, self)
+        local, long_range, _ = freesolo(q, k, v, state, self.settings, self.prior, self.readout_gain())
+        return local, long_range
 
     def forward_run(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
         local, long_range = self.branches(x, source)

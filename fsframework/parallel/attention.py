@@ -11,7 +11,7 @@ entry's key span:
   by ONE all-gather (as Llama 3 context parallelism). Keys travel in the form the
   kind's projection gives them: rotated at their absolute positions for TF++,
   unrotated for FS-B (its forest search rescores cells from their token keys).
-- FS (`routed_keys`): the cell summaries of every rank by an all-gather, routing on the
+- FS (`freesolo_state`): the cell summaries of every rank by an all-gather, routing on the
   rank, then only the cells its queries selected and the window's halo, point to point
   (`fsframework.parallel.selected`).
 - FS-L's retained cells: only the window, the recent cells and the top-`P` cells by
@@ -31,11 +31,10 @@ query and keep the contiguous layout.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from fsframework.models.context import CellRouter, KeySource, RetainedCells, Span
+from fsframework.ops.freesolo_driver import PrefixKeys
 from fsframework.parallel.collectives import gather_runs, gather_sequence, halo_exchange
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.retained import retained_kv, retained_routed_kv
@@ -74,13 +73,15 @@ class SequenceParallelKeys(KeySource):
             return retained_kv(k, v, self.sp, span)
         return halo_kv(k, v, self.sp, span)
 
-    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
-                    router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        if span is None and router.routes_from_summaries:  # FS: only the selected cells
-            return SelectedCells(self.sp).keys(0, layer, q, k, v, router)
+    def freesolo_state(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                       routed: CellRouter) -> tuple[torch.Tensor, torch.Tensor, PrefixKeys]:
+        if span is None and routed.routes_from_summaries:  # FS: only the selected cells
+            k, v, cells = SelectedCells(self.sp).keys(0, layer, q, k, v, routed)
+            return k, v, PrefixKeys(self.start, cells)
         if isinstance(span, RetainedCells):  # FS-L: its retained cells, routed here to hand over compact keys
-            return retained_routed_kv(q, k, v, self.sp, span, router)
-        return super().routed_keys(layer, q, k, v, span, router)
+            k, v, cells = retained_routed_kv(q, k, v, self.sp, span, routed)
+            return k, v, PrefixKeys(self.start, cells)
+        return super().freesolo_state(layer, q, k, v, span, routed)
 
 
 class ZigzagKeys:
@@ -126,11 +127,12 @@ class RunKeys(KeySource):
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor, span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         return self.parent.keys(self.run, layer, k, v, span)
 
-    def routed_keys(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
-                    router: CellRouter) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        if span is None and router.routes_from_summaries:  # FS: only the selected cells
-            return self.parent.selected.keys(self.run, layer, q, k, v, router)
-        return super().routed_keys(layer, q, k, v, span, router)
+    def freesolo_state(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: Span,
+                       routed: CellRouter) -> tuple[torch.Tensor, torch.Tensor, PrefixKeys]:
+        if span is None and routed.routes_from_summaries:  # FS: only the selected cells
+            k, v, cells = self.parent.selected.keys(self.run, layer, q, k, v, routed)
+            return k, v, PrefixKeys(self.start, cells)
+        return super().freesolo_state(layer, q, k, v, span, routed)
 
 
 class ZigzagRunsSource(KeySource):

@@ -28,7 +28,7 @@ cell is relayed.
 `[B, a, H, 2d]`; the rest stays zero and is never read: a zero cell has `a_c = 0`, which no
 fetched cell is below, and the earlier cell wins ties, so FS-L's routing keeps exactly the
 single-process cells, and its readout and window read only fetched keys. What the model's
-FS-L layers get is `retained_routed_kv` (the source's `routed_keys`): the same fetch, the
+FS-L layers get is `retained_routed_kv` (the source's `freesolo_state`): the same fetch, the
 routing done on the rank from the summaries of that zero prefix, and compact keys, the cells
 the queries read and the halo (`fsframework.parallel.compact`), so a rank holds `O(P s + h)`
 earlier positions per head instead of `a`. Backward returns each fetched cell's gradient to

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from fsframework.config import AttentionConfig, ModelConfig, ParallelConfig, RewiredConfig
+from fsframework.models import freesolo_attention
 from fsframework.models.freesolo_attention import set_fsb_thresholds
 from fsframework.models.registry import KINDS, build_model
 from fsframework.models.losses import lm_losses
@@ -29,6 +30,8 @@ from fsframework.parallel.groups import init_groups
 from fsframework.parallel.parallelize import parallelize, sp_context
 from fsframework.parallel.sharding import shard_runs
 from tests.parallel.ranks import finish_rank
+
+FREESOLO_OP = freesolo_attention.freesolo  # the op itself, which `record_key_lengths` wraps
 
 TOL = 1e-5
 
@@ -99,7 +102,7 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     parallelize(model, ParallelConfig(sp=sp, sp_layout=layout), groups)
     tokens, targets, weights = sample(100 + groups.dp_rank, n, cfg.vocab_size)
     mine = shard_batch(sp_context(model), tokens, targets, weights if weighted else None)
-    lengths = record_key_lengths(model) if kind in ("fs", "fsl") else []
+    lengths = record_key_lengths() if kind in ("fs", "fsl") else []
     with CommCounter.counting() as traffic:
         if weighted:  # the trainer's path: the model scores its own targets, the head in ragged chunks
             loss, _ = mine.scored(model, loss_chunk=5)
@@ -134,16 +137,14 @@ def check(kind: str, n: int, sp: int, groups, layout: str) -> list[str]:
     return errors
 
 
-def record_key_lengths(model) -> list[tuple[int, int]]:
-    """(keys handed to attend, start + n) of every FreeSolo attention call of `model`."""
+def record_key_lengths() -> list[tuple[int, int]]:
+    """(keys handed to the FreeSolo op, start + n) of every FreeSolo attention call from here on."""
     seen = []
-    for layer in model.layers:
-        attend = layer.attn.attend
 
-        def recording(q, k, v, start, cells=None, attend=attend):
-            seen.append((k.shape[1], start + q.shape[1]))
-            return attend(q, k, v, start, cells)
-        layer.attn.attend = recording
+    def recording(q, k, v, state, *args):
+        seen.append((k.shape[1], state.start + q.shape[1]))
+        return FREESOLO_OP(q, k, v, state, *args)
+    freesolo_attention.freesolo = recording  # the layers call the op through their module's name
     return seen
 
 
