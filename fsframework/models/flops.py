@@ -286,8 +286,9 @@ def fsb_block_work(model: ModelConfig, seq_len: int) -> tuple[int, int]:
     a, f = model.attention, model.attention.fsb
     forests, width = fsb_forest_count(model), f.beam_width
     search = rescored = 0
-    for j, lo in enumerate(range(0, seq_len, a.block_size)):
-        queries, cells = min(a.block_size, seq_len - lo), j * a.block_size // a.cell_size
+    for j in range(-(-seq_len // a.block_size)):  # a sum over query blocks j (a formula, not a walk over data)
+        lo = j * a.block_size
+        queries, cells = min(a.block_size, seq_len - lo), lo // a.cell_size
         levels = fsb_search_levels(cells, width)
         per_query = len(levels) * 2 * width if queries == 1 else sum(levels)
         search += queries * forests * per_query
