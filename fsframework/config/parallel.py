@@ -11,7 +11,8 @@ from fsframework.config.checks import ConfigError, choice, positive_fields
 class ParallelConfig:
     sp: int = 1  # sequence-parallel group size
     # zigzag | contiguous: which tokens each SP rank holds (fsframework.parallel.sharding); zigzag
-    # balances the causal work of the prefix kinds for the same bytes, the others always run contiguous
+    # balances the causal work of the prefix kinds for the same bytes, the others always run contiguous,
+    # as do all kinds with data.document_masking (a query's work then grows within its document)
     sp_layout: str = "zigzag"
     zero_stage: int = 0
     grad_accum: int = 1
