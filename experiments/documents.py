@@ -9,6 +9,10 @@ that knows which bytes are common but nothing of their order) and passkey's, a k
 
     .venv/bin/python experiments/documents.py --jobs 2 --out runs/documents
 
+`--data DIR` trains and scores on shards of `fsf data build` instead of the embedded corpus (the
+standard library's modules, `experiments/stdlib_corpus.py`, hold enough long documents for 4x-8x),
+`--lengths` sets the scored lengths.
+
 Writes `<out>/results.json` and prints a markdown table.
 """
 
@@ -29,7 +33,6 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-LENGTHS = [512, 1024, 2048]
 
 
 def run(args, model: str, masking: bool, seed: int) -> Path:
@@ -38,13 +41,18 @@ def run(args, model: str, masking: bool, seed: int) -> Path:
         cmd = [sys.executable, "-m", "fsframework", "run", str(REPO / "yamls" / "quickstart.yaml"), f"run_dir={out}",
                f"model.name={model}", f"train.seed={seed}", f"data.shuffle_seed={1234 + seed}",
                f"data.document_masking={str(masking).lower()}", "train.progress=false", "train.tensorboard=false",
-               "eval.tasks=[doc_perplexity,perplexity,passkey]", f"eval.lengths=[{','.join(map(str, LENGTHS))}]",
-               f"eval.num_samples={args.samples}", *args.override]
+               f"eval.tasks=[{args.tasks}]", f"eval.lengths=[{','.join(map(str, args.lengths))}]",
+               f"eval.num_samples={args.samples}", *data_overrides(args), *args.override]
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
         if done.returncode:
             raise RuntimeError(f"{out} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return out
+
+
+def data_overrides(args) -> list[str]:
+    """The config overrides of `--data` (none: the embedded corpus)."""
+    return [] if args.data is None else ["data.source=shards", f"data.path={Path(args.data).resolve()}"]
 
 
 def byte_frequency_floor(args) -> dict[str, float]:
@@ -53,11 +61,11 @@ def byte_frequency_floor(args) -> dict[str, float]:
     from fsframework.data.mixture import heldout_streams
     from fsframework.eval.perplexity import heldout_documents
 
-    cfg = load_config(str(REPO / "yamls" / "quickstart.yaml"), [])
+    cfg = load_config(str(REPO / "yamls" / "quickstart.yaml"), data_overrides(args))
     location = heldout_streams(cfg, build=False)[0].location
-    docs = heldout_documents(location, 256, LENGTHS[0] + 1, args.samples, count_at=LENGTHS[-1] + 1)
+    docs = heldout_documents(location, 256, args.lengths[0] + 1, args.samples, count_at=args.lengths[-1] + 1)
     floor = {}
-    for n in LENGTHS:
+    for n in args.lengths:
         rows = [d[:n + 1] for d in docs if len(d) >= n + 1][:args.samples]
         targets = np.concatenate([r[1:] for r in rows])
         p = np.bincount(targets, minlength=260) / len(targets)
@@ -72,8 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--samples", type=int, default=10, help="windows per length and task")
     parser.add_argument("--out", default="runs/documents")
+    parser.add_argument("--data", default=None, help="shards of `fsf data build` (default: the embedded corpus)")
+    parser.add_argument("--tasks", default="doc_perplexity,perplexity,passkey", help="scored tasks (these three at most)")
+    parser.add_argument("--lengths", default="512,1024,2048", help="scored lengths, the first the training length")
     parser.add_argument("override", nargs="*", help="config overrides for every run (key=value)")
     args = parser.parse_args(argv)
+    args.lengths = [int(n) for n in args.lengths.split(",")]
     jobs = [(m, masking, int(s)) for s in args.seeds.split(",") for m in args.models.split(",")
             for masking in (False, True)]
     start = time.time()
@@ -87,23 +99,23 @@ def main(argv: list[str] | None = None) -> None:
                         "documents": scores["breakdown"]["doc_perplexity"]["documents"]})
     floor = byte_frequency_floor(args)
     Path(args.out, "results.json").write_text(json.dumps({"results": results, "floor": floor}, indent=1))
-    lines = ["| model | documents | seed | doc ppl " + " / ".join(f"{n // 512}x" for n in LENGTHS)
+    lines = ["| model | documents | seed | doc ppl " + " / ".join(f"{n // args.lengths[0]}x" for n in args.lengths)
              + " | stream ppl | passkey % |", "|---|---|---|---|---|---|"]
 
     def fmt(values: dict, digits: int = 2) -> str:
-        return " / ".join("-" if values.get(str(n)) is None else f"{values[str(n)]:.{digits}f}" for n in LENGTHS)
+        return " / ".join("-" if values.get(str(n)) is None else f"{values[str(n)]:.{digits}f}" for n in args.lengths)
 
     def passkey(values: dict) -> str:
         return fmt(values, 0)
     for r in results:
         s = r["scores"]
         lines.append(f"| {r['model']} | {'read apart' if r['masking'] else 'packed'} | {r['seed']} | "
-                     f"{fmt(s['doc_perplexity'])} | {fmt(s['perplexity'])} | "
-                     f"{passkey(s['passkey'])} |")
+                     f"{fmt(s['doc_perplexity'])} | {fmt(s.get('perplexity', {}))} | "
+                     f"{passkey(s.get('passkey', {}))} |")
     lines.append(f"| floor | byte frequencies of the same windows | | {fmt(floor)} | | a key guessed: 0 |")
     counts = results[0]["documents"]
     print("\n".join(lines))
-    print(f"held-out documents per length: {' / '.join(str(counts[str(n)]) for n in LENGTHS)}; "
+    print(f"held-out documents per length: {' / '.join(str(counts[str(n)]) for n in args.lengths)}; "
           f"wall time {time.time() - start:.0f} s")
 
 
