@@ -6,11 +6,17 @@ Two ways to cut the held-out text into windows:
 - `document_perplexity` ("doc_perplexity"): the first `length + 1` tokens of each held-out document at
   least that long, one document a window, so every position predicts from its own document only
   (what a model trained with document masking is read on; docs/training.md, "Documents").
+
+Each length's score comes with its floor (`LengthScore.floor`): the perplexity of the same targets
+under their own token frequencies, what the best model that knows which tokens are common in these
+very windows, and nothing of their order or context, would score. A perplexity near it says the
+model read little of the context.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +24,9 @@ import torch.nn.functional as F
 
 import fsframework.data  # noqa: F401  (streaming without its dataset zoo: fsframework/data/streaming_package.py)
 from fsframework.models.language_model import LanguageModel
+
+# the tasks scored as perplexities (lower is better, no 0-100 scale), each with a `<task>_floor` series
+PERPLEXITY_TASKS = ("perplexity", "doc_perplexity")
 
 
 def heldout_tokens(data_dir: str, max_tokens: int) -> np.ndarray:
@@ -83,22 +92,43 @@ def heldout_documents(data_dir: str, eos_id: int, min_tokens: int, count: int, *
     return found
 
 
+@dataclass(frozen=True)
+class LengthScore:
+    """A perplexity task's result at one length (module docstring)."""
+
+    perplexity: float  # NaN where nothing was read
+    floor: float  # the same targets' perplexity under their own token frequencies (NaN: nothing read)
+    count: int  # windows or documents read
+
+
+def unigram_floor(targets: torch.Tensor) -> float:
+    """`exp(-mean log p(t))` over `targets` (any shape), `p` the targets' own frequencies: the lowest
+    perplexity a model that ignores the context can reach on exactly these targets."""
+    flat = targets.reshape(-1).long()
+    if flat.numel() == 0:
+        return float("nan")
+    counts = torch.bincount(flat).double()
+    p = counts[flat] / flat.numel()
+    return math.exp(-p.log().mean().item())
+
+
 @torch.inference_mode()
 def document_perplexity(model, tokenizer, lengths: list[int], *, data_dir: str, num_samples: int, batch_size: int,
-                        device) -> dict[int, tuple[float, int]]:
-    """Per length: (perplexity over the first `length + 1` tokens of up to `num_samples` held-out documents
-    of at least that many tokens, the number of documents read); NaN and 0 where none is that long."""
+                        device) -> dict[int, LengthScore]:
+    """Per length: the perplexity over the first `length + 1` tokens of up to `num_samples` held-out
+    documents of at least that many tokens, its floor and the number of documents read (NaN, NaN and 0
+    where none is that long)."""
     documents = heldout_documents(data_dir, tokenizer.eos_id, min(lengths) + 1, num_samples, count_at=max(lengths) + 1)
     results = {}
     for length in lengths:
         rows = [torch.from_numpy(d[:length + 1]) for d in documents if len(d) >= length + 1][:num_samples]
         if not rows:
-            results[length] = (float("nan"), 0)
+            results[length] = LengthScore(float("nan"), float("nan"), 0)
             continue
         data = torch.stack(rows)
         nll = sum(sequence_nll(model, batch[:, :-1], batch[:, 1:])
                   for batch in (data[s:s + batch_size].to(device) for s in range(0, len(rows), batch_size)))
-        results[length] = (math.exp(nll / (len(rows) * length)), len(rows))
+        results[length] = LengthScore(math.exp(nll / (len(rows) * length)), unigram_floor(data[:, 1:]), len(rows))
     return results
 
 
@@ -123,11 +153,12 @@ def sequence_nll(model, inputs: torch.Tensor, targets: torch.Tensor, chunk: int 
 
 @torch.inference_mode()
 def perplexity_vs_length(model, tokenizer, lengths: list[int], *, data_dir: str, num_batches: int, batch_size: int,
-                         device) -> dict[int, float]:
-    """Mean next-token perplexity over windows of each length, cut from the held-out stream.
+                         device) -> dict[int, LengthScore]:
+    """Mean next-token perplexity over windows of each length, cut from the held-out stream, with its
+    floor and the number of windows read.
 
     Windows are consecutive, non-overlapping `length + 1`-token slices; a length
-    with no full window in the held-out text is reported as NaN.
+    with no full window in the held-out text is reported as NaN (and 0 windows).
     """
     need = max(lengths) * num_batches * batch_size + 1
     stream = torch.from_numpy(heldout_tokens(data_dir, need * 2))
@@ -136,7 +167,7 @@ def perplexity_vs_length(model, tokenizer, lengths: list[int], *, data_dir: str,
         windows = (len(stream) - 1) // (length + 1)
         count = min(windows, num_batches * batch_size)
         if count == 0:
-            results[length] = float("nan")
+            results[length] = LengthScore(float("nan"), float("nan"), 0)
             continue
         data = stream[: count * (length + 1)].view(count, length + 1)
         nll, n = 0.0, 0
@@ -144,5 +175,5 @@ def perplexity_vs_length(model, tokenizer, lengths: list[int], *, data_dir: str,
             batch = data[start:start + batch_size].to(device)
             nll += sequence_nll(model, batch[:, :-1], batch[:, 1:])
             n += batch[:, 1:].numel()
-        results[length] = math.exp(nll / n)
+        results[length] = LengthScore(math.exp(nll / n), unigram_floor(data[:, 1:]), count)
     return results

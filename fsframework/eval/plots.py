@@ -11,6 +11,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fsframework.eval.perplexity import PERPLEXITY_TASKS
+
 
 def _figure(width: float = 6.4, height: float = 4.2) -> Figure:
     fig = Figure(figsize=(width, height), dpi=110)
@@ -79,14 +81,22 @@ def plot_heatmap(table: dict[str, dict[str, float | None]], path: Path, *, row_l
     return _save(fig, path)
 
 
-def plot_perplexity(ppl: dict[str, float | None], path: Path) -> str:
+def plot_perplexity(series: dict[str, dict[str, float | None]], path: Path) -> str:
+    """One line per perplexity task (`perplexity`, `doc_perplexity`) against length, its floor (a
+    series named `*_floor`) dashed; log-2 length axis, log perplexity axis."""
     fig = _figure()
     ax = fig.add_subplot()
-    xs = [n for n in _lengths(ppl) if ppl[str(n)] is not None]
-    ax.plot(xs, [ppl[str(n)] for n in xs], marker="o")
+    plotted = False
+    for task, ppl in sorted(series.items()):
+        xs = [n for n in _lengths(ppl) if ppl[str(n)] is not None]
+        if xs:
+            ax.plot(xs, [ppl[str(n)] for n in xs], marker="o", label=task,
+                    linestyle="--" if task.endswith("_floor") else "-")
+            plotted = True
     ax.set_xscale("log", base=2)
-    if xs:  # a log axis needs at least one positive value
+    if plotted:  # a log axis needs at least one positive value
         ax.set_yscale("log")
+        ax.legend(fontsize=7, loc="best")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title("Perplexity vs context length")
@@ -100,7 +110,9 @@ def write_plots(results: dict, plots_dir: str | Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     scores, breakdown = results.get("scores", {}), results.get("breakdown", {})
     paths = []
-    task_scores = {t: s for t, s in scores.items() if t != "perplexity"}
+    # perplexities (and their floors) have a scale of their own: not on the 0-100 score plot
+    perplexities = {t: s for t, s in scores.items() if t.removesuffix("_floor") in PERPLEXITY_TASKS}
+    task_scores = {t: s for t, s in scores.items() if t not in perplexities}
     if task_scores:
         paths.append(plot_scores_vs_length(task_scores, out / "score_vs_length.png"))
     if breakdown.get("passkey"):
@@ -109,8 +121,8 @@ def write_plots(results: dict, plots_dir: str | Path) -> list[str]:
     if breakdown.get("ffact"):
         paths.append(plot_heatmap(breakdown["ffact"], out / "ffact_facts_length.png", row_label="facts F",
                                   title="F-fact memory probe"))
-    if scores.get("perplexity"):
-        paths.append(plot_perplexity(scores["perplexity"], out / "perplexity_vs_length.png"))
+    if any(perplexities.values()):
+        paths.append(plot_perplexity(perplexities, out / "perplexity_vs_length.png"))
     return paths
 
 

@@ -23,13 +23,13 @@ from fsframework.eval import decoding
 from fsframework.eval.ffact import FACT_COUNTS, FFACT_GEN_TOKENS, ffact_samples, queries_per_prefix
 from fsframework.eval.mqar import mqar_scores
 from fsframework.eval.passkey import PASSKEY_GEN_TOKENS, passkey_samples
-from fsframework.eval.perplexity import document_perplexity, perplexity_vs_length
+from fsframework.eval.perplexity import PERPLEXITY_TASKS, document_perplexity, perplexity_vs_length
 from fsframework.eval.ruler import NIAH_GEN_TOKENS, RULER_TASKS, NaturalHaystack, PromptTooLong, niah_samples
 from fsframework.eval.scoring import mean, passkey_match, postprocess_pred, sample_match_all
 
 TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
 UNPROMPTED = ("perplexity", "doc_perplexity", "mqar")  # scored from one forward pass, not from generated text
-HELDOUT_TASKS = ("perplexity", "doc_perplexity")  # read the run's held-out split
+HELDOUT_TASKS = PERPLEXITY_TASKS  # read the run's held-out split
 DEFAULT_GEN_TOKENS = {**{t: NIAH_GEN_TOKENS for t in RULER_TASKS}, "passkey": PASSKEY_GEN_TOKENS,
                       "ffact": FFACT_GEN_TOKENS}
 
@@ -114,15 +114,22 @@ def _run_document_perplexity(model, tokenizer, lengths, num_samples, batch_size,
     location = data_dir if isinstance(data_dir, str) else list(data_dir)[0].location
     values = document_perplexity(model, tokenizer, list(lengths), data_dir=location, num_samples=num_samples,
                                  batch_size=batch_size, device=device)
-    scores, counts = {}, {}
+    scores, floors, counts = {}, {}, {}
     for n in lengths:
-        ppl, count = values[n]
-        scores[str(n)] = ppl if math.isfinite(ppl) else None
-        counts[str(n)] = count
-        if not count:
+        score = values[n]
+        scores[str(n)] = _finite(score.perplexity)
+        floors[str(n)] = _finite(score.floor)
+        counts[str(n)] = score.count
+        if not score.count:
             results["skipped"].setdefault("doc_perplexity", {})[str(n)] = f"no held-out document of {n + 1} tokens"
     results["scores"]["doc_perplexity"] = scores
+    results["scores"]["doc_perplexity_floor"] = floors
     results["breakdown"]["doc_perplexity"] = {"documents": counts}
+
+
+def _finite(value: float) -> float | None:
+    """NaN (nothing read) is not valid JSON: None."""
+    return value if math.isfinite(value) else None
 
 
 def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir, device, results):
@@ -135,12 +142,13 @@ def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir
     per_stream = {s.label: perplexity_vs_length(model, tokenizer, list(lengths), data_dir=s.location,
                                                 num_batches=num_batches, batch_size=batch_size, device=device)
                   for s in streams}
-    scores = {}
+    scores, floors = {}, {}
+    weights = {s.label: s.weight for s in streams}
     for n in lengths:
-        values = {s.label: float(per_stream[s.label].get(n, float("nan"))) for s in streams}
-        value = mixture_perplexity(values, {s.label: s.weight for s in streams})
-        # NaN (no full window of held-out text at this length) is not valid JSON: record None
-        scores[str(n)] = value if math.isfinite(value) else None
+        values = {s.label: per_stream[s.label][n].perplexity for s in streams}
+        # no full window of held-out text at this length: None (NaN is not valid JSON)
+        scores[str(n)] = _finite(mixture_perplexity(values, weights))
+        floors[str(n)] = _finite(mixture_perplexity({s.label: per_stream[s.label][n].floor for s in streams}, weights))
         missing = [label for label, v in values.items() if not math.isfinite(v)]
         if len(streams) == 1 and missing:
             results["skipped"].setdefault("perplexity", {})[str(n)] = "no full window of held-out text"
@@ -149,10 +157,10 @@ def _run_perplexity(model, tokenizer, lengths, num_samples, batch_size, data_dir
                 f"no full window of held-out text in {', '.join(missing)}"
                 + ("" if len(missing) == len(streams) else ": the mixture weighs the other streams"))
     results["scores"]["perplexity"] = scores
+    results["scores"]["perplexity_floor"] = floors
     if len(streams) > 1:
-        results["breakdown"]["perplexity"] = {
-            label: {str(n): (v if math.isfinite(v := float(ppl.get(n, float("nan")))) else None) for n in lengths}
-            for label, ppl in per_stream.items()}
+        results["breakdown"]["perplexity"] = {label: {str(n): _finite(ppl[n].perplexity) for n in lengths}
+                                              for label, ppl in per_stream.items()}
 
 
 def mixture_perplexity(values: dict[str, float], weights: dict[str, float]) -> float:
@@ -196,7 +204,7 @@ def print_table(results: dict, console: Console | None = None) -> Table:
         return "-" if value is None else f"{value:.{digits}f}"
 
     for task, series in results["scores"].items():
-        digits = 2 if task in HELDOUT_TASKS else 1
+        digits = 2 if task.removesuffix("_floor") in HELDOUT_TASKS else 1
         table.add_row(task, *(cell(series.get(n), digits) for n in lengths))
         if task == "perplexity":  # a mixture's streams, each on its own held-out text
             for stream, values in results["breakdown"].get("perplexity", {}).items():

@@ -40,10 +40,16 @@ def test_document_perplexity_reads_each_document_alone(tmp_path):
     tokenizer = load_tokenizer("byte")
     result = document_perplexity(model, tokenizer, [20, 64, 200], data_dir=str(tmp_path), num_samples=2,
                                  batch_size=1, device="cpu")
-    assert result[200] == (result[200][0], 0) and math.isnan(result[200][0])  # no document that long
-    ppl, count = result[64]
-    assert count == 2  # the 70- and 90-token documents, each read from its own start
+    assert result[200].count == 0 and math.isnan(result[200].perplexity)  # no document that long
+    assert math.isnan(result[200].floor)
+    score = result[64]
+    assert score.count == 2  # the 70- and 90-token documents, each read from its own start
     rows = torch.stack([torch.from_numpy(docs[3][:65]), torch.from_numpy(docs[5][:65])])
     with torch.no_grad():
-        assert math.isclose(ppl, math.exp(sequence_nll(model, rows[:, :-1], rows[:, 1:]) / 128), rel_tol=1e-6)
-    assert result[20][1] == 2
+        assert math.isclose(score.perplexity, math.exp(sequence_nll(model, rows[:, :-1], rows[:, 1:]) / 128),
+                            rel_tol=1e-6)
+    # the floor: the same 128 targets under their own frequencies
+    targets = rows[:, 1:].reshape(-1).numpy()
+    freq = np.bincount(targets) / targets.size
+    assert math.isclose(score.floor, math.exp(-np.log(freq[targets]).mean()), rel_tol=1e-12)
+    assert result[20].count == 2

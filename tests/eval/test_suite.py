@@ -11,6 +11,7 @@ import torch
 from fsframework.config import ModelConfig
 from fsframework.data.tokenizers import load_tokenizer
 from fsframework.eval import decoding, suite
+from fsframework.eval.perplexity import LengthScore
 from fsframework.eval.ruler import NIAH_GEN_TOKENS
 from fsframework.eval.suite import TASKS, UNPROMPTED, run_eval
 from fsframework.models.registry import build_model
@@ -61,13 +62,15 @@ def test_perplexity_task_calls_the_pinned_function(tmp_path, monkeypatch):
 
     def fake(model, tokenizer, lengths, *, data_dir, num_batches, batch_size, device):
         calls.append((lengths, data_dir, num_batches, batch_size, device))
-        return {n: 10.0 + n / 1024 if n < 1000 else float("nan") for n in lengths}
+        return {n: LengthScore(10.0 + n / 1024, 30.0, 3) if n < 1000 else LengthScore(float("nan"), float("nan"), 0)
+                for n in lengths}
 
     monkeypatch.setattr(suite, "perplexity_vs_length", fake)
     results = run_eval(_tiny_model(), TOK, tasks=["perplexity"], lengths=[512, 256, 4096], num_samples=5, seed=0,
                        batch_size=2, out_path=None, plots_dir=str(tmp_path), data_dir="data/eval", device="cpu")
     assert calls == [([256, 512, 4096], "data/eval", 3, 2, "cpu")]
     assert results["scores"]["perplexity"] == {"256": 10.25, "512": 10.5, "4096": None}
+    assert results["scores"]["perplexity_floor"] == {"256": 30.0, "512": 30.0, "4096": None}  # beside each score
     assert "4096" in results["skipped"]["perplexity"]
     assert (tmp_path / "perplexity_vs_length.png").is_file()
 
