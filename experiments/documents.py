@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -28,10 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 
@@ -53,24 +49,6 @@ def run(args, model: str, masking: bool, seed: int) -> Path:
 def data_overrides(args) -> list[str]:
     """The config overrides of `--data` (none: the embedded corpus)."""
     return [] if args.data is None else ["data.source=shards", f"data.path={Path(args.data).resolve()}"]
-
-
-def byte_frequency_floor(args) -> dict[str, float]:
-    """Per length: the perplexity of the `doc_perplexity` windows under their own unigram frequencies."""
-    from fsframework.config import load_config
-    from fsframework.data.mixture import heldout_streams
-    from fsframework.eval.perplexity import heldout_documents
-
-    cfg = load_config(str(REPO / "yamls" / "quickstart.yaml"), data_overrides(args))
-    location = heldout_streams(cfg, build=False)[0].location
-    docs = heldout_documents(location, 256, args.lengths[0] + 1, args.samples, count_at=args.lengths[-1] + 1)
-    floor = {}
-    for n in args.lengths:
-        rows = [d[:n + 1] for d in docs if len(d) >= n + 1][:args.samples]
-        targets = np.concatenate([r[1:] for r in rows])
-        p = np.bincount(targets, minlength=260) / len(targets)
-        floor[str(n)] = float(math.exp(-np.log(p[targets]).mean()))
-    return floor
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,8 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     for (model, masking, seed), out in zip(jobs, runs):
         scores = json.loads((out / "eval" / "scores.json").read_text())
         results.append({"model": model, "masking": masking, "seed": seed, "scores": scores["scores"],
+                        "floors": scores["scores"]["doc_perplexity_floor"],
                         "documents": scores["breakdown"]["doc_perplexity"]["documents"]})
-    floor = byte_frequency_floor(args)
+    # the doc_perplexity windows' floor (their own byte frequencies), which `fsf eval` scores beside them
+    floor = results[0]["floors"]
     Path(args.out, "results.json").write_text(json.dumps({"results": results, "floor": floor}, indent=1))
     lines = ["| model | documents | seed | doc ppl " + " / ".join(f"{n // args.lengths[0]}x" for n in args.lengths)
              + " | stream ppl | passkey % |", "|---|---|---|---|---|---|"]
