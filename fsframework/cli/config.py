@@ -9,14 +9,14 @@ from typing import List, Optional
 import typer
 
 from fsframework.cli.common import load_job_config
-from fsframework.config import Config, to_yaml
+from fsframework.config import Config, global_batch_sequences, to_yaml
 
 
 def derived_figures(cfg: Config, world_size: int, parameters: int) -> list[str]:
     """What a user checks before a long job, as YAML comment lines: ranks, global batch in sequences
     and tokens, parameters, steps and tokens in all."""
     dp = max(world_size // cfg.parallel.sp, 1)
-    sequences = cfg.data.micro_batch_size * cfg.parallel.grad_accum * dp
+    sequences = global_batch_sequences(cfg, world_size)
     tokens = sequences * cfg.data.seq_len
     return [f"# world size {world_size} ({dp} data-parallel x {cfg.parallel.sp} sequence-parallel; "
             "the launcher sets it: fsf launch --nodes N --gpus-per-node G)",

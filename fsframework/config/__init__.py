@@ -30,7 +30,7 @@ from fsframework.config.checks import ConfigError
 from fsframework.config.data import DataConfig, MqarConfig, StreamConfig, WarmupConfig
 from fsframework.config.evaluation import EvalConfig
 from fsframework.config.fsb import FSB_FORESTS, FsbConfig
-from fsframework.config.job import Config, validate
+from fsframework.config.job import Config, global_batch_sequences, validate
 from fsframework.config.loss import LossConfig
 from fsframework.config.model import ModelConfig
 from fsframework.config.optim import OptimConfig
@@ -45,5 +45,5 @@ __all__ = [
     "READOUT_GAIN_PARAMS", "SCHEMA_ADDED", "SCHEMA_MIGRATIONS", "SCHEMA_VERSION",
     "ArgrcConfig", "AttentionConfig", "Config", "ConfigError", "DataConfig", "EvalConfig", "FsbConfig", "LossConfig",
     "ModelConfig", "MqarConfig", "OptimConfig", "ParallelConfig", "ResearchConfig", "RewiredConfig", "StreamConfig", "WarmupConfig",
-    "TrainConfig", "check_world_size", "load_config", "load_run_config", "migrate", "to_yaml", "validate",
+    "TrainConfig", "check_world_size", "global_batch_sequences", "load_config", "load_run_config", "migrate", "to_yaml", "validate",
 ]

@@ -30,6 +30,13 @@ class Config:
     research: ResearchConfig = field(default_factory=ResearchConfig)
 
 
+def global_batch_sequences(cfg: Config, world_size: int) -> int:
+    """Sequences one optimizer step trains on `world_size` ranks: a rank's micro-batch x the accumulated
+    micro-batches x the data-parallel size (the ranks of a sequence-parallel group share their rows;
+    at least one group)."""
+    return cfg.data.micro_batch_size * cfg.parallel.grad_accum * max(world_size // cfg.parallel.sp, 1)
+
+
 def validate(cfg: Config) -> Config:
     """Check relations between values; raise ConfigError naming the key and what is allowed.
     Imports no torch (the model kinds come from the table of kind facts, `fsframework.config.kinds`)."""

@@ -65,10 +65,15 @@ class KindFacts:
         """The settings that say how this kind reads long range (`read_settings`), by label."""
         return {"model": self.name, **{label: _setting(attention, key) for label, key in self.read_settings}}
 
+    def compared(self, model) -> dict:
+        """The `compared_settings` of `model` (a `ModelConfig`), by their dotted keys below it."""
+        return {key: _setting(model, key) for key in self.compared_settings}
 
-def _setting(attention: AttentionConfig, key: str):
-    """The value of dotted `key` under `attention` (e.g. "fsb.top_k": FS-B's own group)."""
-    value = attention
+
+def _setting(section, key: str):
+    """The value of dotted `key` under a config section (e.g. "fsb.top_k" under `model.attention`:
+    FS-B's own group)."""
+    value = section
     for part in key.split("."):
         value = getattr(value, part)
     return value

@@ -36,20 +36,28 @@ def plot_scores_vs_length(scores: dict[str, dict[str, float | None]], path: Path
     `*_floor`, e.g. associative recall's) dashed."""
     fig = _figure()
     ax = fig.add_subplot()
-    for task, series in sorted(scores.items()):
-        xs = [n for n in _lengths(series) if series[str(n)] is not None]
-        if xs:
-            ax.plot(xs, [series[str(n)] for n in xs], marker="o", label=task,
-                    linestyle="--" if task.endswith("_floor") else "-")
-    ax.set_xscale("log", base=2)
+    if _task_lines(ax, scores):
+        ax.legend(fontsize=7, loc="best")
     ax.set_ylim(-3, 103)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("score")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
+
+
+def _task_lines(ax, scores: dict[str, dict[str, float | None]]) -> bool:
+    """One line per task against length (log-2 axis), a floor (a series named `*_floor`) dashed;
+    whether any task had a value."""
+    plotted = False
+    for task, series in sorted(scores.items()):
+        xs = [n for n in _lengths(series) if series[str(n)] is not None]
+        if xs:
+            ax.plot(xs, [series[str(n)] for n in xs], marker="o", label=task,
+                    linestyle="--" if task.endswith("_floor") else "-")
+            plotted = True
+    ax.set_xscale("log", base=2)
+    return plotted
 
 
 def plot_heatmap(table: dict[str, dict[str, float | None]], path: Path, *, row_label: str, title: str) -> str:
@@ -86,15 +94,7 @@ def plot_perplexity(series: dict[str, dict[str, float | None]], path: Path) -> s
     series named `*_floor`) dashed; log-2 length axis, log perplexity axis."""
     fig = _figure()
     ax = fig.add_subplot()
-    plotted = False
-    for task, ppl in sorted(series.items()):
-        xs = [n for n in _lengths(ppl) if ppl[str(n)] is not None]
-        if xs:
-            ax.plot(xs, [ppl[str(n)] for n in xs], marker="o", label=task,
-                    linestyle="--" if task.endswith("_floor") else "-")
-            plotted = True
-    ax.set_xscale("log", base=2)
-    if plotted:  # a log axis needs at least one positive value
+    if _task_lines(ax, series):  # a log axis needs at least one positive value
         ax.set_yscale("log")
         ax.legend(fontsize=7, loc="best")
     ax.set_xlabel("context length (tokens)")

@@ -28,7 +28,7 @@ from fsframework.models.context import WHOLE_SEQUENCE, KeySource
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 from fsframework.ops.freesolo_decode import FreeSoloDecodeState
-from fsframework.ops.freesolo_driver import PrefixKeys, Router, freesolo, new_decode_state
+from fsframework.ops.freesolo_driver import Router, freesolo, new_decode_state
 
 
 class FreeSoloAttention(QKVAttention):
@@ -137,20 +137,6 @@ class FreeSoloAttention(QKVAttention):
                              "checkpoint (it writes calibration.json beside the weights), or read with "
                              "model.attention.fsb.forests=f0")
         return self.tau
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
-               cells: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries of `[start, start + n)` -> (local, LR), each `[B, n, H, Dh]`, before the combination:
-        the FreeSolo op (`fsframework.ops.freesolo_driver.freesolo`) on the keys of the prefix.
-
-        Without `cells`, k and v are the keys of `[0, start + n)` and the queries are routed there.
-        With `cells` `[B, n, H, K]` (a source routed them, `KeySource.freesolo_state`; start a block
-        boundary), k and v may be compact: any cells the queries read, then at least the
-        `min(window, start)` positions before `start` and the own keys, contiguous; the cells index
-        k's cells. The readout is position-free (NoPE), so it reads the same numbers either way."""
-        local, long_range, _ = freesolo(q, k, v, PrefixKeys(start, cells, self.router), self.settings, self.prior,
-                                        self.readout_gain())
-        return local, long_range
 
     def branches(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[B, n, D]` -> (local, LR), each `[B, n, H, Dh]`, before the combination."""

@@ -164,14 +164,13 @@ class FSLDecodeState(FreeSoloDecodeState):
         if cfg.rope_theta is None:
             return super().local(q, k, v, start, cfg)
         q, k_rot = rotate(q, cfg.rope_theta, start), rotate(k, cfg.rope_theta, start)
-        self.pending.append(k, v)
-        k_local, v_local = self.ring.extend(k_rot, v)
+        k_local, v_local = self.append(k, v, cfg, k_ring=k_rot)
         return window_attention_at(q, k_local, v_local, start, window=cfg.window, rope_theta=None, impl=cfg.impl)
 
-    def append(self, k, v, cfg):
-        """Raw `k` to the unfinished block and to the local ring."""
+    def append(self, k, v, cfg, k_ring=None):
+        """Raw `k` to the unfinished block; `k_ring` (default `k`) to the local ring."""
         self.pending.append(k, v)
-        return self.ring.extend(k, v)
+        return self.ring.extend(k if k_ring is None else k_ring, v)
 
     def admit(self, num_cells: int, cfg: FreeSoloConfig, prior: RoutingPrior) -> None:
         """The cells `[num_cells_before, num_cells)` (the block just finished) become candidates."""

@@ -6,9 +6,9 @@ s cell size, K cells per query.
 A rank that routed its queries itself (FS: `fsframework.parallel.selected`; FS-L:
 `fsframework.parallel.retained.retained_routed_kv`) knows which earlier cells they read, so it
 hands the layer only those, per (batch row, head), then the window's halo and its own keys,
-and re-indexes the cells into that tensor (`FreeSoloAttention.attend`): the readout is NoPE,
-so position-free, and the window reads the contiguous positions before the own keys. A rank
-then holds the cells its queries read instead of a prefix-long tensor.
+and re-indexes the cells into that tensor (a `PrefixKeys` state, `fsframework.ops.freesolo_driver`):
+the readout is NoPE, so position-free, and the window reads the contiguous positions before the own
+keys. A rank then holds the cells its queries read instead of a prefix-long tensor.
 """
 
 from __future__ import annotations

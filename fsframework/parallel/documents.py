@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from fsframework.models.context import DocumentRows, Span
+from fsframework.models.context import DocumentRows, Span, reach_back
 from fsframework.models.documents import Documents, document_positions
 from fsframework.parallel.collectives import halo_exchange
 from fsframework.parallel.context import SPContext
@@ -66,7 +66,7 @@ class SequenceParallelDocuments(DocumentRows):
         self.width, self.exchange = width, exchange
 
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
-        width = min(self.width, span) if isinstance(span, int) else self.width  # a window reads no further
+        width = reach_back(span, self.width)  # a window reads no further back than its span
         return self.exchange(x, width) if width else x[:, :0]
 
 

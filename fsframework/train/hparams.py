@@ -15,17 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from fsframework.config import Config
+from fsframework.config import Config, global_batch_sequences
 from fsframework.config.kinds import kind_facts
 
 HParam = Union[int, float, str]
-
-
-def _value(section: Any, dotted: str) -> Any:
-    """The value of dotted `key` under a config section ("attention.cell_size" under `model`)."""
-    for part in dotted.split("."):
-        section = getattr(section, part)
-    return section
 
 
 def _scalar(value: Any) -> HParam:
@@ -36,11 +29,11 @@ def _scalar(value: Any) -> HParam:
 def run_hparams(cfg: Config, world_size: int, parameters: Optional[int] = None) -> dict[str, HParam]:
     """The run's hyperparameters, flat and scalar; `parameters`: the model's trainable count, when known."""
     m, d, p = cfg.model, cfg.data, cfg.parallel
-    sequences = d.micro_batch_size * p.grad_accum * (world_size // p.sp)  # sequence-parallel ranks share a row
+    sequences = global_batch_sequences(cfg, world_size)
     hparams: dict[str, Any] = {
         "model.name": m.name, "model.d_model": m.d_model, "model.n_layers": m.n_layers, "model.n_heads": m.n_heads,
         "model.vocab_size": m.vocab_size,
-        **{f"model.{key}": _value(m, key) for key in kind_facts(m.name).compared_settings},
+        **{f"model.{key}": value for key, value in kind_facts(m.name).compared(m).items()},
         "data.source": d.source, "data.seq_len": d.seq_len, "data.micro_batch_size": d.micro_batch_size,
         "data.document_masking": d.document_masking,
         "batch.sequences": sequences, "batch.tokens": sequences * d.seq_len,

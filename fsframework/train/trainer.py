@@ -25,7 +25,7 @@ from torch import nn
 import fsframework.quiet as quiet
 from fsframework.checkpoints import (CheckpointError, RunDir, find_latest, init_from, read_config, training_step,
                                      writing)
-from fsframework.config import Config, check_world_size, to_yaml
+from fsframework.config import Config, check_world_size, global_batch_sequences, to_yaml
 from fsframework.data.loader import check_data_fits, check_shard_files, derived_data_location, unlink_shared_memory
 from fsframework.data.source_table import SourceContext, build_source, source_streams
 from fsframework.models.compile import compile_blocks
@@ -95,7 +95,7 @@ class Trainer:
         self.run_dir = self.run.root
         self.ckpt_root = self.run.checkpoints
         self.dist: DistInfo = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
-        self.dp_size = check_world_size(self.dist.world_size, cfg.parallel.sp)
+        check_world_size(self.dist.world_size, cfg.parallel.sp)  # the ranks must tile into SP groups
         self.groups = init_groups(cfg.parallel.sp, cfg.parallel.timeout_s)
         init_health_group(cfg.parallel.timeout_s)
         self.state = TrainState()
@@ -404,7 +404,7 @@ class Trainer:
 
     def _loop(self, stops: StopRequests) -> TrainState:
         cfg = self.cfg
-        tokens_per_step = cfg.data.micro_batch_size * cfg.data.seq_len * cfg.parallel.grad_accum * self.dp_size
+        tokens_per_step = global_batch_sequences(cfg, self.dist.world_size) * cfg.data.seq_len
         peak = device_peak_tflops(self.dist.device, "bf16" if use_bf16(cfg) else "fp32", cfg.train.peak_tflops)
         # the whole model's FLOPs per token: step_record divides the step's work by every device, the
         # sequence-parallel ranks included
