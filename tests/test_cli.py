@@ -137,6 +137,7 @@ def test_yaml_errors_are_one_line_naming_file_line_and_column(tmp_path):
 def test_version_flags_examples_and_task_names_in_the_help():
     from fsframework import __version__
     from fsframework.cli.eval import TASK_NAMES
+    from fsframework.eval.ruler import SUITE
     from fsframework.eval.suite import TASKS
 
     res = runner.invoke(app, ["--version"])
@@ -149,11 +150,11 @@ def test_version_flags_examples_and_task_names_in_the_help():
     launch_help = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"}).output
     for name in ("--slurm", "--dry-run", "--rdzv"):  # flags take no value
         assert line_of(launch_help, name).split(name)[1].split()[0] != "<bool>", name
-    assert TASK_NAMES == TASKS
+    assert TASK_NAMES == (SUITE, *TASKS)
     eval_help = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
     start = eval_help.index("comma-separated task names:")
     tasks_help = eval_help[start:eval_help.index("--lengths", start)]
-    assert all(re.search(rf"\b{name}\b", tasks_help) for name in TASKS)
+    assert all(re.search(rf"\b{name}\b", tasks_help) for name in TASK_NAMES)
 
 
 def _command_paths(command, path=()):

@@ -9,10 +9,12 @@ import typer
 
 from fsframework.checkpoints import Checkpoint, CheckpointError
 from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file, runtime
-from fsframework.eval.ruler import RULER_TASKS
+from fsframework.eval.ruler import RULER_TASKS, SUITE
 
-# the names `fsframework.eval.suite.TASKS` runs, from the light module (the CLI starts without torch)
-TASK_NAMES = (*RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
+# the names `fsframework.eval.suite.TASKS` runs, and "ruler" for the 13 RULER tasks, from the light
+# module (the CLI starts without torch)
+TASK_NAMES = (SUITE, *RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
+RULER_SAMPLES = 100  # the paper's protocol: 100 samples per task and length
 
 
 def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or checkpoint directory"),
@@ -20,12 +22,21 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
                                        help=f"comma-separated task names: {', '.join(TASK_NAMES)}"),
              lengths: Optional[str] = typer.Option(None, help="comma-separated lengths or FIRST:LAST:STEP ranges, "
                                                    "LAST included: 32:2976:128 (default: eval.lengths)"),
-             num_samples: int = typer.Option(10, help="samples per task and length"),
+             num_samples: Optional[int] = typer.Option(None, help="samples per task and length (default: 100 with "
+                                                       "--tasks ruler, the paper's protocol; else 10)"),
              batch_size: int = typer.Option(0, help="0: eval.batch_size of the checkpoint's config"),
              seed: int = typer.Option(0),
              out: Optional[Path] = typer.Option(None, help="JSON file of scores (default RUN/eval/scores.json)"),
              name: Optional[str] = typer.Option(None, help="label of this evaluation in tensorboard (default: the "
                                                 "kind, read path and sample count)"),
+             ruler_data: Optional[Path] = typer.Option(None, "--ruler-data",
+                                                       help="folder holding the RULER QA files dev-v2.0.json (SQuAD) "
+                                                       "and hotpot_dev_distractor_v1.json (HotpotQA) (default: "
+                                                       "eval.ruler_data)"),
+             stop_after_failure: Optional[bool] = typer.Option(None, "--stop-after-failure/--no-stop-after-failure",
+                                                               help="skip longer lengths once the S-NIAH mean falls "
+                                                               "below eval.ruler_fail_below (default: "
+                                                               "eval.stop_after_failure)"),
              harness: Optional[str] = typer.Option(None, help="comma-separated lm-evaluation-harness tasks, run on "
                                                    "an export of the checkpoint instead of --tasks"),
              harness_include: Optional[Path] = typer.Option(None, "--harness-include",
@@ -34,6 +45,7 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
     """Evaluate a checkpoint: perplexity vs length and long-context retrieval tasks.
 
     Example: fsf eval runs/quickstart --tasks perplexity,passkey --lengths 512,1024,2048
+    The RULER suite: fsf eval runs/quickstart --tasks ruler --lengths 512,2048 --ruler-data DIR
     """
     checkpoint_dir(checkpoint)
     if out is not None:
@@ -42,15 +54,20 @@ def evaluate(checkpoint: Path = typer.Argument(..., help="run directory or check
         run_harness_command(checkpoint, harness, harness_include, out)
         return
 
+    if ruler_data is not None:
+        input_dir(ruler_data, "--ruler-data", "a folder holding the RULER QA files")
     try:
         names = parse_tasks(tasks)
         parsed_lengths = parse_lengths(lengths) if lengths else None
     except ValueError as exc:
         fail(str(exc))
+    if num_samples is None:
+        num_samples = RULER_SAMPLES if SUITE in names else 10
     try:
         runtime().runner.evaluate_checkpoint(checkpoint, tasks=names, lengths=parsed_lengths,
                             num_samples=num_samples, batch_size=batch_size or None, seed=seed, out=out,
-                            overrides=overrides or [], name=name)
+                            overrides=overrides or [], name=name, ruler_data=ruler_data,
+                            stop_after_failure=stop_after_failure)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:  # ConfigError is a ValueError
         fail(str(exc))
 

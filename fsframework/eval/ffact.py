@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from fsframework.eval.ruler import KeyStream, NaturalHaystack, PromptTooLong, Sample
+from fsframework.eval.prompts import KeyStream, NaturalHaystack, PromptTooLong, Sample
 
 FACT_COUNTS = (1, 2, 4, 8, 16)
 FFACT_GEN_TOKENS = 16

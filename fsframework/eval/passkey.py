@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from fsframework.data.templates import PASSKEY_HEAD, PASSKEY_NEEDLE, PASSKEY_TAIL
-from fsframework.eval.ruler import NaturalHaystack, Sample, assemble
+from fsframework.eval.prompts import NaturalHaystack, Sample, assemble
 
 PASSKEY_DEPTHS = tuple(100.0 * i / 9 for i in range(10))
 PASSKEY_GEN_TOKENS = 16

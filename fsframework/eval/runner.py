@@ -14,17 +14,22 @@ from fsframework.checkpoints import Checkpoint, RunDir, load_model, training_ste
 from fsframework.config.kinds import kind_facts
 from fsframework.data.mixture import heldout_streams
 from fsframework.data.tokenizers import load_tokenizer
-from fsframework.eval.suite import run_eval
+from fsframework.eval.suite import expand_tasks, run_eval
 from fsframework.eval.tensorboard import log_eval_results  # tensorboard itself is imported when it writes
 
 
 def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional[list[int]], num_samples: int,
                         batch_size: Optional[int], seed: int, out: Optional[Path], overrides: list[str],
-                        name: Optional[str] = None) -> dict:
+                        name: Optional[str] = None, ruler_data: Optional[Path] = None,
+                        stop_after_failure: Optional[bool] = None) -> dict:
     """Evaluate `checkpoint` (run, checkpoint or export); scores to `out`, and to the run's
-    tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label)."""
+    tensorboard under `eval/<label>/...` (`eval_label`; `name` replaces the label). `ruler_data`
+    and `stop_after_failure` replace the config's `eval.ruler_data` / `eval.stop_after_failure`."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
+    settings = ckpt.config(overrides).eval
+    ruler_data = str(ruler_data) if ruler_data is not None else settings.ruler_data
+    expand_tasks(tasks, ruler_data)  # a QA task without its file fails before the model loads
     # held-out text is needed (and, for the embedded corpus, built) only for perplexity: every
     # stream's, found (or found missing) before the model is loaded
     data_dir = heldout_streams(ckpt.config(overrides)) if {"perplexity", "doc_perplexity"} & set(tasks) else None
@@ -36,7 +41,10 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
                        batch_size=batch_size or cfg.eval.batch_size, out_path=str(out), plots_dir=str(out.parent),
                        data_dir=data_dir,
                        device=device, meta={"checkpoint": str(ckpt.path), "read_path": read_path(model, cfg)},
-                       mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window)
+                       mqar=cfg.data.mqar, mqar_reach=cfg.model.n_layers * cfg.model.attention.window,
+                       ruler_data=ruler_data, qa2_from=settings.ruler_qa2_from, fail_below=settings.ruler_fail_below,
+                       stop_after_failure=settings.stop_after_failure if stop_after_failure is None
+                       else stop_after_failure)
     if cfg.train.tensorboard:  # beside the run's training curves, at the checkpoint's step
         log_eval_results(ckpt.run.tensorboard, results, checkpoint_step(ckpt.path),
                          label=name or eval_label(read_path(model, cfg), num_samples))

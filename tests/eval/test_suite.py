@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from fsframework.config import ModelConfig
 from fsframework.data.tokenizers import load_tokenizer
 from fsframework.eval import decoding, suite
 from fsframework.eval.perplexity import LengthScore
-from fsframework.eval.ruler import NIAH_GEN_TOKENS
+from fsframework.eval.qa_fixture import write_qa_fixture
+from fsframework.eval.niah import NIAH_GEN_TOKENS
 from fsframework.eval.suite import TASKS, UNPROMPTED, run_eval
 from fsframework.models.registry import build_model
 
@@ -28,6 +30,8 @@ def _tiny_model():
 def _run(model, tmp_path, tasks=GENERATION_TASKS, lengths=(1024, 2048), num_samples=2, **kw):
     # short generations keep the real-model runs fast on a CPU
     kw.setdefault("gen_tokens", {t: 1 if t == "ffact" else 2 for t in tasks})
+    if "ruler_data" not in kw and {"qa_1", "qa_2", "ruler"} & set(tasks):
+        kw["ruler_data"] = write_qa_fixture(tmp_path / "ruler_data")["qa_1"].parent
     return run_eval(model, TOK, tasks=list(tasks), lengths=list(lengths), num_samples=num_samples, seed=0,
                     batch_size=4,
                     out_path=str(tmp_path / "eval.json"), plots_dir=str(tmp_path / "plots"), data_dir=None,
@@ -76,17 +80,34 @@ def test_perplexity_task_calls_the_pinned_function(tmp_path, monkeypatch):
 
 
 def test_task_names_and_arguments_are_validated(tmp_path):
-    with pytest.raises(ValueError, match="allowed tasks: niah_single_1, .*passkey, ffact, perplexity"):
+    with pytest.raises(ValueError, match="allowed tasks: ruler, niah_single_1, .*qa_2, passkey, ffact, perplexity"):
         _run(None, tmp_path, tasks=["niah_single_9"])
     with pytest.raises(ValueError, match="needs data_dir"):
         _run(None, tmp_path, tasks=["perplexity"])
 
 
 def _oracle(prompt: list[int]) -> str:
-    """Reads the answer off the prompt the way a perfect retriever would."""
+    """Reads the answer off the prompt the way a perfect reader would: finds the needles, follows
+    the variable chain, counts the words, finds the completed sentence."""
     text = TOK.decode(prompt)
     if text.endswith("The passkey is"):
         return " " + re.search(r"The passkey is (\d{5})\.", text).group(1) + "."
+    if text.endswith("they are: "):  # vt: follow the assignments from the asked value
+        task = text[text.rfind("Memorize and track"):]
+        names = {re.search(r"assigned the value (\d+) in the text above", task).group(1)}
+        for line in re.findall(r"VAR (\w+) = (?:VAR )?(\w+)", task):
+            if line[1] in names:
+                names.add(line[0])
+        return " " + " ".join(sorted(n for n in names if not n.isdigit()))
+    if text.endswith("most often in the list are:"):  # cwe: the 10 most counted words of the last list
+        words = re.findall(r"\d+\. ([a-z]+)", text[text.rfind("Below is a numbered list"):].split("\nQuestion")[0])
+        return " " + " ".join(w for w, _ in Counter(words[1:]).most_common(10))
+    if text.endswith("most frequently appeared words are:"):  # fwe: the 3 most counted coded words
+        coded = text.split("coded words. ", 1)[1].split("\nQuestion")[0].split()[1:]
+        return " " + " ".join(w for w, _ in Counter(w for w in coded if w != "...").most_common(3))
+    if text.endswith("Answer:"):  # qa (the fixture's cloze questions): the word that follows in a document
+        start = re.search(r'Question: Which word completes "(.*) \.\.\."', text).group(1)
+        return " " + re.search(re.escape(start) + r"\s*([a-z]+)", text.split("\n\nAnswer the question")[0]).group(1)
     asked = re.findall(r"special magic \w+ for ([\w\-, ]+?)(?: mentioned in the provided text)?\?", text)[-1]
     keys = asked.replace(", and ", ", ").split(", ")
     values = [v for k in keys for v in re.findall(rf"special magic \w+ for {re.escape(k)} is: ([\w-]+)\.", text)]

@@ -13,7 +13,8 @@ from fsframework.data.tokenizers import load_tokenizer
 from fsframework.eval.decoding import greedy_generate
 from fsframework.eval.ffact import FACT, effective_guard, ffact_samples
 from fsframework.eval.passkey import PASSKEY_DEPTHS, passkey_samples
-from fsframework.eval.ruler import RULER_TASKS, PromptTooLong, niah_samples, spread_depths
+from fsframework.eval.niah import NIAH_TASKS, niah_samples
+from fsframework.eval.prompts import PromptTooLong, spread_depths
 from fsframework.eval.scoring import (passkey_match, postprocess_pred, sample_match_all, string_match_all,
                                       string_match_part)
 from fsframework.models.registry import build_model
@@ -38,12 +39,12 @@ def _text(sample) -> str:
     return TOK.decode(sample.prompt)
 
 
-@pytest.mark.parametrize("task", list(RULER_TASKS))
+@pytest.mark.parametrize("task", list(NIAH_TASKS))
 def test_niah_prompts_fit_and_hold_their_needles(task):
     length, gen, n = 2048, 128, 6
     samples = niah_samples(task, TOK, length, n, seed=3, gen_tokens=gen)
     assert len(samples) == n
-    cfg = RULER_TASKS[task]
+    cfg = NIAH_TASKS[task]
     for s in samples:
         # exactly the budget: never over, and as close as possible
         assert len(s.prompt) == length - gen == s.meta["prompt_tokens"]
