@@ -4,7 +4,7 @@ official files: `fsf eval RUN --tasks ruler --ruler-data DIR`. Their questions a
 questions about standard-library documentation: they check the pipeline, not a model's reading
 (docs/evaluation.md §4.1 says where to get the official files).
 
-    python tools/write_qa_fixture.py DIR [--seed N]
+    python tools/write_qa_fixture.py DIR [--seed N] [--force]
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="write over QA files already in the folder")
     args = parser.parse_args()
-    for task, path in write_qa_fixture(args.out_dir, args.seed).items():
+    try:
+        paths = write_qa_fixture(args.out_dir, args.seed, replace=args.force)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for task, path in paths.items():
         data = load_qa(task, args.out_dir)
         print(f"{task}: {path} ({len(data.questions)} questions, {len(data.documents)} documents)")
 

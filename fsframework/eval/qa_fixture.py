@@ -73,9 +73,15 @@ def hotpot_fixture(seed: int = 0, examples: int = 12) -> list:
     return out
 
 
-def write_qa_fixture(out_dir, seed: int = 0) -> dict[str, Path]:
-    """Write both files under their official names in `out_dir`; returns their paths by task."""
+def write_qa_fixture(out_dir, seed: int = 0, replace: bool = True) -> dict[str, Path]:
+    """Write both files under their official names in `out_dir`; returns their paths by task.
+    `replace=False` refuses to write over a file already there (it may be the official one)."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file, not a folder")
+    there = [out / name for name in QA_FILES.values() if (out / name).exists()]
+    if there and not replace:
+        raise FileExistsError(f"{there[0]} already exists (the official file?); choose another folder")
     out.mkdir(parents=True, exist_ok=True)
     files = {"qa_1": (squad_fixture(seed)), "qa_2": hotpot_fixture(seed)}
     paths = {}

@@ -37,6 +37,7 @@ from fsframework.data.templates import QA_DOCUMENT, QA_TEMPLATE
 from fsframework.eval.prompts import PromptTooLong, Sample, cut_start
 
 QA_GEN_TOKENS = 32
+MIN_FIRST_TOKENS = 16  # what the cut leaves of Document 1 at least, when the body has a distractor to spare
 QA_FILES = {"qa_1": "dev-v2.0.json", "qa_2": "hotpot_dev_distractor_v1.json"}
 QA_SOURCES = {"qa_1": "SQuAD v2.0 dev (https://rajpurkar.github.io/SQuAD-explorer/)",
               "qa_2": "HotpotQA distractor dev (https://hotpotqa.github.io/)"}
@@ -68,7 +69,8 @@ def qa_file(task: str, data_dir) -> Path:
                             "(or eval.ruler_data=DIR)")
     path = Path(data_dir) / name
     if not path.is_file():
-        raise QADataMissing(f"{task} reads {QA_SOURCES[task]}: {path} does not exist; put {name} in {data_dir}")
+        raise QADataMissing(f"{task} reads {QA_SOURCES[task]}: {path} does not exist; put {name} in the folder "
+                            "--ruler-data (eval.ruler_data) names")
     return path
 
 
@@ -174,17 +176,21 @@ def _context(tokenizer, rng: random.Random, data: QAData, question: Question, ro
     if sum(map(len, _units(tokenizer, body, 2))) - len(end) > room:
         return None
     pool = _distractors(rng, data, question)
+    added: list[str] = []  # the whole distractors, in the order they joined the body
     while True:
         candidate = docs[next(pool)]
         trial = list(body)
         trial.insert(rng.randint(0, len(trial)), candidate)
         if sum(map(len, _units(tokenizer, trial, 2))) - len(end) <= room:
             body = trial
+            added.append(candidate)
             continue
-        body_units = _units(tokenizer, body, 2)
-        body_ids = [t for u in body_units for t in u]
-        if body_ids[len(body_ids) - len(end):] == end:
-            body_ids = body_ids[:len(body_ids) - len(end)]
+        body_ids = _joined(tokenizer, body, end)
+        if room - len(body_ids) < MIN_FIRST_TOKENS and added:
+            # the body fills the room (nearly) exactly: its last distractor gives way, so Document 1
+            # keeps some of its text instead of being cut to nothing
+            body.remove(added.pop())
+            body_ids = _joined(tokenizer, body, end)
         first = tokenizer.encode(QA_DOCUMENT.format(i=1, document=candidate) + "\n\n")
         for _ in range(100):  # Document 1 must reach the room left; a short paragraph gives way to the next
             if len(first) >= room - len(body_ids):
@@ -194,6 +200,12 @@ def _context(tokenizer, rng: random.Random, data: QAData, question: Question, ro
             raise PromptTooLong("the QA file's paragraphs are too short to fill the length")
         ids, cut = cut_start([first, body_ids], room)
         return ids, {"documents": len(body) + (cut < len(first)), "gold_documents": [docs[i] for i in question.gold]}
+
+
+def _joined(tokenizer, body: list[str], end: list[int]) -> list[int]:
+    """The body's documents numbered from 2, without the last one's "\n\n" (the template's)."""
+    ids = [t for unit in _units(tokenizer, body, 2) for t in unit]
+    return ids[:len(ids) - len(end)] if ids[len(ids) - len(end):] == end else ids
 
 
 def qa_samples(task: str, tokenizer, length: int, num_samples: int, seed: int, *, data_dir,

@@ -304,6 +304,8 @@ def summary_lines(results: dict) -> list[str]:
     for task, by_length in results.get("notes", {}).items():
         if isinstance(by_length, dict):
             lines.extend(f"{task} at {n}: {note}" for n, note in by_length.items())
+        else:  # the suite's own note (QA left out)
+            lines.append(by_length)
     return lines
 
 
