@@ -115,6 +115,10 @@ def write_plots(results: dict, plots_dir: str | Path) -> list[str]:
     task_scores = {t: s for t, s in scores.items() if t not in perplexities}
     if task_scores:
         paths.append(plot_scores_vs_length(task_scores, out / "score_vs_length.png"))
+    if results.get("ruler_mean"):  # the suite mean beside its floor (each task's floor is in the JSON and table)
+        paths.append(plot_scores_vs_length({"ruler_mean": results["ruler_mean"],
+                                            "ruler_mean_floor": results.get("ruler_mean_floor", {})},
+                                           out / "ruler_mean_vs_length.png"))
     if breakdown.get("passkey"):
         paths.append(plot_heatmap(breakdown["passkey"], out / "passkey_depth_length.png", row_label="depth (%)",
                                   title="Passkey retrieval"))

@@ -374,6 +374,8 @@ def run_eval(model, tokenizer, *, tasks: list[str], lengths: list[int], num_samp
 
                 advances[task] = advance
                 results["scores"][task] = {}
+                if task not in UNPROMPTED:
+                    results["samples"][task] = {}  # per length, the records of the lengths that ran
             failure = None
             for length in lengths:  # the prompted tasks, shortest length first
                 for task in prompted:

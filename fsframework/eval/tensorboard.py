@@ -1,6 +1,7 @@
 """`fsf eval` results in the run's tensorboard, next to the training curves (docs/evaluation.md).
 
-Scalars `eval/<label>/<task>/<length>` (and `eval/<label>/ruler_mean/<length>`) at the evaluated
+Scalars `eval/<label>/<task>/<length>` (and `eval/<label>/ruler_mean/<length>`, with `ruler_mean_floor`,
+`ruler_mean_tasks` (how many tasks the mean covers) and each RULER task's `<task>_floor`) at the evaluated
 checkpoint's training step (an export's is its source's), so evaluations of successive checkpoints
 draw a curve per task and length, and evaluations that read differently (another read path or
 sample count, named by the label; `fsf eval --name` gives one) never overwrite each other; the
@@ -19,7 +20,11 @@ def log_eval_results(log_dir: Path, results: dict, step: int, label: str) -> Non
 
     writer = SummaryWriter(log_dir=str(log_dir))
     try:
-        series = {**results.get("scores", {}), "ruler_mean": results.get("ruler_mean", {})}
+        # RULER tasks' floors as `<task>_floor`, beside the other tasks' floors
+        floors = {f"{task}_floor": values for task, values in results.get("ruler_floor", {}).items()}
+        series = {**results.get("scores", {}), **floors, "ruler_mean": results.get("ruler_mean", {}),
+                  "ruler_mean_floor": results.get("ruler_mean_floor", {}),
+                  "ruler_mean_tasks": {n: c["tasks"] for n, c in results.get("ruler_mean_tasks", {}).items()}}
         for task, by_length in series.items():
             for length, value in by_length.items():
                 if isinstance(value, (int, float)):  # None: the length did not fit the model or the data

@@ -57,3 +57,31 @@ def test_evaluations_that_read_differently_log_apart_and_an_export_keeps_its_ste
     export_checkpoint(run, tmp_path / "out")
     run_fsf("eval", str(tmp_path / "out"), *passkey, "--num-samples", "1")
     assert _scalars(tmp_path / "out" / "tensorboard") == {"eval/fs-top_k2-n1/passkey/512": [1]}
+
+
+def test_fsf_eval_runs_the_ruler_suite_end_to_end(tmp_path):
+    """`fsf eval RUN --tasks ruler` on a checkpoint: all 13 tasks in the table and the JSON, the suite
+    mean labelled with the tasks it averages, floors beside scores, and all of it in tensorboard."""
+    import json
+
+    from fsframework.eval.qa_fixture import write_qa_fixture
+    from fsframework.eval.ruler import RULER_TASKS
+    from tests.export.helpers import random_checkpoint
+    from tests.utils import run_fsf
+
+    run = random_checkpoint(tmp_path / "run", "tfpp", "train.tensorboard=true")  # the plumbing, not a kind's read
+    data = write_qa_fixture(tmp_path / "qa")["qa_1"].parent
+    proc = run_fsf("eval", str(run), "--tasks", "ruler", "--lengths", "2048", "--num-samples", "1", "--ruler-data",
+                   str(data), "--batch-size", "1", env={"COLUMNS": "200"})
+    saved = json.loads((run / "eval" / "scores.json").read_text())
+    assert list(saved["scores"]) == list(RULER_TASKS) and saved["meta"]["num_samples"] == 1
+    assert all(saved["scores"][t]["2048"] is not None for t in RULER_TASKS)
+    assert saved["ruler_mean_tasks"] == {"2048": {"tasks": 12, "of": 12, "missing": []}}
+    assert set(saved["ruler_floor"]) == set(RULER_TASKS)
+    for task in RULER_TASKS:
+        assert task in proc.stdout
+    assert "12 of 12" in proc.stdout
+    tags = _scalars(run / "tensorboard")
+    label = next(iter(tags)).split("/")[1]
+    for name in ("ruler_mean", "ruler_mean_floor", "ruler_mean_tasks", "cwe", "cwe_floor", "qa_2"):
+        assert f"eval/{label}/{name}/2048" in tags, name

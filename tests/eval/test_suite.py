@@ -56,7 +56,8 @@ def test_run_eval_writes_json_and_plots(tmp_path):
     assert set(saved["breakdown"]["ffact"]["1024"]) == {"1", "2", "4", "8"}
     assert "1024/F=16" in saved["skipped"]["ffact"]  # 16 facts do not fit in 1024 bytes with the guard
     names = {p.name for p in (tmp_path / "plots").iterdir()}
-    assert names == {"score_vs_length.png", "passkey_depth_length.png", "ffact_facts_length.png"}
+    assert names == {"score_vs_length.png", "ruler_mean_vs_length.png", "passkey_depth_length.png",
+                     "ffact_facts_length.png"}
     assert all((tmp_path / "plots" / n).read_bytes()[:4] == b"\x89PNG" for n in names)
     assert model.training, "the model's mode is restored"
 
