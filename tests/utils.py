@@ -77,6 +77,22 @@ def run_fsf_process(*args: str, env: dict | None = None, check: bool = True,
     return proc
 
 
+def run_tool(script: str, *args: str, code: str | None = None, env: dict | None = None, check: bool = True,
+             timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python tools/SCRIPT ARGS` from the repository root, as a user would (with `code`: `python -c
+    CODE ARGS`, with tools/ first on the path, for a GPU tool's CPU-reachable parts): one thread per
+    process (a tool's own workers set theirs), stdout and stderr captured; with `check` a non-zero exit
+    fails the test with the tool's output."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    if code is not None:
+        code = f"import sys; sys.path.insert(0, 'tools'); sys.argv = [{script!r}, *sys.argv[1:]]\n{code}"
+    command = [sys.executable, *(["-c", code] if code is not None else [f"tools/{script}"]), *args]
+    proc = subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
 def read_ahead_threads(wait_s: float = 0.0, besides: frozenset = frozenset()) -> list[str]:
     """Threads of this process inside mosaicml-streaming's per-epoch read-ahead loops, other than
     `besides` (those an earlier test of the process left), after waiting up to `wait_s` seconds

@@ -31,6 +31,7 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     from fsframework.config import load_config, to_yaml
     from fsframework.models.registry import build_model, count_parameters
     from fsframework.parallel.deepspeed_config import deepspeed_config
+    from fsframework.parallel.deepspeed_start import import_muon_lazily, skip_shared_memory_allreduce
     from fsframework.parallel.process_group import init_distributed
 
     overrides = [f"run_dir={run_dir}", "data.tokenizer=byte", "parallel.precision=fp32"]
@@ -43,6 +44,8 @@ def write_checkpoint(recipe: str, run_dir: Path, zero_stage: int | None) -> Path
     print(f"{recipe}: {cfg.model.name}, {count_parameters(model) / 1e6:.1f}M parameters, "
           f"ZeRO stage {cfg.parallel.zero_stage}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
+    import_muon_lazily()  # as the trainer starts its engine: no inductor load for ZeRO's Muon check,
+    skip_shared_memory_allreduce()  # no JIT build of the CPU all-reduce extension (~90 s on a CPU host)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                       config=deepspeed_config(cfg))
     started = time.perf_counter()

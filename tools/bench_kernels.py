@@ -180,6 +180,7 @@ def report(n, row):
 
 
 def main() -> int:
+    args = parse_args()  # first: `--help` answers on any machine
     if not torch.cuda.is_available():
         print("bench_kernels: no CUDA device found; this benchmark needs a GPU (the kernels' CPU tests are in "
               "tests/kernels, run under TRITON_INTERPRET=1).", file=sys.stderr)
@@ -187,7 +188,6 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("bench_kernels: TRITON_INTERPRET=1 is set; unset it to time compiled kernels.", file=sys.stderr)
         return 1
-    args = parse_args()
     device = "cuda"
     torch.backends.cuda.matmul.allow_tf32 = True
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")

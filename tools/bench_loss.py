@@ -78,7 +78,8 @@ def main() -> None:
                 rows.append({"vocab": vocab, "n": n, "loss_chunk": chunk, **r})
                 print(f"| {vocab:,} | {n} | {chunk or 'whole'} | {r['time_s']:.3f} | "
                       f"{r['time_s'] / whole['time_s']:.2f} | {r['peak_bytes'] / 2**20:,.0f} | "
-                      f"{r['peak_bytes'] / whole['peak_bytes']:.2f} |", flush=True)
+                      f"{r['peak_bytes'] / whole['peak_bytes'] if whole['peak_bytes'] else float('nan'):.2f} |",
+                      flush=True)  # a tiny step may not grow the RSS at all
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

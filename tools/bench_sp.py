@@ -1,15 +1,18 @@
 """Sequence-parallel measurements on CPU ranks (gloo): activation memory, bytes per layer, wall time.
 
-    python tools/bench_sp.py                      # all three tables
+    python tools/bench_sp.py                      # the memory, bytes, work and time tables
     python tools/bench_sp.py --only bytes --kinds fsl fs tfpp --n 8192 32768 131072 --sp 2 4 8 \
         [--layout zigzag] [--json OUT]            # bytes per layer, before (all-gather) and after
     python tools/bench_sp.py --only work --n 32768 --sp 2 4 8   # per-rank causal work, contiguous vs zigzag
     python tools/bench_sp.py --only recompute --kind fs   # activation checkpointing on/off, N=4k and 16k
+                                                          # (or the --n given)
+    python tools/bench_sp.py --only memory time recompute --kind fs --n 4096 --sp 2   # several tables: the
+                                                          # ones that run the model share its runs
 
 Prints, per rank:
 1. activation memory: bytes of the tensors autograd saves for the backward pass
    (unique storages, counted by a saved-tensors hook), and the process peak RSS,
-   for sp = 1, 2, 4 at a fixed N: activations should fall roughly as 1/sp;
+   for sp = 1, 2, 4 (1 and `--sp`) at a fixed N: activations should fall roughly as 1/sp;
 2. bytes received per layer per training step (forward + backward) and the bytes of
    other ranks' keys and values a rank holds for its attention (the gathered-key
    memory: every storage the fetch leaves alive for the backward, less the own keys and
@@ -25,7 +28,7 @@ Prints, per rank:
    runs each rank holds, max / mean across ranks;
 3. the wall time of one forward + backward at sp = 2 against sp = 1;
 4. (--only recompute) activation memory per rank with `train.activation_checkpointing` off and
-   on, at N = 4096 and 16384, sp = 1 and 2. With it on, the count adds the inputs that the
+   on, at N = 4096 and 16384 (or `--n`), sp = 1 and 2. With it on, the count adds the inputs that the
    checkpointed blocks keep for their recomputation (a forward pre-hook on each block).
 A benchmark measures and prints; the assertions live in tests/parallel.
 """
@@ -113,12 +116,30 @@ def worker(spec: dict) -> None:
     dist.destroy_process_group()
 
 
-def memory_table(kind: str, n: int) -> None:
+class ModelRuns:
+    """The model workers' ranks (d_model 256, 4 layers, 4 heads), launched once per (sp, kind, N, recompute)
+    and shared by the tables that read them: the memory and time tables read the same runs (the saved
+    tensors are counted in the first step, the times are those of the `repeats` steps after it), the
+    recompute table's "off" column too."""
+
+    def __init__(self, repeats: int):
+        self.repeats, self.done = repeats, {}
+
+    def ranks(self, sp: int, kind: str, n: int, recompute: bool = False) -> list[dict]:
+        key = (sp, kind, n, recompute)
+        if key not in self.done:
+            self.done[key] = launch(sp, {"kind": kind, "n": n, "d_model": 256, "layers": 4, "heads": 4,
+                                         "repeats": self.repeats, "recompute": recompute})
+        return self.done[key]
+
+
+def memory_table(runs: ModelRuns, kind: str, n: int, sps: list[int]) -> None:
     print(f"\n1. activation memory per rank, {kind}, N={n}, d_model 256, 4 layers, 4 heads, fp32")
     print(f"{'sp':>3} {'rank':>4} {'slice':>13} {'saved MB':>9} {'peak RSS MB':>11}")
-    for sp in (1, 2, 4):
-        for r in launch(sp, {"kind": kind, "n": n, "d_model": 256, "layers": 4, "heads": 4, "repeats": 1}):
-            print(f"{sp:>3} {r['rank']:>4} {str(r['span']):>13} {r['saved_mb']:>9.1f} {r['rss_mb']:>11.0f}")
+    for sp in sps:
+        for r in runs.ranks(sp, kind, n):
+            slices = "+".join(f"[{s},{e})" for s, e in r["runs"])  # zigzag: two runs per rank
+            print(f"{sp:>3} {r['rank']:>4} {slices:>13} {r['saved_mb']:>9.1f} {r['rss_mb']:>11.0f}")
 
 
 def keys_worker(spec: dict) -> None:
@@ -157,16 +178,19 @@ def keys_worker(spec: dict) -> None:
                         lengths = [e - s for s, e in sp.runs]
                         views = ZigzagKeys(sp).views() if layout == "zigzag" else [SequenceParallelKeys(sp)]
                         span = entry.key_span(att)
-                        fetched = [view.routed_keys(0, qp, kp, vp, span, router)[:2] if router else
+                        # a FreeSolo layer's fetch: the keys and values its op reads (FS: the selected
+                        # cells and the halo; FS-L: its retained cells), the op's state (PrefixKeys) left out
+                        fetched = [view.freesolo_state(0, qp, kp, vp, span, router)[:2] if router else
                                    view.keys(0, kp, vp, span)
                                    for view, qp, kp, vp in zip(views, *(x.split(lengths, 1) for x in (q, k, v)))]
                     forward = sum(counted.values())
                     sum(kk.sum() + vv.sum() for kk, vv in fetched).backward()
                 own = 2 * k.numel() * k.element_size()
-                # every distinct storage the fetches leave alive (k and v share one; zigzag: one per run,
-                # both kept for the backward), less the own keys and values among them
-                held = sum({kk.untyped_storage().data_ptr(): kk.untyped_storage().nbytes()
-                            for kk, _ in fetched}.values())
+                # every distinct storage the fetches leave alive (k and v share one where the fetch splits
+                # one tensor, SWA's halo concatenates them apart; zigzag: one per run, both kept for the
+                # backward), less the own keys and values among them
+                held = sum({x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
+                            for pair in fetched for x in pair}.values())
                 records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout,
                                 "bytes": sum(counted.values()), "forward": forward, "held": held - own})
                 del fetched, k, v
@@ -238,26 +262,24 @@ def work_table(lengths: list[int], sps: list[int]) -> list[dict]:
     return out
 
 
-def time_table(kind: str, n: int) -> None:
+def time_table(runs: ModelRuns, kind: str, n: int) -> None:
     print(f"\n3. wall time of forward + backward, {kind}, N={n} (1 thread per rank)")
-    spec = {"kind": kind, "n": n, "d_model": 256, "layers": 4, "heads": 4, "repeats": 2}
-    single = launch(1, spec)
+    single = runs.ranks(1, kind, n)
     t1, c1 = single[0]["time_s"], single[0]["cpu_s"]
-    ranks = launch(2, spec)
+    ranks = runs.ranks(2, kind, n)
     t2, c2 = max(r["time_s"] for r in ranks), max(r["cpu_s"] for r in ranks)
     # CPU time per rank is the work a rank does; wall time also shows how the ranks share this host's cores
     print(f"wall: sp=1 {t1:.2f} s, sp=2 {t2:.2f} s (slowest rank), ratio sp2/sp1 = {t2 / t1:.2f}")
     print(f"CPU time of the busiest rank: sp=1 {c1:.2f} s, sp=2 {c2:.2f} s, ratio {c2 / c1:.2f}")
 
 
-def recompute_table(kind: str) -> None:
+def recompute_table(runs: ModelRuns, kind: str, lengths: list[int]) -> None:
     print(f"\n4. activation memory per rank, {kind}, d_model 256, 4 layers, 4 heads, fp32: "
           "train.activation_checkpointing off / on")
     print(f"{'N':>6} {'sp':>3} {'rank':>4} {'off MB':>8} {'on MB':>8} {'on/off':>7}")
-    for n in (4096, 16384):
+    for n in lengths:
         for sp in (1, 2):
-            spec = {"kind": kind, "n": n, "d_model": 256, "layers": 4, "heads": 4, "repeats": 0}
-            off, on = launch(sp, spec), launch(sp, {**spec, "recompute": True})
+            off, on = runs.ranks(sp, kind, n), runs.ranks(sp, kind, n, recompute=True)
             for a, b in zip(off, on):
                 print(f"{n:>6} {sp:>3} {a['rank']:>4} {a['saved_mb']:>8.1f} {b['saved_mb']:>8.1f} "
                       f"{b['saved_mb'] / a['saved_mb']:>7.2f}")
@@ -266,11 +288,15 @@ def recompute_table(kind: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=("memory", "bytes", "work", "time", "recompute"))
+    parser.add_argument("--only", nargs="+", choices=("memory", "bytes", "work", "time", "recompute"),
+                        help="these tables (default: memory, bytes, work and time)")
     parser.add_argument("--kind", default="tfpp")
     parser.add_argument("--kinds", nargs="+", default=["fsl", "fs", "tfpp"])
-    parser.add_argument("--n", type=int, nargs="+", help="sequence lengths (memory and time take the first)")
-    parser.add_argument("--sp", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--n", type=int, nargs="+",
+                        help="sequence lengths (memory and time take the first; recompute every one)")
+    parser.add_argument("--sp", type=int, nargs="+",
+                        help="sequence-parallel sizes of the bytes and work tables (default 2 4 8) and of the memory "
+                             "table besides sp = 1 (default 2 4)")
     parser.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
     parser.add_argument("--json", help="write the bytes and work records to this file")
     args = parser.parse_args()
@@ -278,17 +304,20 @@ def main() -> None:
         spec = json.loads(args.worker)
         return keys_worker(spec) if spec.get("mode") == "keys" else worker(spec)
     n = args.n[0] if args.n else 4096
-    records = []
-    if args.only in (None, "memory"):
-        memory_table(args.kind, n)
-    if args.only in (None, "bytes"):
-        records += bytes_table(args.kinds, args.n or [8192, 32768, 131072], args.sp, args.layout)
-    if args.only in (None, "work"):
-        records += work_table(args.n or [32768], args.sp)
-    if args.only in (None, "time"):
-        time_table(args.kind, n)
-    if args.only == "recompute":
-        recompute_table(args.kind)
+    tables = args.only or ["memory", "bytes", "work", "time"]
+    # the time table times 2 steps after the counted one; memory and recompute need the counted step only
+    runs, records = ModelRuns(repeats=2 if "time" in tables else 0), []
+    if "memory" in tables:
+        memory_table(runs, args.kind, n, [1, *(args.sp or [2, 4])])
+    if "bytes" in tables:
+        records += bytes_table(args.kinds, args.n or [8192, 32768, 131072], args.sp or [2, 4, 8],
+                               args.layout)
+    if "work" in tables:
+        records += work_table(args.n or [32768], args.sp or [2, 4, 8])
+    if "time" in tables:
+        time_table(runs, args.kind, n)
+    if "recompute" in tables:
+        recompute_table(runs, args.kind, args.n or [4096, 16384])
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
 

@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seq-len", type=int, default=256)
     args = parser.parse_args()
+    if args.steps * args.rounds < 2:
+        parser.error("--steps x --rounds must be at least 2: the bare loop's spread needs two step times")
     torch.set_num_threads(1)
     cfg = load_config(REPO / "yamls" / "quickstart.yaml", [f"data.seq_len={args.seq_len}"])
     torch.manual_seed(0)

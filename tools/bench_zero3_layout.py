@@ -2,6 +2,7 @@
 
     python tools/bench_zero3_layout.py                       # tfpp and fs, sp 2, N 2048
     python tools/bench_zero3_layout.py --kinds tfpp --sp 2 4 --n 4096
+    python tools/bench_zero3_layout.py --settings tight     # only DeepSpeed's settings that release every call
 
 Under `parallel.sp_layout=zigzag` every attention module runs once per run of its rank
 (`fsframework.parallel.attention.ZigzagRunsSource.runs`), so its projections are called twice per
@@ -65,7 +66,8 @@ def worker(spec: dict) -> None:
     torch.set_num_threads(1)
     sp = dist.get_world_size()
     records = []
-    for (setting, zero), kind, (layout, leaf) in itertools.product(SETTINGS.items(), spec["kinds"], LAYOUTS):
+    settings = {name: SETTINGS[name] for name in spec.get("settings", SETTINGS)}
+    for (setting, zero), kind, (layout, leaf) in itertools.product(settings.items(), spec["kinds"], LAYOUTS):
         att = AttentionConfig(window=256, block_size=128, cell_size=32, impl="reference")
         cfg = ModelConfig(name=kind, vocab_size=256, d_model=512, n_layers=2, n_heads=8, attention=att)
         torch.manual_seed(0)
@@ -95,6 +97,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["tfpp", "fs"])
     parser.add_argument("--sp", type=int, nargs="+", default=[2])
     parser.add_argument("--n", type=int, default=2048)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                        help="DeepSpeed's ZeRO-3 settings to count under (comments at SETTINGS)")
     parser.add_argument("--json", help="write the per-rank records to this file")
     args = parser.parse_args()
     if args.worker:
@@ -106,9 +110,9 @@ def main() -> None:
           + "  calls (same order)")
     records = []
     for sp in args.sp:
-        ranks = launch(sp, {"kinds": args.kinds, "n": args.n}, __file__)
+        ranks = launch(sp, {"kinds": args.kinds, "n": args.n, "settings": args.settings}, __file__)
         records += [r for rank in ranks for r in rank["records"]]
-        for setting, kind in itertools.product(SETTINGS, args.kinds):
+        for setting, kind in itertools.product(args.settings, args.kinds):
             rows = [[r for r in records if (r["kind"], r["layout"], r["setting"], r["sp"]) == (kind, name, setting, sp)]
                     for name in names]
             elements = [max(r["elements"] for r in row) for row in rows]

@@ -38,17 +38,21 @@ def launch(world: int, spec: dict, script: str, timeout_s: float = 3600) -> list
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], env=env,
                                       stdout=subprocess.PIPE, stderr=log, text=True))
-    deadline = time.monotonic() + timeout_s
+    deadline, killed, timed_out = time.monotonic() + timeout_s, set(), False
     while any(p.poll() is None for p in procs):
-        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-            for p in procs:
+        timed_out = time.monotonic() > deadline
+        if timed_out or any(p.poll() not in (None, 0) for p in procs):
+            for rank, p in enumerate(procs):
                 if p.poll() is None:
                     p.kill()
+                    killed.add(rank)
             break
         time.sleep(0.2)
     outputs = [p.communicate()[0] for p in procs]
-    failed = [r for r, p in enumerate(procs) if p.returncode]
+    # the rank that failed by itself, not one this launcher stopped (its log ends in a collective's wait)
+    failed = [r for r, p in enumerate(procs) if p.returncode and r not in killed] or sorted(killed)
     if failed:
         logs[failed[0]].seek(0)
-        raise SystemExit(f"rank {failed[0]} of {world} failed:\n{logs[failed[0]].read()[-4000:]}")
+        why = f"timed out after {timeout_s:.0f} s" if timed_out and not killed.isdisjoint(failed) else "failed"
+        raise SystemExit(f"rank {failed[0]} of {world} {why}:\n{logs[failed[0]].read()[-4000:]}")
     return [json.loads(out.strip().splitlines()[-1]) for out in outputs]

@@ -118,14 +118,15 @@ def profile_call(label: str, fn, top: int) -> None:
         print(f"      {ms:8.3f} ms  {name[:100]}")
 
 
-def freesolo_calls(n: int, args) -> dict:
+def freesolo_calls(n: int, args, device: str = "cuda") -> dict:
+    """The FreeSolo kernels' calls at `n` tokens (`device` "cpu": under TRITON_INTERPRET=1, the tests')."""
     from fsf_kernels.cell_readout import cell_readout
     from fsf_kernels.cell_routing import select_cells
     from fsf_kernels.window_attention import sliding_window_attention
 
     shape = (1, n, args.heads, args.dim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(shape, device=device, dtype=torch.bfloat16)
     cells = select_cells(q.detach(), k.detach(), fs_config("fsl"), fs_prior())
 
     def both(f):
@@ -144,19 +145,22 @@ def freesolo_calls(n: int, args) -> dict:
     return calls
 
 
-def rewired_calls(n: int, args) -> dict:
+def rewired_calls(n: int, args, device: str = "cuda") -> dict:
+    """Rewired attention's kernel against flash SDPA at `n` tokens (`device` as `freesolo_calls`'; on a CPU
+    SDPA runs PyTorch's math backend, not flash)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from fsf_kernels.rewired_attention import rewired_attention_rows
 
     shape = (1, n, args.heads, args.dim)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    r, u = (torch.randn((1, n, args.dim), device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    r, u = (torch.randn((1, n, args.dim), device=device, dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2))
-    g = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    backend = SDPBackend.FLASH_ATTENTION if device == "cuda" else SDPBackend.MATH
 
     def dense():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
             return torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
 
@@ -194,10 +198,10 @@ def model_steps(args, device: str = "cuda") -> dict:
 
 
 def main() -> int:
+    args = parse_args()  # first: `--help` answers on any machine
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
         return 1
-    args = parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     syncs(lambda: torch.zeros(1, device="cuda"))  # the debug mode's first use reports a sync of its own
     t0 = time.time()
