@@ -168,7 +168,8 @@ def _context(tokenizer, rng: random.Random, data: QAData, question: Question, ro
     "\\n\\n" belongs to the template), or None when the gold documents alone do not fit.
 
     The body (gold and whole distractors, in random order, numbered from 2) grows while it
-    fits; Document 1 is then the distractor that did not, cut at its start to the room left."""
+    fits; Document 1 is then the distractor that did not (or the next one long enough), cut at
+    its start to the room left."""
     docs = data.documents
     body = [docs[i] for i in question.gold]
     rng.shuffle(body)
@@ -177,29 +178,41 @@ def _context(tokenizer, rng: random.Random, data: QAData, question: Question, ro
         return None
     pool = _distractors(rng, data, question)
     added: list[str] = []  # the whole distractors, in the order they joined the body
-    while True:
-        candidate = docs[next(pool)]
+
+    def fits(documents: list[str]) -> bool:
+        return sum(map(len, _units(tokenizer, documents, 2))) - len(end) <= room
+
+    def grow(candidate: str) -> bool:
+        """`candidate` joins the body at a random place if the body still fits the room."""
         trial = list(body)
         trial.insert(rng.randint(0, len(trial)), candidate)
-        if sum(map(len, _units(tokenizer, trial, 2))) - len(end) <= room:
-            body = trial
-            added.append(candidate)
-            continue
+        if not fits(trial):
+            return False
+        body[:] = trial
+        added.append(candidate)
+        return True
+
+    candidate = docs[next(pool)]
+    while grow(candidate):
+        candidate = docs[next(pool)]
+    body_ids = _joined(tokenizer, body, end)
+    if room - len(body_ids) < MIN_FIRST_TOKENS and added:
+        # the body fills the room (nearly) exactly: its last distractor gives way, so Document 1
+        # keeps some of its text instead of being cut to nothing
+        body.remove(added.pop())
         body_ids = _joined(tokenizer, body, end)
-        if room - len(body_ids) < MIN_FIRST_TOKENS and added:
-            # the body fills the room (nearly) exactly: its last distractor gives way, so Document 1
-            # keeps some of its text instead of being cut to nothing
-            body.remove(added.pop())
-            body_ids = _joined(tokenizer, body, end)
+    # Document 1 must reach the room left: a paragraph too short for it joins the body instead
+    # (it fits there, being shorter than the room left), and the next one is tried
+    for _ in range(4 * len(docs) + 100):
         first = tokenizer.encode(QA_DOCUMENT.format(i=1, document=candidate) + "\n\n")
-        for _ in range(100):  # Document 1 must reach the room left; a short paragraph gives way to the next
-            if len(first) >= room - len(body_ids):
-                break
-            first = tokenizer.encode(QA_DOCUMENT.format(i=1, document=docs[next(pool)]) + "\n\n")
-        if len(first) < room - len(body_ids):
-            raise PromptTooLong("the QA file's paragraphs are too short to fill the length")
-        ids, cut = cut_start([first, body_ids], room)
-        return ids, {"documents": len(body) + (cut < len(first)), "gold_documents": [docs[i] for i in question.gold]}
+        if len(first) >= room - len(body_ids):
+            ids, cut = cut_start([first, body_ids], room)
+            return ids, {"documents": len(body) + (cut < len(first)),
+                         "gold_documents": [docs[i] for i in question.gold]}
+        if grow(candidate):
+            body_ids = _joined(tokenizer, body, end)
+        candidate = docs[next(pool)]
+    raise PromptTooLong("the QA file's paragraphs are too short to fill the length")
 
 
 def _joined(tokenizer, body: list[str], end: list[int]) -> list[int]:

@@ -296,3 +296,11 @@ def test_document_1_keeps_some_text_when_the_body_fills_the_room(data_dir, task,
         text = TOK.decode(sample.prompt)
         context = text[text.index(head) + len(head):]
         assert context.index("\n\nDocument 2:\n") >= MIN_FIRST_TOKENS, context[:40]
+
+
+@pytest.mark.parametrize("task", ["qa_1", "qa_2"])
+def test_short_paragraphs_never_stop_a_length(data_dir, task):
+    """100 samples at 1024 bytes: where the room left for Document 1 exceeds the paragraph that did
+    not fit the body, shorter paragraphs join the body and a longer one is found for Document 1."""
+    samples = qa_samples(task, TOK, 1024, 100, 0, data_dir=data_dir)
+    assert len(samples) == 100 and {len(s.prompt) for s in samples} == {1024 - 32}
