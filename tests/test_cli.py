@@ -136,7 +136,7 @@ def test_yaml_errors_are_one_line_naming_file_line_and_column(tmp_path):
 
 def test_version_flags_examples_and_task_names_in_the_help():
     from fsframework import __version__
-    from fsframework.cli.eval import TASK_NAMES
+    from fsframework.cli.common import TASK_NAMES
     from fsframework.eval.ruler import SUITE
     from fsframework.eval.suite import TASKS
 
@@ -227,3 +227,15 @@ def test_fsf_config_prints_the_figures_a_job_adds_up_to(monkeypatch):
     assert comments[1].startswith("# global batch 96 sequences = 49,152 tokens a step (8 a rank x 3 accumulated x 4")
     assert comments[2] == f"# parameters {count_parameters(build_model(cfg.model)):,}"
     assert comments[3] == "# 10 steps, 491,520 tokens in all"
+
+
+@pytest.mark.parametrize("tasks, says", [("[ruler,niah_single_9]", "eval.tasks: unknown niah_single_9"),
+                                         ("[qa_1]", "put dev-v2.0.json in a folder and pass --ruler-data")])
+def test_fsf_run_checks_its_eval_tasks_before_training(tmp_path, tasks, says):
+    """A typo in eval.tasks, or a QA task without its file, is one line before any training (no run
+    directory made), not an error after hours of it."""
+    run_dir = tmp_path / "run"
+    res = runner.invoke(app, ["run", "yamls/quickstart.yaml", f"run_dir={run_dir}", f"eval.tasks={tasks}"],
+                        env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and says in res.output and res.output.strip().count("\n") == 0, res.output
+    assert not run_dir.exists()

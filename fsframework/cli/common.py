@@ -23,9 +23,14 @@ import typer
 
 from fsframework.checkpoints import RunDir, read_config
 from fsframework.config import ConfigError, load_config
+from fsframework.eval.ruler import QA_TASKS, RULER_TASKS, SUITE
+from fsframework.eval.ruler_qa import qa_file
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
+# what `fsf eval --tasks` and `eval.tasks` take: the names `fsframework.eval.suite.TASKS` runs and "ruler"
+# for the 13 RULER tasks, from the light modules (the CLI starts without torch)
+TASK_NAMES = (SUITE, *RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
 
 
 def runtime():
@@ -146,3 +151,15 @@ def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
         return load_config(config, overrides or [])
     except ConfigError as exc:
         fail(str(exc))
+
+
+def check_eval_tasks(tasks: list[str], ruler_data) -> None:
+    """`eval.tasks` of a job, checked before `fsf run` trains (a typo found after training would
+    cost the run): known names, and the files of the QA tasks named on their own (QADataMissing,
+    a FileNotFoundError, names the file and where to put it)."""
+    unknown = [t for t in tasks if t not in TASK_NAMES]
+    if unknown:
+        raise ConfigError(f"eval.tasks: unknown {', '.join(map(str, unknown))}; choose from {', '.join(TASK_NAMES)}")
+    for task in QA_TASKS:
+        if task in tasks:
+            qa_file(task, ruler_data)

@@ -8,12 +8,9 @@ from typing import List, Optional
 import typer
 
 from fsframework.checkpoints import Checkpoint, CheckpointError
-from fsframework.cli.common import checkpoint_dir, fail, input_dir, output_file, runtime
-from fsframework.eval.ruler import RULER_TASKS, SUITE
+from fsframework.cli.common import TASK_NAMES, checkpoint_dir, fail, input_dir, output_file, runtime
+from fsframework.eval.ruler import SUITE
 
-# the names `fsframework.eval.suite.TASKS` runs, and "ruler" for the 13 RULER tasks, from the light
-# module (the CLI starts without torch)
-TASK_NAMES = (SUITE, *RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
 RULER_SAMPLES = 100  # the paper's protocol: 100 samples per task and length
 
 

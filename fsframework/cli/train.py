@@ -13,8 +13,8 @@ from typing import Callable, Iterator, List, Optional, TypeVar
 import typer
 
 from fsframework.checkpoints import CheckpointError, resolve_checkpoint
-from fsframework.cli.common import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, fail, load_job_config, parents_are_directories,
-                                    runtime)
+from fsframework.cli.common import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, check_eval_tasks, fail, load_job_config,
+                                    parents_are_directories, runtime)
 from fsframework.config import ConfigError
 from fsframework.config.kinds import check_trainable
 from fsframework.parallel.health import RankFailure
@@ -128,6 +128,7 @@ def run(config: Path = typer.Argument(..., help="YAML job file"),
     """
     cfg = trainable_config(config, overrides)
     rt = runtime()
+    guarded(lambda: check_eval_tasks(list(cfg.eval.tasks), cfg.eval.ruler_data))
     heldout = [task for task in cfg.eval.tasks if task in ("perplexity", "doc_perplexity")]
     if heldout:  # found missing before training, not after it
         guarded(lambda: rt.loader.check_data_fits(cfg, heldout_for=f"eval.tasks={heldout[0]}"))
