@@ -15,8 +15,8 @@ def test_cases_against_dense():
     measured = re.findall(r"^  (\S+)\s+N=(\d+)\s+([\d.]+) s wall\s+([\d.]+) s cpu\s+([\d.]+) MiB$", proc.stdout,
                           re.MULTILINE)
     assert [(case, n) for case, n, *_ in measured] == [("dense", "256"), ("fsl", "256")]  # dense added
-    for *_, wall, cpu, peak in measured:
-        assert float(wall) > 0 and float(cpu) > 0 and float(peak) >= 0
+    for *_, wall, cpu, peak in measured:  # printed to 1 ms: a toy case on an idle machine may print 0.000
+        assert float(wall) >= 0 and float(cpu) >= 0 and float(peak) >= 0
     for title in ("wall time (s)", "CPU time (s)", "peak memory (MiB above inputs)"):
         table = proc.stdout.split(f"\n{title}\n", 1)[1].split("\n\n", 1)[0].splitlines()
         assert table[0].split() == ["case", "N=256", "/dense@256", "exponent"]
