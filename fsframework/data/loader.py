@@ -192,6 +192,7 @@ def make_streaming_dataset(streams: list[tuple[str, float | None]] | str, *, bat
 
     from streaming import Stream, StreamingDataset
 
+    close_prefix_probes()
     if isinstance(streams, str):
         streams = [(streams, None)]
     built = []
@@ -295,6 +296,27 @@ class TokenLoader(StreamSource):
         iteration = getattr(self.dataset, "_iterator", None)  # streaming's state of the epoch under way
         if iteration is not None:
             iteration.non_blocking_exit()
+
+
+def close_prefix_probes() -> None:
+    """A new StreamingDataset finds a free shared-memory prefix by attaching to every existing one
+    (streaming's `prefix._check_and_find`), and streaming registers each attachment with `atexit`,
+    which keeps it, and its file descriptor, open for the life of the process: a process that builds
+    datasets again and again (evaluation after training, a test worker) holds prefixes x datasets x 6
+    descriptors and ends in EMFILE. Attachments made in that module get no `atexit` registration, so
+    each closes when dropped; the segments a dataset creates, and the one it attaches to and keeps,
+    are as before (an attaching process never unlinks). Idempotent."""
+    from streaming.base.shared import prefix
+
+    if getattr(prefix.SharedMemory, "closes_when_dropped", False):
+        return
+    original = prefix.SharedMemory
+
+    def attach_or_create(name=None, create=None, size=0, auto_cleanup=True):
+        return original(name, create, size, auto_cleanup=auto_cleanup and create is not False)
+
+    attach_or_create.closes_when_dropped = True
+    prefix.SharedMemory = attach_or_create
 
 
 def unlink_shared_memory() -> None:
