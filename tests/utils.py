@@ -77,6 +77,16 @@ def run_fsf_process(*args: str, env: dict | None = None, check: bool = True,
     return proc
 
 
+def load_tool(script: str):
+    """The module of `tools/SCRIPT` (a script, not a package module), for tests that call its functions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(script).stem, REPO / "tools" / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_tool(script: str, *args: str, code: str | None = None, env: dict | None = None, check: bool = True,
              timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `python tools/SCRIPT ARGS` from the repository root, as a user would (with `code`: `python -c

@@ -4,27 +4,19 @@ gives one record per (key variant, scheme) whose all-gather and ring bytes follo
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
-from tests.utils import REPO
+from tests.utils import load_tool
 
 HEADS, HEAD_DIM, FP32 = 4, 32, 4
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_sp_fs", REPO / "tools" / "bench_sp_fs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.ranks
 def test_bench_sp_fs_records():
     # 2048 tokens over 3 ranks: slices of 6, 5 and 5 query blocks, so blocks and summaries are padded;
     # the middle rank both fetches cells and serves them
-    records = {(r["keys"], r["scheme"]): r for r in load_bench().table([2048], [3], ["random", "peaked"])}
+    records = {(r["keys"], r["scheme"]): r for r in load_tool("bench_sp_fs.py").table([2048], [3], ["random", "peaked"])}
     assert set(records) == {(keys, scheme) for keys in ("random", "peaked")
                             for scheme in ("all_gather", "selected", "ring")}
     block = 6 * 128 * HEADS * 2 * HEAD_DIM * FP32  # the longest slice's keys and values

@@ -5,14 +5,13 @@ The ranks here are plain Python scripts (no torch), so the launcher alone is tim
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
 
 import pytest
 
-from tests.utils import REPO
+from tests.utils import REPO, load_tool
 
 WORKER = """import json, os, sys, time
 spec = json.loads(sys.argv[sys.argv.index("--worker") + 1])
@@ -28,16 +27,9 @@ print(json.dumps({"rank": rank, "spec": spec, **{k: os.environ[k] for k in (
 """
 
 
-def load_launcher():
-    spec = importlib.util.spec_from_file_location("launch_ranks", REPO / "tools" / "launch_ranks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.ranks
 def test_ranks_in_order_and_the_failed_one_named(tmp_path):
-    launch = load_launcher().launch
+    launch = load_tool("launch_ranks.py").launch
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
 
