@@ -229,13 +229,17 @@ def test_fsf_config_prints_the_figures_a_job_adds_up_to(monkeypatch):
     assert comments[3] == "# 10 steps, 491,520 tokens in all"
 
 
-@pytest.mark.parametrize("tasks, says", [("[ruler,niah_single_9]", "eval.tasks: unknown niah_single_9"),
-                                         ("[qa_1]", "put dev-v2.0.json in a folder and pass --ruler-data")])
-def test_fsf_run_checks_its_eval_tasks_before_training(tmp_path, tasks, says):
+@pytest.mark.parametrize("tasks, with_data, says", [
+    ("[ruler,niah_single_9]", False, "eval.tasks: unknown niah_single_9"),
+    ("[qa_1]", False, "put dev-v2.0.json in a folder and pass --ruler-data"),
+    ("[ruler]", True, "dev-v2.0.json does not exist"),  # the suite with a QA folder that lacks the files
+])
+def test_fsf_run_checks_its_eval_tasks_before_training(tmp_path, tasks, with_data, says):
     """A typo in eval.tasks, or a QA task without its file, is one line before any training (no run
     directory made), not an error after hours of it."""
     run_dir = tmp_path / "run"
-    res = runner.invoke(app, ["run", "yamls/quickstart.yaml", f"run_dir={run_dir}", f"eval.tasks={tasks}"],
+    data = [f"eval.ruler_data={tmp_path}"] if with_data else []
+    res = runner.invoke(app, ["run", "yamls/quickstart.yaml", f"run_dir={run_dir}", f"eval.tasks={tasks}", *data],
                         env={"COLUMNS": "300"})
     assert res.exit_code == 2 and says in res.output and res.output.strip().count("\n") == 0, res.output
     assert not run_dir.exists()

@@ -23,8 +23,7 @@ import typer
 
 from fsframework.checkpoints import RunDir, read_config
 from fsframework.config import ConfigError, load_config
-from fsframework.eval.ruler import QA_TASKS, RULER_TASKS, SUITE
-from fsframework.eval.ruler_qa import qa_file
+from fsframework.eval.ruler import RULER_TASKS, SUITE, check_qa_files
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -155,11 +154,9 @@ def load_job_config(config: Optional[Path], overrides: Optional[List[str]]):
 
 def check_eval_tasks(tasks: list[str], ruler_data) -> None:
     """`eval.tasks` of a job, checked before `fsf run` trains (a typo found after training would
-    cost the run): known names, and the files of the QA tasks named on their own (QADataMissing,
-    a FileNotFoundError, names the file and where to put it)."""
+    cost the run): known names, and the files of the QA tasks it will run (`check_qa_files`:
+    QADataMissing, a FileNotFoundError, names the file and where to put it)."""
     unknown = [t for t in tasks if t not in TASK_NAMES]
     if unknown:
         raise ConfigError(f"eval.tasks: unknown {', '.join(map(str, unknown))}; choose from {', '.join(TASK_NAMES)}")
-    for task in QA_TASKS:
-        if task in tasks:
-            qa_file(task, ruler_data)
+    check_qa_files(tasks, ruler_data)

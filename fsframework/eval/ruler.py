@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsframework.config.evaluation import EvalConfig
 from fsframework.eval.niah import NIAH_GEN_TOKENS, NIAH_TASKS, niah_samples
 from fsframework.eval.prompts import NaturalHaystack, Sample
-from fsframework.eval.ruler_qa import QA_GEN_TOKENS, qa_samples
+from fsframework.eval.ruler_qa import QA_GEN_TOKENS, qa_file, qa_samples
 from fsframework.eval.ruler_vt import VT_GEN_TOKENS, vt_samples
 from fsframework.eval.ruler_words import CWE_GEN_TOKENS, FWE_GEN_TOKENS, cwe_samples, fwe_samples
 from fsframework.eval.scoring import sample_match_all, sample_match_part
@@ -43,12 +44,21 @@ RULER_TASKS: dict[str, RulerTask] = {
 }
 QA_TASKS = ("qa_1", "qa_2")
 SUITE = "ruler"  # the task name that stands for all 13
-QA2_FROM = 8192  # the paper: 12 tasks at 2k/4k, 13 (QA-2 added) at 8k/16k
+QA2_FROM = EvalConfig.ruler_qa2_from  # the paper: 12 tasks at 2k/4k, 13 (QA-2 added) at 8k/16k
 
 
 def suite_tasks(length: int, qa2_from: int = QA2_FROM) -> tuple[str, ...]:
     """The tasks the suite mean averages at `length`: all but qa_2 below `qa2_from`, all 13 from it on."""
     return tuple(t for t in RULER_TASKS if t != "qa_2" or length >= qa2_from)
+
+
+def check_qa_files(tasks: list[str], ruler_data) -> None:
+    """The official file of every QA task `tasks` will run: those named, and both under "ruler" when
+    `ruler_data` is given (without it "ruler" runs the other 11). `QADataMissing` names a missing
+    file and where to put it; called before a model loads or trains."""
+    for task in QA_TASKS:
+        if task in tasks or (SUITE in tasks and ruler_data):
+            qa_file(task, ruler_data)
 
 
 def ruler_samples(task: str, tokenizer, length: int, num_samples: int, seed: int, *, gen_tokens: int | None = None,

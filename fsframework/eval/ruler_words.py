@@ -140,7 +140,8 @@ def cwe_samples(tokenizer, length: int, num_samples: int, seed: int, *, gen_toke
             # the one-shot example when there is room for it beside the common words alone, else none
             least = sum(map(len, build(0)[0]))
             head = tokenizer.encode(one_shot + head_text)
-            if len(head) + len(tail) + least > length - gen_tokens:
+            with_example = len(head) + len(tail) + least <= length - gen_tokens
+            if not with_example:
                 head = tokenizer.encode(head_text)
             room = length - gen_tokens - len(head) - len(tail)
             if least > room:  # these 10 words are too long: another draw may fit
@@ -157,7 +158,7 @@ def cwe_samples(tokenizer, length: int, num_samples: int, seed: int, *, gen_toke
         prompt = head + ids + tail
         out.append(Sample(prompt, list(answer), {
             "task": "cwe", "length": length, "index": i, "items": len(kept), "common": common, "rare": rare,
-            "one_shot": len(head) > len(tokenizer.encode(head_text)),
+            "one_shot": with_example,
             "prompt_tokens": len(prompt)}))
     return out
 

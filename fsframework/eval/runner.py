@@ -14,7 +14,8 @@ from fsframework.checkpoints import Checkpoint, RunDir, load_model, training_ste
 from fsframework.config.kinds import kind_facts
 from fsframework.data.mixture import heldout_streams
 from fsframework.data.tokenizers import load_tokenizer
-from fsframework.eval.suite import expand_tasks, run_eval
+from fsframework.eval.ruler import check_qa_files
+from fsframework.eval.suite import run_eval
 from fsframework.eval.tensorboard import log_eval_results  # tensorboard itself is imported when it writes
 
 
@@ -27,12 +28,13 @@ def evaluate_checkpoint(checkpoint: Path, *, tasks: list[str], lengths: Optional
     and `stop_after_failure` replace the config's `eval.ruler_data` / `eval.stop_after_failure`."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     ckpt = Checkpoint.open(checkpoint)  # resolved and verified once
-    settings = ckpt.config(overrides).eval
+    job = ckpt.config(overrides)
+    settings = job.eval
     ruler_data = str(ruler_data) if ruler_data is not None else settings.ruler_data
-    expand_tasks(tasks, ruler_data)  # a QA task without its file fails before the model loads
+    check_qa_files(tasks, ruler_data)  # a QA task without its file fails before the model loads
     # held-out text is needed (and, for the embedded corpus, built) only for perplexity: every
     # stream's, found (or found missing) before the model is loaded
-    data_dir = heldout_streams(ckpt.config(overrides)) if {"perplexity", "doc_perplexity"} & set(tasks) else None
+    data_dir = heldout_streams(job) if {"perplexity", "doc_perplexity"} & set(tasks) else None
     model, cfg = load_model(ckpt, device, overrides)
     out = out or ckpt.run.scores
     out.parent.mkdir(parents=True, exist_ok=True)

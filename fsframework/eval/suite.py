@@ -26,13 +26,14 @@ from fsframework.eval.mqar import mqar_scores
 from fsframework.eval.passkey import PASSKEY_GEN_TOKENS, passkey_samples
 from fsframework.eval.perplexity import PERPLEXITY_TASKS, document_perplexity, perplexity_vs_length
 from fsframework.eval.prompts import NaturalHaystack, PromptTooLong
-from fsframework.eval.ruler import QA2_FROM, QA_TASKS, RULER_TASKS, SUITE, ruler_samples, score_sample, suite_mean
+from fsframework.config.evaluation import EvalConfig
+from fsframework.eval.ruler import (QA2_FROM, QA_TASKS, RULER_TASKS, SUITE, check_qa_files, ruler_samples, score_sample,
+                                    suite_mean)
 from fsframework.eval.ruler_floors import sample_floor
-from fsframework.eval.ruler_qa import qa_file
 from fsframework.eval.scoring import mean, passkey_match, postprocess_pred, sample_match_all
 
 TASKS = (*RULER_TASKS, "passkey", "ffact", "perplexity", "doc_perplexity", "mqar")
-FAIL_BELOW = 10.0  # --stop-after-failure: the S-NIAH mean under which a model has failed at a length
+FAIL_BELOW = EvalConfig.ruler_fail_below  # --stop-after-failure: the S-NIAH mean under which a model has failed
 S_NIAH = ("niah_single_1", "niah_single_2", "niah_single_3")
 UNPROMPTED = ("perplexity", "doc_perplexity", "mqar")  # scored from one forward pass, not from generated text
 HELDOUT_TASKS = PERPLEXITY_TASKS  # read the run's held-out split
@@ -53,7 +54,8 @@ def validate_tasks(tasks: list[str], lengths: list[int]) -> None:
 def expand_tasks(tasks: list[str], ruler_data) -> tuple[list[str], str | None]:
     """`tasks` with "ruler" replaced by the suite's 13 tasks (without QA when `ruler_data` is not
     given: then the second value is the one line that says so), in order, each once. A QA task
-    named on its own without its file is an error naming the file (`qa_file`)."""
+    it will run without its file is an error naming the file (`check_qa_files`)."""
+    check_qa_files(tasks, ruler_data)
     out, note = [], None
     for task in tasks:
         if task == SUITE:
@@ -65,9 +67,6 @@ def expand_tasks(tasks: list[str], ruler_data) -> tuple[list[str], str | None]:
             out.extend(n for n in names if n not in out)
         elif task not in out:
             out.append(task)
-    for task in out:
-        if task in QA_TASKS:
-            qa_file(task, ruler_data)
     return out, note
 
 
@@ -137,8 +136,8 @@ def _run_task_at(task, length, model, tokenizer, num_samples, seed, batch_size, 
         results["breakdown"].setdefault(task, {})[key] = {g: mean(v) for g, v in by_group.items()}
     zero_shot = sum(1 for r in records if r.get("one_shot") is False)
     if zero_shot:  # vt / cwe at a length without room for RULER's one-shot example
-        results["notes"].setdefault(task, {})[key] = f"{zero_shot} of {len(records)} samples zero-shot: no room for " \
-                                                      "RULER's one-shot example"
+        results["notes"].setdefault(task, {})[key] = (f"{zero_shot} of {len(records)} samples zero-shot: no room "
+                                                      "for RULER's one-shot example")
     results["samples"].setdefault(task, {})[key] = records
 
 
