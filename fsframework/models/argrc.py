@@ -28,7 +28,8 @@ from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
 from fsframework.ops.dispatch import kernel_for
-from fsframework.ops.scan import exclusive_scan, row_tiled
+from fsf_kernels.common.tree_tables import TreeTables, tree_tables
+from fsframework.ops.scan import exclusive_scan, packed_exclusive_scan, row_tiled
 
 # The widest intermediate of one reference cell call (its `[rows, 4D]` hidden layer) is kept
 # to this many bytes when no backward follows: it stays in a core's L2 cache and under the
@@ -105,8 +106,8 @@ class TreeScan(nn.Module):
 
     `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
     leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism; with
-    `documents`, of each packed document from its own start (`fsframework.models.documents`: the
-    documents of each length scanned together, inside this one call); `earlier` `[B, W, D]`: the leaves
+    `documents`, of each packed document from its own start (`fsframework.models.documents`: every
+    document's tree in one packed tree, `packed`, inside this one call); `earlier` `[B, W, D]`: the leaves
     before this part of the rows, of which a row's first piece that continues a document reads its
     document's (`continued_inclusive_prefixes`; document masking under sequence parallelism).
 
@@ -150,7 +151,7 @@ class TreeScan(nn.Module):
                 before = earlier[row:row + 1, earlier.shape[1] - start:]
                 return continued_inclusive_prefixes(before, piece, self.combine(), identity.to(h.dtype))
 
-            prefixes = documents.map(lambda rows: self.forward(rows, identity), h, continue_piece)
+            prefixes = documents.map_packed(lambda flat: self.packed(flat, identity, documents), h, continue_piece)
             return prefixes if earlier is None else after_earlier(prefixes, earlier)
         identity = identity.to(h.dtype)
         if shard is not None:
@@ -168,6 +169,50 @@ class TreeScan(nn.Module):
         if kernel is not None and fused:
             return kernel(padded, self.cell, identity)[:, 1:]
         return exclusive_scan(padded, self.combine(), identity)[:, 1:]
+
+    def packed(self, flat: torch.Tensor, identity: torch.Tensor, documents: Documents) -> torch.Tensor:
+        """The inclusive prefixes of packed documents `flat` `[P, D]` (`documents.plain_lengths`, end to
+        end), each from its own start: every document's tree in one packed tree (`packed_exclusive_scan`,
+        `2 * ceil(log2 (L + 1))` cell calls for the longest document `L`, however many there are)."""
+        tables = documents.derived("tree_scan", lambda: PackedScanTables.of(documents.plain_lengths, flat.device))
+        # each document's leaves and a zero row: the exclusive scan of L + 1 rows, row 0 dropped
+        leaves = torch.cat((flat, flat.new_zeros(1, flat.shape[1])))[tables.leaf_source]
+        identity = identity.to(flat.dtype)
+        impl = self.attention_cfg.impl
+        kernel = kernel_for("grc_scan", "grc_packed_exclusive_scan", impl, flat,
+                            scan_unsupported(flat.dtype, flat.shape[-1]))
+        fused = isinstance(self.cell, GRCCell)
+        if kernel is not None and not fused and impl == "triton":
+            raise ValueError("model.attention.impl=triton: the Triton tree scan implements the GRC cell only; "
+                             "use impl=auto or reference with model.argrc.cell=mlp")
+        if kernel is not None and fused:
+            values = kernel(leaves, tables.tree, self.cell, identity)
+        else:
+            values = packed_exclusive_scan(leaves, tables.tree, self.combine(), identity)
+        return values[tables.prefix_rows]
+
+
+class PackedScanTables(NamedTuple):
+    """The gathers of `TreeScan.packed` for documents of given lengths, built once per batch."""
+
+    tree: TreeTables  # the packed tree of the documents' L + 1 rows each
+    leaf_source: torch.Tensor  # `[R0]`: each leaf's row of `cat(flat, zero row)`
+    prefix_rows: torch.Tensor  # `[P]`: each token's inclusive prefix, a row of the scan's output
+
+    @staticmethod
+    def of(lengths: list[int], device) -> "PackedScanTables":
+        lengths_t = torch.tensor(lengths, dtype=torch.long)
+        total = int(lengths_t.sum())
+        rows = lengths_t + 1
+        firsts = torch.cumsum(rows, 0) - rows  # each document's first leaf row
+        document = torch.repeat_interleave(torch.arange(len(lengths)), rows)
+        j = torch.arange(int(rows.sum())) - firsts[document]
+        token_firsts = torch.cumsum(lengths_t, 0) - lengths_t
+        leaf_source = torch.where(j < lengths_t[document], token_firsts[document] + j, torch.full_like(j, total))
+        # token t of document d is output row firsts[d] + 1 + t = (token index) + d + 1
+        prefix_rows = torch.arange(total) + torch.repeat_interleave(torch.arange(len(lengths)), lengths_t) + 1
+        return PackedScanTables(tree_tables(rows).to(device), leaf_source.to(device, non_blocking=True),
+                                prefix_rows.to(device, non_blocking=True))
 
 
 class ARGRCLanguageModel(LanguageModel):

@@ -34,20 +34,23 @@ import torch
 class Documents:
     """The documents of a batch of packed rows; see the module docstring."""
 
-    def __init__(self, doc_ids: torch.Tensor, continued: Optional[Sequence[int]] = None):
+    def __init__(self, doc_ids: torch.Tensor, continued: Optional[Sequence[int]] = None, device=None):
         if doc_ids.dim() != 2:
             raise ValueError(f"doc_ids must be [B, T], got shape {tuple(doc_ids.shape)}")
         self.shape = tuple(doc_ids.shape)
         bsz, length = self.shape
-        device = doc_ids.device
+        device = doc_ids.device if device is None else torch.device(device)  # the rows' device
         continued = [0] * bsz if continued is None else [int(c) for c in continued]
         if len(continued) != bsz or min(continued) < 0:
             raise ValueError(f"continued must give {bsz} positions >= 0, got {continued}")
-        starts = _starts(doc_ids)
+        # every table is built on the host, once per batch (the trainer hands CPU doc_ids: no
+        # device-to-host sync), and moved to the rows' device in one go
+        ids = doc_ids.detach().cpu()
+        starts = _starts(ids)
         flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # row * T + start, in packed order
         lengths = _lengths(flat_starts, bsz * length)
         row_first = _row_firsts(flat_starts, bsz, length)
-        self.positions = _positions(starts, flat_starts, row_first, continued)
+        self.positions = _positions(starts, flat_starts, row_first, continued).to(device, non_blocking=True)
         self.count = int(flat_starts.numel())
         # a row's first piece that continues a document begun before the row's part: (row, its packed
         # indices, its first token's position in the document); it runs alone (`map`'s continue_piece)
@@ -58,15 +61,33 @@ class Documents:
                 i = int(row_first[row])
                 continues[i] = True
                 first = int(flat_starts[i])
-                self.continuations.append((row, torch.arange(first, first + int(lengths[i]), device=device), start))
+                self.continuations.append((row, torch.arange(first, first + int(lengths[i])), start))
+        # the documents that start in these rows, in packed order: what a one-call form reads
+        # (`map_packed`); their lengths are host ints, from which per-batch tables are built
+        self.plain_lengths: list[int] = lengths[~continues].tolist()
+        plain_index = _plain_index(flat_starts, lengths, continues)
         # documents of one length run together: gather[L] `[n, L]` holds their tokens' packed indices
         self.groups: list[torch.Tensor] = []
-        for size in torch.unique(lengths[~continues]).tolist():
+        for size in sorted(set(self.plain_lengths)):
             firsts = flat_starts[(lengths == size) & ~continues]
-            self.groups.append(firsts[:, None] + torch.arange(size, device=device))
-        order = torch.cat([g.reshape(-1) for g in self.groups] + [index for _, index, _ in self.continuations])
-        self.inverse = torch.empty_like(order)
-        self.inverse[order] = torch.arange(order.numel(), device=device)
+            self.groups.append((firsts[:, None] + torch.arange(size)).to(device, non_blocking=True))
+        pieces = [index for _, index, _ in self.continuations]
+        order = torch.cat([g.cpu().reshape(-1) for g in self.groups] + pieces)
+        self.inverse = _inverse(order).to(device, non_blocking=True)
+        # `map_packed`'s order: the starting documents' tokens, then the continuation pieces
+        self.plain_index = plain_index.to(device, non_blocking=True) if self.continuations else None
+        self.packed_inverse = (_inverse(torch.cat([plain_index] + pieces)).to(device, non_blocking=True)
+                               if self.continuations else None)
+        self.continuations = [(row, index.to(device, non_blocking=True), start)
+                              for row, index, start in self.continuations]
+        self._derived: dict[str, object] = {}
+
+    def derived(self, key: str, build: Callable[[], object]) -> object:
+        """`build()`, once per batch: a table a layer derives from the documents (a tree scan's
+        gathers), kept for every layer call and recomputation of this batch."""
+        if key not in self._derived:
+            self._derived[key] = build()
+        return self._derived[key]
 
     @property
     def whole_rows(self) -> bool:
@@ -92,6 +113,26 @@ class Documents:
         return packed[self.inverse].view(*self.shape, *packed.shape[1:])
 
 
+    def map_packed(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                   continue_piece: Optional[Callable[[int, torch.Tensor, int], torch.Tensor]] = None) -> torch.Tensor:
+        """`map` through a layer's one-call (varlen) form: `fn` takes the tokens of every document that
+        starts in these rows, laid end to end in packed order (`[P, ...]`, lengths `plain_lengths`), and
+        reads each as its own sequence, in one call however many documents there are. Continuation
+        pieces as in `map`."""
+        if tuple(x.shape[:2]) != self.shape:
+            raise ValueError(f"documents of rows {self.shape}, got a tensor of shape {tuple(x.shape)}")
+        flat = x.reshape(-1, *x.shape[2:])
+        if not self.continuations:
+            return fn(flat).view(*self.shape, *x.shape[2:])
+        if continue_piece is None:
+            raise ValueError("these rows begin inside documents: map_packed needs continue_piece to read their "
+                             "earlier part")
+        outs = [fn(flat[self.plain_index])]
+        outs += [continue_piece(row, flat[index][None], start)[0] for row, index, start in self.continuations]
+        packed = torch.cat(outs)
+        return packed[self.packed_inverse].view(*self.shape, *packed.shape[1:])
+
+
 def _starts(doc_ids: torch.Tensor) -> torch.Tensor:
     """`[B, T]` bool: where a document starts (every row's first position, and wherever the id changes)."""
     starts = torch.ones_like(doc_ids, dtype=torch.bool)
@@ -103,6 +144,20 @@ def _lengths(flat_starts: torch.Tensor, total: int) -> torch.Tensor:
     """Each document's length from the flat indices of the starts: a document ends at the next start
     (every row begins with one, so no document runs past its row's end)."""
     return torch.diff(flat_starts, append=flat_starts.new_tensor([total]))
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    """The permutation that puts a tensor gathered in `order` back in packed order."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return inverse
+
+
+def _plain_index(flat_starts: torch.Tensor, lengths: torch.Tensor, continues: torch.Tensor) -> torch.Tensor:
+    """The packed indices of the tokens of the documents that start in the rows (not continuation
+    pieces), in packed order."""
+    keep = torch.repeat_interleave(~continues, lengths)
+    return keep.nonzero().squeeze(1)
 
 
 def _row_firsts(flat_starts: torch.Tensor, bsz: int, length: int) -> torch.Tensor:
@@ -135,6 +190,7 @@ def document_lengths(doc_ids: torch.Tensor) -> list[int]:
     return _lengths(_starts(doc_ids).reshape(-1).nonzero().squeeze(1), doc_ids.numel()).tolist()
 
 
-def documents_of(doc_ids: Optional[torch.Tensor]) -> Optional[Documents]:
-    """`Documents` of `doc_ids` `[B, T]`, None for None (each row is one document)."""
-    return None if doc_ids is None else Documents(doc_ids)
+def documents_of(doc_ids: Optional[torch.Tensor], device=None) -> Optional[Documents]:
+    """`Documents` of `doc_ids` `[B, T]` for rows on `device` (doc_ids' own by default), None for None
+    (each row is one document)."""
+    return None if doc_ids is None else Documents(doc_ids, device=device)

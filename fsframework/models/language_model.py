@@ -57,10 +57,11 @@ class SequenceParallelism(Protocol):
     def root_gatherer(self, sp) -> Callable[[torch.Tensor], list[torch.Tensor]]:
         """Own block roots `[K, B, D]` -> every rank's `[K_r, B, D]` (AR-GRC's scan, docs/argrc.md §6)."""
 
-    def document_rows(self, sp, doc_ids: torch.Tensor) -> DocumentRows:
+    def document_rows(self, sp, doc_ids: torch.Tensor, device=None) -> DocumentRows:
         """The documents of this rank's part of rows whose documents are `doc_ids` `[B, N]` (the whole
         rows: a part may begin inside a document), each read as a row of its own, a continued one
-        reading its earlier tokens from the other ranks (`DocumentRows.earlier_tokens`)."""
+        reading its earlier tokens from the other ranks (`DocumentRows.earlier_tokens`); their tables
+        on `device` (the rows'), built from doc_ids on the host."""
 
 
 class LanguageModel(nn.Module, ABC):
@@ -102,10 +103,10 @@ class LanguageModel(nn.Module, ABC):
                 raise TypeError(f"{type(self).__name__} is not sequence parallel: it takes no sequence context")
             if doc_ids is not None and tuple(doc_ids.shape) != tuple(tokens.shape):
                 raise ValueError(f"doc_ids must have the tokens' shape {tuple(tokens.shape)}, got {tuple(doc_ids.shape)}")
-            hidden = self.hidden_states(tokens, documents=documents_of(doc_ids))
+            hidden = self.hidden_states(tokens, documents=documents_of(doc_ids, tokens.device))
         else:
             sp = self.parallelism.sequence(sp, type(self).__name__)
-            rows = None if doc_ids is None else self.parallelism.document_rows(sp, doc_ids)
+            rows = None if doc_ids is None else self.parallelism.document_rows(sp, doc_ids, tokens.device)
             hidden = self.sequence_parallel_hidden_states(tokens, sp, rows)
         return head_output(self.lm_head, hidden, targets, loss_chunk)
 

@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from fsf_kernels.common.tree_tables import TreeTables
+
 Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -107,3 +109,34 @@ def row_tiled(combine: Combine, rows: int) -> Combine:
 
     return tiled
 
+
+
+def packed_exclusive_scan(leaves: torch.Tensor, tables: TreeTables, combine: Combine,
+                          identity: torch.Tensor) -> torch.Tensor:
+    """`exclusive_scan` of many sequences laid end to end in `leaves` `[R0, D]` (sequence `s` its
+    `n_s` rows), each in its own tree, in one tree's worth of combine calls (`2 * ceil(log2 max n_s)`):
+    `tables` (`fsf_kernels.common.tree_tables.tree_tables(n)`) say which rows pair up at each level.
+    identity `[D]`, each sequence's root value. Returns `[R0, D]`: the exclusive prefixes of each
+    sequence, equal to `exclusive_scan` of the sequences one by one (the same rows combined)."""
+    if leaves.ndim != 2 or leaves.shape[0] != tables.leaves:
+        raise ValueError(f"leaves must be [R0, D] with R0 = {tables.leaves} (the tables' sequences), "
+                         f"got shape {tuple(leaves.shape)}")
+    width = leaves.shape[1]
+    if identity.shape != (width,):
+        raise ValueError(f"identity must be [D] = [{width}], got shape {tuple(identity.shape)}")
+    identity = identity.to(leaves.dtype)
+
+    def pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return _checked(combine, a[None], b[None])[0] if a.shape[0] else a
+
+    levels = [leaves]
+    for left in tables.up_left:
+        below = levels[-1]
+        levels.append(pairs(below[left], below[left + 1]))
+    values = identity.expand(tables.roots, width)
+    top = len(tables.down_parent)
+    for step, (parent, sibling, gather) in enumerate(zip(tables.down_parent, tables.down_sibling,
+                                                         tables.down_gather)):
+        right = pairs(values[parent], levels[top - 1 - step][sibling])
+        values = torch.cat((values, right, identity[None]))[gather]
+    return values

@@ -45,16 +45,18 @@ from fsframework.parallel.context import SPContext
 Exchange = Callable[[torch.Tensor, int], torch.Tensor]  # own `[B, n, ...]`, width -> `[B, min(width, a), ...]`
 
 
-def rank_documents(doc_ids: torch.Tensor, slices: list[tuple[int, int]], rank: int) -> tuple[Documents, int]:
+def rank_documents(doc_ids: torch.Tensor, slices: list[tuple[int, int]], rank: int,
+                   device=None) -> tuple[Documents, int]:
     """The `Documents` of rank `rank`'s slice of rows whose documents are `doc_ids` `[B, N]` (its first
     pieces continued at their documents' positions), and the halo width `W` every rank exchanges: the
     longest earlier part of a document that some rank's slice begins inside (the same on every rank)."""
     if doc_ids.dim() != 2 or doc_ids.shape[1] != slices[-1][1]:
         raise ValueError(f"doc_ids must be the whole rows [B, {slices[-1][1]}], got shape {tuple(doc_ids.shape)}")
+    doc_ids, device = doc_ids.cpu(), doc_ids.device if device is None else device  # tables on the host
     positions = document_positions(doc_ids)
     width = max([int(positions[:, start].max()) for start, _ in slices[1:]], default=0)
     start, end = slices[rank]
-    return Documents(doc_ids[:, start:end], continued=positions[:, start].tolist()), width
+    return Documents(doc_ids[:, start:end], continued=positions[:, start].tolist(), device=device), width
 
 
 class SequenceParallelDocuments(DocumentRows):
@@ -70,9 +72,10 @@ class SequenceParallelDocuments(DocumentRows):
         return self.exchange(x, width) if width else x[:, :0]
 
 
-def document_rows(sp: SPContext, doc_ids: torch.Tensor) -> SequenceParallelDocuments:
-    """This rank's `SequenceParallelDocuments` of the sequence `sp` (contiguous layout)."""
+def document_rows(sp: SPContext, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
+    """This rank's `SequenceParallelDocuments` of the sequence `sp` (contiguous layout), its tables on
+    `device` (the rows'; doc_ids' own by default)."""
     if sp.layout != "contiguous":
         raise ValueError(f"document masking under sequence parallelism needs the contiguous layout, got {sp.layout}")
-    documents, width = rank_documents(doc_ids, sp.slices, sp.rank)
+    documents, width = rank_documents(doc_ids, sp.slices, sp.rank, device)
     return SequenceParallelDocuments(documents, width, lambda x, w: halo_exchange(x, sp, w))

@@ -51,8 +51,8 @@ class SequenceParallel:
     def root_gatherer(self, sp: SPContext) -> Callable[[torch.Tensor], list[torch.Tensor]]:
         return root_gatherer(sp)
 
-    def document_rows(self, sp: SPContext, doc_ids: torch.Tensor) -> DocumentRows:
-        return document_rows(sp, doc_ids)
+    def document_rows(self, sp: SPContext, doc_ids: torch.Tensor, device=None) -> DocumentRows:
+        return document_rows(sp, doc_ids, device)
 
 
 def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None,

@@ -227,7 +227,8 @@ class Trainer:
         the ranks' losses average to the batch's, `fsframework.parallel.batch`) through the engine.
         doc_ids: the rows' packed documents, read apart under `data.document_masking`."""
         dev = self.engine.device
-        documents = doc_ids.to(dev) if self.cfg.data.document_masking and doc_ids is not None else None
+        # doc_ids stay on the host: the model builds its document tables there, once per batch (no sync)
+        documents = doc_ids if self.cfg.data.document_masking else None
         mine = shard_batch(self.sp, inputs.to(dev), targets.to(dev), None if weights is None else weights.to(dev),
                            documents)
         return mine.scored(self.engine, self.cfg.train.loss_chunk)

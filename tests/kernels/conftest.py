@@ -15,7 +15,7 @@ import torch
 
 # torch-only modules (fsframework.ops imports them): loading them decorates no kernel
 _TORCH_ONLY = ("fsf_kernels.common", "fsf_kernels.common.args", "fsf_kernels.common.rope_tables",
-               "fsf_kernels.common.support")
+               "fsf_kernels.common.support", "fsf_kernels.common.tree_tables")
 
 if "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"

@@ -88,3 +88,36 @@ def test_the_model_runs_the_kernel_under_impl_triton(device):
     assert_close(fused.in_proj.weight.grad, reference.in_proj.weight.grad, torch.float32, "in_proj gradient")
     with pytest.raises(ValueError, match="GRC cell only"):
         model("triton", cell="mlp")(tokens)
+
+
+@pytest.mark.parametrize("dtype, post_merge", [(torch.float32, 0), (torch.bfloat16, 0), (torch.float32, 20)])
+def test_packed_tree_scan_forward_and_every_gradient(dtype, post_merge, device):
+    """The packed tree (one launch per level for every sequence, `grc_packed_exclusive_scan`) against
+    the reference's packed scan: sequences of 1, 2, odd and power-of-two lengths, one longer than
+    the others' trees."""
+    from fsf_kernels.common.tree_tables import tree_tables
+    from fsf_kernels.grc_scan import grc_packed_exclusive_scan
+    from fsframework.ops.scan import packed_exclusive_scan
+
+    cell = _cell(device, post_merge)
+    lengths = [1, 9, 2, 16, 5, 1]
+    tables = tree_tables(lengths).to(device)
+    torch.manual_seed(2)
+    x = torch.randn(sum(lengths), D, device=device)
+    identity = torch.randn(D, device=device)
+    grad = torch.randn(sum(lengths), D, device=device)
+
+    def run(scan, cast):
+        cell.zero_grad()
+        xs, e = x.clone().requires_grad_(), identity.clone().requires_grad_()
+        out = scan(xs.to(cast), tables, cell, e.to(cast))
+        out.backward(grad.to(cast))
+        return out.float(), xs.grad, e.grad, {k: p.grad.clone() for k, p in cell.named_parameters()}
+
+    want = run(packed_exclusive_scan, torch.float32)
+    got = run(grc_packed_exclusive_scan, dtype)
+    assert_close(got[0], want[0], dtype, "prefixes")
+    assert_close(got[1], want[1], dtype, "dx")
+    assert_close(got[2], want[2], dtype, "d identity")
+    for name in want[3]:
+        assert_close(got[3][name], want[3][name], dtype, name)

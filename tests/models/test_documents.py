@@ -102,7 +102,7 @@ def _step_work(model, tokens, doc_ids=None):
 def test_masking_never_adds_work(name):
     """A training step on packed documents does at most the multiply-adds of the rows read whole (a
     document's queries score only its own keys and cells); what the regrouping copies is a few passes
-    over the activations (most, relative to its work, for AR-GRC's scan at this width: 1.67x)."""
+    over the activations (most, relative to its work, for AR-GRC's scan at this width)."""
     model = tiny_model(name, VOCAB).train()
     length = 256
     tokens = torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(0))
@@ -111,7 +111,10 @@ def test_masking_never_adds_work(name):
     whole, masked = _step_work(model, tokens), _step_work(model, tokens, doc_ids)
     assert 0 < masked.macs <= whole.macs, (whole.macs, masked.macs)
     assert masked.written <= 1.75 * whole.written, (whole.written, masked.written)
-    assert masked.largest <= whole.largest, (whole.largest, masked.largest)
+    # the largest tensor at most a row per document larger: AR-GRC's packed tree scans L + 1 rows a
+    # document, so a level of it may pair a few more rows than the whole rows' level does
+    documents = sum(len(row) for row in sizes)
+    assert masked.largest <= whole.largest * (length + documents) / length, (whole.largest, masked.largest)
 
 
 def test_masking_under_sequence_parallelism_is_a_valid_config():

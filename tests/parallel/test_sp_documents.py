@@ -54,8 +54,8 @@ class SimulatedRanks:
     def sequence(self, sp, model_name):
         return sp
 
-    def document_rows(self, rank: int, doc_ids: torch.Tensor) -> SequenceParallelDocuments:
-        documents, width = rank_documents(doc_ids, self.slices, rank)
+    def document_rows(self, rank: int, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
+        documents, width = rank_documents(doc_ids, self.slices, rank, device)
         return SequenceParallelDocuments(documents, width, lambda x, w: self.exchange(rank, x, w))
 
     def exchange(self, rank: int, x: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,9 +1,8 @@
 """Tiles and host helpers shared by the fsf_kernels ops.
 
-`args` (argument checks) and `rope_tables` (RoPE cos/sin) import torch only;
-the other modules import Triton. Nothing is imported eagerly here, so
-`fsf_kernels.common.args` and `fsf_kernels.common.rope_tables` load without
-Triton; the helpers of `utils` are still reachable as attributes of this package.
+`args` (argument checks), `rope_tables` (RoPE cos/sin) and `tree_tables` (the gathers of a
+packed tree scan) import torch only; the other modules import Triton. Nothing is imported
+eagerly here, so those three load without Triton; the helpers of `utils` are still reachable as attributes of this package.
 """
 
 from __future__ import annotations
