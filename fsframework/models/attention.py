@@ -20,8 +20,10 @@ from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
 from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier,
                                        reach_back)
+from fsframework.models.documents import Documents
+from fsframework.ops.document_attention import ChunkMasks, chunk_key_starts, document_attention
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
-from fsframework.ops.rope import rotate
+from fsframework.ops.rope import rotate, rotate_at
 
 
 class QKVAttention(nn.Module):
@@ -69,6 +71,8 @@ class QKVAttention(nn.Module):
         this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
         earlier = source.earlier_tokens(x, self.key_span)  # on every rank, whatever its rows hold
+        if self.reads_packed_rows and not source.documents.continuations:
+            return after_earlier(self.forward_packed_rows(x, source.documents), earlier)
 
         def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
             reach = reach_back(self.key_span, start)
@@ -77,6 +81,24 @@ class QKVAttention(nn.Module):
 
         y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
         return after_earlier(y, earlier)
+
+    # the kind reads packed rows in one call (`attend_documents`, every document at once); otherwise
+    # `Documents.map` runs its whole-sequence form once per distinct document length
+    reads_packed_rows = False
+
+    def forward_packed_rows(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
+        """x `[B, T, D]` of packed rows that each begin a document -> `[B, T, D]`, every document read as a
+        row of its own (queries, keys and positions its own) in one `attend_documents` call."""
+        q, k, v = self.project_documents(x, documents.positions)
+        y = self.attend_documents(q, k, v, documents)
+        return self.wo(y.reshape(x.shape))
+
+    def project_documents(self, x: torch.Tensor, positions: torch.Tensor):
+        """`project` for packed rows, tokens at their document positions `[B, T]`: unrotated here."""
+        return QKVAttention.project(self, x)
+
+    def attend_documents(self, q, k, v, documents: Documents):  # pragma: no cover - kinds that read packed rows
+        raise NotImplementedError
 
     def forward_run(self, x: torch.Tensor, source: KeySource) -> torch.Tensor:
         """The offset form on one contiguous run `x` `[B, n, D]` at `[source.start, source.start + n)`."""
@@ -102,6 +124,16 @@ class RopeAttention(QKVAttention):
 
     def attend(self, q, k, v, start):
         return causal_attention_at(q, k, v, start)
+
+    reads_packed_rows = True
+
+    def project_documents(self, x, positions):
+        q, k, v = QKVAttention.project(self, x)
+        theta = self.cfg.attention.rope_theta
+        return rotate_at(q, theta, positions), rotate_at(k, theta, positions), v
+
+    def attend_documents(self, q, k, v, documents):
+        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype))
 
 
 class SlidingWindowAttention(QKVAttention):
@@ -135,6 +167,11 @@ class NoPositionAttention(QKVAttention):
     def attend(self, q, k, v, start):
         return causal_attention_at(q, k, v, start)
 
+    reads_packed_rows = True
+
+    def attend_documents(self, q, k, v, documents):
+        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype))
+
 
 class AlibiAttention(QKVAttention):
     """Causal attention with the ALiBi bias `-slope_h * (i - j)`, chunked over queries so the
@@ -148,3 +185,17 @@ class AlibiAttention(QKVAttention):
 
     def attend(self, q, k, v, start):
         return alibi_attention_at(q, k, v, start, self.slopes, self.chunk)
+
+    reads_packed_rows = True
+
+    def attend_documents(self, q, k, v, documents):
+        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype, self.slopes))
+
+
+def _chunk_masks(documents: Documents, dtype: torch.dtype, slopes: Optional[torch.Tensor] = None) -> ChunkMasks:
+    """The batch's `ChunkMasks` (ALiBi's with `slopes`): built once, read by every layer, forward and
+    backward; their chunks' key starts come from the host positions (no device sync)."""
+    def build() -> ChunkMasks:
+        return ChunkMasks(documents.positions, chunk_key_starts(documents.host_positions), slopes, dtype)
+
+    return documents.derived(f"attention_masks:{dtype}:{'alibi' if slopes is not None else 'causal'}", build)

@@ -50,7 +50,10 @@ class Documents:
         flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # row * T + start, in packed order
         lengths = _lengths(flat_starts, bsz * length)
         row_first = _row_firsts(flat_starts, bsz, length)
-        self.positions = _positions(starts, flat_starts, row_first, continued).to(device, non_blocking=True)
+        # each token's position in its document, on the host (what per-chunk tables are built from) and
+        # on the rows' device (what the layers read)
+        self.host_positions = _positions(starts, flat_starts, row_first, continued)
+        self.positions = self.host_positions.to(device, non_blocking=True)
         self.count = int(flat_starts.numel())
         # a row's first piece that continues a document begun before the row's part: (row, its packed
         # indices, its first token's position in the document); it runs alone (`map`'s continue_piece)

@@ -37,6 +37,8 @@ class RewiredAttention(RopeAttention):
             with torch.no_grad():
                 self.bmat.copy_(torch.eye(self.head_dim))
 
+    reads_packed_rows = False  # the runway bias is not document_attention's: each length apart (Documents.map)
+
     def attend(self, q, k, v, start):
         u = v[:, :, self.head]  # the re-purposed head's values at every key position
         return rewired_attention(q, k, v, u, settings=self.settings, bmat=self.bmat, impl=self.impl, q_start=start)

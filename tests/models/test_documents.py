@@ -12,6 +12,7 @@ import torch
 
 from fsframework.config.kinds import KIND_NAMES
 from fsframework.models.documents import Documents, document_lengths
+from fsframework.ops.document_attention import chunk_size
 from tests.utils import tiny_model
 
 VOCAB = 64
@@ -109,7 +110,12 @@ def test_masking_never_adds_work(name):
     sizes = [[90, 7, 100, 59], [256]]  # one row of four documents, one of a single document
     doc_ids = torch.tensor([[d for d, size in enumerate(row) for _ in range(size)] for row in sizes])
     whole, masked = _step_work(model, tokens), _step_work(model, tokens, doc_ids)
-    assert 0 < masked.macs <= whole.macs, (whole.macs, masked.macs)
+    # a kind's one-call form may score its query chunks' diagonal tiles whole (the dense kinds',
+    # fsframework.ops.document_attention): a document as long as the row costs its causal square and
+    # C / T more; read each length apart (Documents.map), a document costs exactly its own row
+    packed = any(getattr(m, "reads_packed_rows", False) for m in model.modules())
+    slack = 1 + chunk_size(length) / length if packed else 1
+    assert 0 < masked.macs <= whole.macs * slack, (whole.macs, masked.macs)
     assert masked.written <= 1.75 * whole.written, (whole.written, masked.written)
     # the largest tensor at most a row per document larger: AR-GRC's packed tree scans L + 1 rows a
     # document, so a level of it may pair a few more rows than the whole rows' level does
