@@ -22,6 +22,7 @@ from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, Docum
                                        reach_back)
 from fsframework.models.documents import Documents
 from fsframework.ops.document_attention import ChunkMasks, chunk_key_starts, document_attention
+from fsframework.ops.local_attention import sliding_window_attention
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from fsframework.ops.rope import rotate, rotate_at
 
@@ -159,6 +160,15 @@ class SlidingWindowAttention(QKVAttention):
         a = self.cfg.attention
         return window_attention_at(q, k, v, start, window=a.window, rope_theta=None if rotated else a.rope_theta,
                                    impl=a.impl)
+
+    reads_packed_rows = True
+
+    def attend_documents(self, q, k, v, documents):
+        """q, k, v unrotated: the window op rotates them at the document positions and keeps each
+        query to its own document's keys (one call, the Triton kernel's one launch each way)."""
+        a = self.cfg.attention
+        return sliding_window_attention(q, k, v, window=a.window, rope_theta=a.rope_theta, impl=a.impl,
+                                        positions=documents.positions)
 
 
 class NoPositionAttention(QKVAttention):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rotation_rows
+from fsf_kernels.common.rope_tables import rope_cos_sin, rope_rotation_rows, rotate_at
 
 __all__ = ["apply_rope", "rope_cos_sin", "rotate", "rotate_at"]
 
@@ -36,16 +36,3 @@ def rotate(x: torch.Tensor, theta: float = 10000.0, start: int = 0) -> torch.Ten
     swapped = torch.cat((xf[..., half:], xf[..., :half]), dim=-1)
     return (xf * cos2 + swapped * sin2).to(x.dtype)
 
-
-def rotate_at(x: torch.Tensor, theta: float, positions: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE to `x` `[B, T, H, D]` at the positions `positions` `[B, T]` (packed documents: each
-    token's position inside its document): `rotate`'s numbers for each token at its position, bit
-    for bit (the rows of the same cached tables, gathered)."""
-    if positions.shape != x.shape[:2]:
-        raise ValueError(f"positions must be [B, T] = {list(x.shape[:2])}, got shape {tuple(positions.shape)}")
-    acc = torch.promote_types(x.dtype, torch.float32)
-    cos2, sin2 = rope_rotation_rows(0, x.shape[1], x.shape[-1], theta, acc, x.device)  # positions < T
-    cos2, sin2 = cos2[:, 0][positions][:, :, None], sin2[:, 0][positions][:, :, None]
-    xf, half = x.to(acc).view_as(x), x.shape[-1] // 2
-    swapped = torch.cat((xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos2 + swapped * sin2).to(x.dtype)

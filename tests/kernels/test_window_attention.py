@@ -1,10 +1,11 @@
-"""Triton sliding-window attention vs fsframework.ops.local_attention (reference): forward and dq, dk, dv."""
+"""Triton sliding-window attention vs fsframework.ops.local_attention (reference): forward and dq, dk, dv;
+packed documents (`positions`) against the reference's, in one launch per kernel however many documents."""
 
 import pytest
 import torch
 
 from fsframework.ops.local_attention import sliding_window_attention as reference
-from fsframework.ops.rope import rotate
+from fsframework.ops.rope import rotate, rotate_at
 from fsf_kernels.window_attention import sliding_window_attention
 from kernel_testing import assert_close, gpu, needs_cuda
 
@@ -62,14 +63,18 @@ def _check(case, device):
         assert_close(g, w, dtype, name, b)
 
 
-def _in_low_precision(q, k, v, *, window, theta, start):
+def _in_low_precision(q, k, v, *, window, theta, start, positions=None):
     """The same attention as plain PyTorch computes it in the inputs' half precision (scores,
     softmax and products in that dtype, dense over the band): the yardstick of a half-precision
-    kernel's rounding (`assert_close`'s baseline)."""
-    if theta is not None:
+    kernel's rounding (`assert_close`'s baseline). `positions`: packed documents, as the op's."""
+    if theta is not None and positions is not None:
+        q, k = rotate_at(q, theta, positions), rotate_at(k, theta, positions)
+    elif theta is not None:
         q, k = rotate(q, theta, start), rotate(k, theta, start)
     pos = torch.arange(q.shape[1], device=q.device)
     band = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] <= window)
+    if positions is not None:  # [B, 1, T, T]: each query within its document
+        band = band & (pos[None, None, :] >= (pos - positions)[:, :, None])[:, None]
     logits = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
     probs = torch.softmax(logits.masked_fill(~band, float("-inf")), dim=-1)
     return torch.einsum("bhqk,bkhd->bqhd", probs, v)
@@ -133,3 +138,122 @@ def test_the_small_shared_memory_tiles(monkeypatch, device):
     module = importlib.import_module("fsf_kernels.window_attention.window_attention")
     monkeypatch.setattr(module, "device_target", lambda device: 86)
     _check((1, 45, 1, 256, 20, 10000.0, 0, F32), device)
+
+
+# --- packed documents (positions) ---
+
+def _positions(rows: list[list[int]], device) -> torch.Tensor:
+    return torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in rows]).to(device)
+
+
+# (rows' document lengths, H, D, window, rope_theta, dtype, tiles (query rows, key rows) or None for the
+# launcher's own): boundaries inside tiles, documents longer and shorter than the window, 1-token
+# documents, rows of different documents, T not a multiple of the tiles; the small tiles make the key
+# loop start at the document (`first` of a tile's first query) in most tiles
+DOC_CASES = [
+    ([[5, 30, 1, 11, 20]], 2, 16, 12, 10000.0, F32, None),
+    ([[40, 3, 1, 26], [1, 69]], 2, 16, 50, None, F32, None),
+    ([[9, 1, 1, 24, 19], [54]], 2, 16, 40, 10000.0, F32, (16, 16)),
+    ([[20, 2, 21], [1, 1, 41]], 2, 16, 6, 500.0, F32, (16, 32)),
+    ([[17, 1, 45]], 2, 16, 20, 10000.0, BF16, (32, 16)),
+    ([[30, 35], [3, 62]], 2, 32, 16, 10000.0, F16, None),
+]
+GPU_DOC_CASES = [
+    ([[1000, 1, 600, 2495], [4096]], 4, 64, 512, 10000.0, BF16, None),
+    ([[3000, 1, 1, 1096], [1, 4095]], 2, 128, 512, None, F32, None),
+]
+
+
+def _doc_id(case):
+    rows, heads, dim, window, theta, dtype, tiles = case
+    rope = "norope" if theta is None else f"rope{int(theta)}"
+    tile = "own" if tiles is None else "x".join(map(str, tiles))
+    return f"docs{'+'.join(str(len(r)) for r in rows)}-T{sum(rows[0])}-d{dim}-w{window}-{rope}-tiles{tile}-" \
+           f"{str(dtype).split('.')[-1]}"
+
+
+@pytest.mark.parametrize("case", DOC_CASES, ids=_doc_id)
+def test_documents_match_the_reference(case, device, monkeypatch):
+    _check_documents(case, device, monkeypatch)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", GPU_DOC_CASES, ids=_doc_id)
+def test_documents_match_the_reference_gpu(case, monkeypatch):
+    _check_documents(case, "cuda", monkeypatch)
+
+
+def _check_documents(case, device, monkeypatch):
+    rows, heads, dim, window, theta, dtype, tiles = case
+    if tiles is not None:
+        import importlib
+
+        module = importlib.import_module("fsf_kernels.window_attention.window_attention")
+        monkeypatch.setattr(module, "window_tiles", lambda *args: (*tiles, 3))
+    bsz, seq = len(rows), sum(rows[0])
+    positions = _positions(rows, device)
+    gen = torch.Generator().manual_seed(seq * 7 + window)
+    q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
+    grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
+    out = sliding_window_attention(q, k, v, window=window, rope_theta=theta, positions=positions)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = reference(q32, k32, v32, window=window, rope_theta=theta, impl="reference", positions=positions)
+    want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
+    assert out.dtype == dtype and out.shape == q.shape
+    base, base_grads = None, (None,) * 3
+    if dtype != F32:
+        qh, kh, vh = (x.detach().requires_grad_() for x in (q, k, v))
+        base = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=0, positions=positions)
+        base_grads = torch.autograd.grad(base, (qh, kh, vh), grad)
+    assert_close(out, ref, dtype, "out", base)
+    for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base_grads):
+        assert g.dtype == dtype
+        assert_close(g, w, dtype, name, b)
+
+
+def _launches(monkeypatch, fn) -> dict:
+    """Triton kernel launches while `fn` runs, by (kernel name, its `DOCS` flag or None): calls of a
+    kernel's `run`, warm-ups aside (the interpreter's `InterpretedFunction` or the compiled
+    `JITFunction`, as tools/bench_documents.py counts them)."""
+    from collections import Counter
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    counts = Counter()
+    with monkeypatch.context() as patch:
+        for cls in (InterpretedFunction, JITFunction):
+            def run(fn_self, *args, _original=cls.__dict__["run"], **kwargs):
+                if not kwargs.get("warmup", False):
+                    counts[getattr(fn_self, "__name__", "?"), kwargs.get("DOCS")] += 1
+                return _original(fn_self, *args, **kwargs)
+
+            patch.setattr(cls, "run", run)
+        fn()
+    return dict(counts)
+
+
+def test_one_launch_per_kernel_however_many_documents(monkeypatch, device):
+    q, k, v = (torch.randn(2, 48, 2, 16, device=device, requires_grad=True) for _ in range(3))
+
+    def step(rows):
+        positions = None if rows is None else _positions(rows, device)
+        sliding_window_attention(q, k, v, window=8, rope_theta=None, positions=positions).sum().backward()
+
+    one = _launches(monkeypatch, lambda: step([[48], [48]]))
+    many = _launches(monkeypatch, lambda: step([[1, 7, 3, 12, 1, 1, 23], [5, 6, 7, 8, 22]]))
+    assert one == many == {("window_attention_fwd_kernel", True): 1, ("softmax_bwd_delta_kernel", None): 1,
+                           ("window_attention_bwd_dkdv_kernel", True): 1, ("window_attention_bwd_dq_kernel", True): 1}
+    # without positions, the same launches of the variant without documents
+    assert _launches(monkeypatch, lambda: step(None)) == {(name, None if docs is None else False): n
+                                                         for (name, docs), n in one.items()}
+
+
+def test_bad_positions_are_refused():
+    x = torch.randn(1, 6, 1, 16)
+    with pytest.raises(ValueError, match="start_pos"):
+        sliding_window_attention(x, x, x, window=2, start_pos=3, positions=torch.zeros(1, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"positions\[0, 2\]"):
+        sliding_window_attention(x, x, x, window=2, positions=torch.tensor([[0, 1, 3, 4, 5, 6]]))

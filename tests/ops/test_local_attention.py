@@ -1,7 +1,8 @@
 """Sliding-window attention (fsframework/ops/local_attention.py), the reference and the fused form that
 `impl="auto"` runs on the CPU, against the definition, a dense softmax with the band `0 <= i - j <= window`
 as an additive mask: outputs and gradients, across the chunking (several chunks, a ragged last one, a
-window wider than the chunk, one chunk for the whole sequence)."""
+window wider than the chunk, one chunk for the whole sequence). Packed documents (`positions`): one call
+equals each document run alone as a row of its own, fp64, outputs and gradients."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from fsframework.ops.local_attention import (sliding_window_attention, window_attention_reference,
                                              window_attention_sdpa)
+from fsframework.ops.rope import rotate
 
 
 def _definition(q, k, v, window: int) -> torch.Tensor:
@@ -58,3 +60,91 @@ def test_auto_runs_the_fused_form_on_the_cpu_and_reference_the_reference(monkeyp
     for impl in ("auto", "reference"):
         sliding_window_attention(q, q, q, window=4, impl=impl)
     assert ran == ["window_attention_sdpa", "window_attention_reference"]
+
+
+# --- packed documents (positions) ---
+
+def _positions(rows: list[list[int]]) -> torch.Tensor:
+    """`[B, T]` positions of rows packed with documents of these lengths."""
+    return torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in rows])
+
+
+def _per_document(fn, rows: list[list[int]], *tensors: torch.Tensor) -> torch.Tensor:
+    """`fn` on each document alone (a batch of one row), the outputs put back in the packed layout."""
+    out = []
+    for b, lengths in enumerate(rows):
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        out.append(torch.cat([fn(*(x[b:b + 1, s:s + n] for x in tensors)) for s, n in zip(starts, lengths)], dim=1))
+    return torch.cat(out)
+
+
+def _grads(out, inputs, grad):
+    return torch.autograd.grad(out, inputs, grad)
+
+
+def _assert_exact(got, want):
+    """fp64: the packed call and the documents alone differ only in the order of their sums."""
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# (rows' document lengths, window, chunk): boundaries inside a chunk, documents longer than the window
+# and a window longer than documents, 1-token documents, rows of different documents in one batch
+DOCUMENTS = [
+    ([[7, 33, 1, 19], [60]], 8, 16),
+    ([[25, 3, 1, 1, 20], [1, 49]], 20, 16),
+    ([[13, 17, 10], [40]], 64, 8),
+    ([[1] * 12 + [18]], 0, 8),
+]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("rows,window,chunk", DOCUMENTS)
+def test_documents_in_one_call_equal_each_document_alone(form, rows, window, chunk):
+    seq = sum(rows[0])
+    gen = torch.Generator().manual_seed(seq + window)
+    q, k, v = (torch.randn(len(rows), seq, 2, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn(len(rows), seq, 2, 8, dtype=torch.float64, generator=gen)
+    got = FORMS[form](q, k, v, window=window, chunk=chunk, positions=_positions(rows))
+    want = _per_document(lambda *x: FORMS[form](*x, window=window, chunk=chunk), rows, q, k, v)
+    _assert_exact(got, want)
+    for g_got, g_want in zip(_grads(got, (q, k, v), grad), _grads(want, (q, k, v), grad)):
+        _assert_exact(g_got, g_want)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+@pytest.mark.parametrize("theta", [10000.0, None])
+def test_the_op_rotates_each_document_from_its_start(impl, theta):
+    """Through `sliding_window_attention`: RoPE at the positions inside each document (`rotate_at`)."""
+    rows = [[9, 1, 30], [22, 18]]
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 40, 2, 16, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 40, 2, 16, dtype=torch.float64, generator=gen)
+    got = sliding_window_attention(q, k, v, window=12, rope_theta=theta, impl=impl, positions=_positions(rows))
+    want = _per_document(lambda *x: sliding_window_attention(*x, window=12, rope_theta=theta, impl=impl), rows,
+                         q, k, v)
+    _assert_exact(got, want)
+    for g_got, g_want in zip(_grads(got, (q, k, v), grad), _grads(want, (q, k, v), grad)):
+        _assert_exact(g_got, g_want)
+
+
+def test_one_document_per_row_is_the_call_without_positions():
+    q, k, v = (torch.randn(2, 50, 2, 8, dtype=torch.float64) for _ in range(3))
+    got = sliding_window_attention(q, k, v, window=10, impl="reference", positions=_positions([[50], [50]]))
+    assert torch.equal(got, sliding_window_attention(q, k, v, window=10, impl="reference"))
+    # and without positions the op is what it was: the rotation at 0.., then the form
+    want = window_attention_reference(rotate(q, 10000.0), rotate(k, 10000.0), v, window=10)
+    assert torch.equal(sliding_window_attention(q, k, v, window=10, impl="reference"), want)
+
+
+@pytest.mark.parametrize("positions, kwargs, match", [
+    ([[0, 1, 2, 0, 1, 3]], {}, r"positions\[0, 5\] = 3"),
+    ([[1, 2, 3, 4, 5, 6]], {}, "first token"),
+    ([[0, 1, 2, 3, 4]], {}, "shape"),
+    ([[0.0, 1, 2, 3, 4, 5]], {}, "integer"),
+    ([[0, 1, 2, 0, 1, 2]], dict(start_pos=4), "start_pos"),
+], ids=["jump", "row-starts-inside", "shape", "float", "start-pos"])
+def test_bad_positions_are_refused(positions, kwargs, match):
+    x = torch.randn(1, 6, 2, 8)
+    with pytest.raises(ValueError, match=match):
+        sliding_window_attention(x, x, x, window=2, positions=torch.tensor(positions), **kwargs)

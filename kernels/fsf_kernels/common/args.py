@@ -137,3 +137,32 @@ def check_window_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
                          f"{tuple(v.shape)}")
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
+
+
+def check_document_positions(positions: torch.Tensor, x: torch.Tensor, start_pos: int = 0) -> None:
+    """Packed documents' positions for `x` `[B, T, ...]`: an integer `[B, T]` tensor on x's device, each
+    token's position inside its document (0 at a document's start, +1 per token within it; a row's
+    first token starts a document), and `start_pos` 0 (the positions say where every token is).
+
+    The values are read only off CUDA: reading them there would make the host wait for the device.
+    """
+    if start_pos:
+        raise ValueError(f"start_pos must be 0 when positions are given (they place every token), got {start_pos}")
+    if positions.shape != x.shape[:2]:
+        raise ValueError(f"positions must be [B, T] = {list(x.shape[:2])}, got shape {tuple(positions.shape)}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise ValueError(f"positions must be an integer tensor (int64), got {positions.dtype}")
+    if positions.device != x.device:
+        raise ValueError(f"positions must be on the inputs' device {x.device}, got {positions.device}")
+    if positions.device.type == "cuda" or positions.numel() == 0:
+        return
+    if (positions[:, 0] != 0).any():
+        row = int((positions[:, 0] != 0).nonzero()[0, 0])
+        raise ValueError(f"positions: a row's first token starts a document (position 0), row {row} has "
+                         f"{int(positions[row, 0])}")
+    prev, cur = positions[:, :-1], positions[:, 1:]
+    bad = (cur != 0) & (cur != prev + 1)
+    if bad.any():
+        row, t = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"positions[{row}, {t + 1}] = {int(cur[row, t])}: a token's position is 0 (a document "
+                         f"starts) or one more than the token before's ({int(prev[row, t]) + 1})")

@@ -88,3 +88,18 @@ def rope_rotation_rows(start: int, length: int, dim: int, theta: float, dtype: t
 def rope_tables(seq: int, dim: int, theta: float, start: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous fp32 cos/sin tables `[T, D/2]` for positions start .. start+T-1."""
     return rope_rows(start, seq, dim, theta, torch.float32, device)
+
+
+def rotate_at(x: torch.Tensor, theta: float, positions: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE to `x` `[B, T, H, D]` at the positions `positions` `[B, T]`, each `< T` (packed
+    documents: each token's position inside its document): `fsframework.ops.rope.rotate`'s numbers
+    for each token at its position, bit for bit (the rows of the same cached tables, gathered). Here,
+    with the tables, so the kernels' wrappers (torch and triton only) rotate the same way."""
+    if positions.shape != x.shape[:2]:
+        raise ValueError(f"positions must be [B, T] = {list(x.shape[:2])}, got shape {tuple(positions.shape)}")
+    acc = torch.promote_types(x.dtype, torch.float32)
+    cos2, sin2 = rope_rotation_rows(0, x.shape[1], x.shape[-1], theta, acc, x.device)  # positions < T
+    cos2, sin2 = cos2[:, 0][positions][:, :, None], sin2[:, 0][positions][:, :, None]
+    xf, half = x.to(acc).view_as(x), x.shape[-1] // 2
+    swapped = torch.cat((xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos2 + swapped * sin2).to(x.dtype)
