@@ -37,8 +37,13 @@ class RewiredAttention(RopeAttention):
             with torch.no_grad():
                 self.bmat.copy_(torch.eye(self.head_dim))
 
-    reads_packed_rows = False  # the runway bias is not document_attention's: each length apart (Documents.map)
-
     def attend(self, q, k, v, start):
         u = v[:, :, self.head]  # the re-purposed head's values at every key position
         return rewired_attention(q, k, v, u, settings=self.settings, bmat=self.bmat, impl=self.impl, q_start=start)
+
+    def attend_documents(self, q, k, v, documents):
+        """Packed rows in one call: each query keeps to its document's keys, its runway to its document's
+        earlier tokens (q and k rotated at the document positions, `RopeAttention.project_documents`)."""
+        u = v[:, :, self.head]
+        return rewired_attention(q, k, v, u, settings=self.settings, bmat=self.bmat, impl=self.impl,
+                                 positions=documents.positions)

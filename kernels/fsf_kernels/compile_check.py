@@ -90,16 +90,7 @@ def _readout(arch, dtype, dim, top_k, cell_size):
 def _rewired(arch, dtype, dim):
     from fsf_kernels.rewired_attention import rewired_attention as m
 
-    meta = m.launch_meta(dtype, dim, arch, gpu=True)  # the launcher's own tiles and stages
-    opts = dict(floats={"qk_scale", "scale"}, num_stages=meta.pop("num_stages"))
-    p, f32 = ptr(dtype), "*fp32"
-    return [
-        launch("rewired fwd", m.rewired_fwd_kernel, dict(q=p, k=p, v=p, r=p, u=p, o=p, lse=f32), meta, **opts),
-        launch("rewired bwd dk/dv/du", m.rewired_bwd_dkdvdu_kernel,
-               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dk=f32, dv=p, du_h=f32), meta, **opts),
-        launch("rewired bwd dq/dr", m.rewired_bwd_dqdr_kernel,
-               dict(q=p, k=p, v=p, r=p, u=p, do=p, lse=f32, delta=f32, dq=f32, dr_h=f32), meta, **opts),
-    ]
+    return m.launches(dtype, dim, arch)  # the launcher's own tiles and stages, with and without documents
 
 
 def _grc_scan(arch, dtype, width):
