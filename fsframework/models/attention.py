@@ -72,7 +72,7 @@ class QKVAttention(nn.Module):
         this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
         earlier = source.earlier_tokens(x, self.key_span)  # on every rank, whatever its rows hold
-        if self.reads_packed_rows and not source.documents.continuations:
+        if self.reads_packed_rows and not source.documents.continuations and not source.documents.whole_rows:
             return after_earlier(self.forward_packed_rows(x, source.documents), earlier)
 
         def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:

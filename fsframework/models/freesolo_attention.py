@@ -25,10 +25,13 @@ from fsframework.config import COMBINE_MODES, ModelConfig
 from fsframework.config.kinds import kind_facts
 from fsframework.models.attention import QKVAttention
 from fsframework.models.context import WHOLE_SEQUENCE, KeySource
+from fsframework.models.documents import Documents
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 from fsframework.ops.freesolo_decode import FreeSoloDecodeState
+from fsframework.ops.freesolo_documents import DocumentBlocks, packed_long_range
 from fsframework.ops.freesolo_driver import Router, freesolo, new_decode_state
+from fsframework.ops.local_attention import sliding_window_attention
 
 
 class FreeSoloAttention(QKVAttention):
@@ -148,7 +151,30 @@ class FreeSoloAttention(QKVAttention):
         return local, long_range
 
     def forward_run(self, x: torch.Tensor, source: KeySource = WHOLE_SEQUENCE) -> torch.Tensor:
-        local, long_range = self.branches(x, source)
+        return self.combine(x, *self.branches(x, source))
+
+    @property
+    def reads_packed_rows(self) -> bool:
+        """FS and FS-L read packed rows in one call (`forward_packed_rows`); FS-B's forests (inference only)
+        and a diagnostic `router` read each document length apart (`Documents.map`)."""
+        return self.routing in ("fs", "fsl") and self.router is None
+
+    def forward_packed_rows(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
+        """x `[B, T, D]` of packed rows that each begin a document -> `[B, T, D]`, every document read as a
+        row of its own: the window over the rows at the document positions, the long-range branch over
+        the long documents laid out from block boundaries (`fsframework.ops.freesolo_documents`); one
+        call of each op for the whole batch."""
+        q, k, v = self.project(x)
+        s = self.settings
+        local = sliding_window_attention(q, k, v, window=s.window, rope_theta=s.rope_theta, impl=s.impl,
+                                         positions=documents.positions)
+        blocks = documents.derived(f"freesolo_blocks:{s.block_size}:{s.cell_size}", lambda: DocumentBlocks.of(
+            documents.host_positions, s.block_size, s.cell_size, x.device))
+        return self.combine(x, local, packed_long_range(q, k, v, blocks, s, self.prior, self.readout_gain()))
+
+    def combine(self, x: torch.Tensor, local: torch.Tensor, long_range: torch.Tensor) -> torch.Tensor:
+        """The two branches `[B, n, H, Dh]` of `x` `[B, n, D]` -> the layer's output `[B, n, D]`
+        (`model.attention.combine`, module docstring)."""
         combine = self.cfg.attention.combine
         if combine == "separate_wo":
             return self.wo(local.flatten(2)) + self.wo_lr(long_range.flatten(2))

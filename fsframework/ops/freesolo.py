@@ -41,7 +41,7 @@ READOUT_EPS = 1e-8
 
 
 def select_cells(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior, *,
-                 q_start: int = 0) -> torch.Tensor:
+                 q_start: int = 0, first_cells: torch.Tensor | None = None) -> torch.Tensor:
     """Top-K cells per query and head (docs/freesolo.md §1.3-§1.6, §1.8). No gradient flows through it.
 
     q, k: unrotated `[Bt, N, H, d]`. Cell `c` holds tokens `cs .. cs+s-1`
@@ -70,15 +70,24 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior
     `[q_start, q_start + n)` and k the keys of `[0, q_start + n)` (a slice of a
     sequence-parallel rank); the result is `[Bt, n, H, top_k]`, equal to rows
     `[q_start, q_start + n)` of the call on the whole sequence.
+
+    first_cells (variants "fs", "fsl"; packed documents laid from query-block boundaries,
+    `fsframework.ops.freesolo_documents`): a CPU LongTensor `[NB]`, the first cell of each query
+    block's document (`fsf_kernels.common.args.check_first_cells`): a block reads only its own
+    document's cells, and FS-L's history restarts at each document, so every document routes as if
+    it were a row of its own.
     """
     if config.variant == "fsb":
+        if first_cells is not None:
+            raise ValueError("FS-B's search reads packed documents one length at a time, not by first_cells")
         return select_cells_fsb(q, k, config, prior, q_start=q_start)
     kernel = kernel_for("cell_routing", "select_cells", config.impl, q,
                         routing_unsupported(q.dtype, q.shape[-1], config))
+    documents = {} if first_cells is None else {"first_cells": first_cells}
     if kernel is not None:
         # the kernel scores only the given queries (their blocks), over the summaries of every key
-        return kernel(q.detach(), k.detach(), config, prior, q_start=q_start)
-    return select_cells_reference(q.detach(), k.detach(), config, prior, q_start=q_start)
+        return kernel(q.detach(), k.detach(), config, prior, q_start=q_start, **documents)
+    return select_cells_reference(q.detach(), k.detach(), config, prior, q_start=q_start, **documents)
 
 
 def summarize_cells(k: torch.Tensor, config: FreeSoloConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +123,8 @@ def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Te
 
 
 def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor, config: FreeSoloConfig, *,
-                 rms_weight: torch.Tensor | None = None, eps: float = READOUT_EPS, q_start: int = 0) -> torch.Tensor:
+                 rms_weight: torch.Tensor | None = None, eps: float = READOUT_EPS, q_start: int = 0,
+                 chunk: int | None = None) -> torch.Tensor:
     """Long-range readout of the selected cells (docs/freesolo.md §1.6, Eq. 9) -> `[Bt, N, H, d]` in q's dtype.
 
     q, k, v: unrotated `[Bt, N, H, d]`; cells: `[Bt, N, H, K]` cell indices, -1 =
@@ -129,6 +139,10 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
 
     q_start: q and cells hold only the queries of positions `[q_start, q_start + n)`,
     k and v the keys of `[0, q_start + n)`; the result is `[Bt, n, H, d]`.
+
+    chunk: the reference's queries per chunk (`fsframework.ops.freesolo_readout.chunk_queries`); a row of
+    laid-out documents passes that of the packed rows, so a chunk's union of cells spans as few documents
+    as theirs (`fsframework.ops.freesolo_documents`).
     """
     cell_size = config.cell_size
     check_readout_args(q, k, v, cells, cell_size=cell_size, rms_weight=rms_weight, q_start=q_start)
@@ -140,7 +154,7 @@ def cell_readout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch
     else:
         # the kernel reads out only the given queries
         return kernel(q, k, v, cells, config, rms_weight=rms_weight, eps=eps, q_start=q_start)
-    return readout_norm(selected_cell_attention(q, k, v, cells, cell_size), rms_weight, eps).to(q.dtype)
+    return readout_norm(selected_cell_attention(q, k, v, cells, cell_size, chunk), rms_weight, eps).to(q.dtype)
 
 
 def cell_readout_kept(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor, cells: torch.Tensor, *,

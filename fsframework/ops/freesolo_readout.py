@@ -117,21 +117,21 @@ def _ungroup(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend_cell_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, cells: torch.Tensor,
-                     num_cells: int, cell_size: int,
-                     with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     num_cells: int, cell_size: int, with_lse: bool = True,
+                     chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The readout's forward pass over cell rows: `y [Bt, n, H, d]` and its log-sum-exp `[Bt, n, H]` (acc dtype;
     None unless `with_lse`: only the backward pass reads it).
 
     q `[Bt, n, H, d]`; k_rows, v_rows `[Bt*H*C', s*d]`, one row per (batch row, head, cell) in
     any dtype (only the gathered rows are converted); cells `[Bt, n, H, K]` indices into the C'
     cells of each (batch row, head), -1 = none. Whole-sequence readout (`SelectedCellAttention`)
-    and a decode cache's (`read_cell_rows`) both run it.
+    and a decode cache's (`read_cell_rows`) both run it. `chunk`: queries per chunk (`_chunks`).
     """
     bsz, seq, heads, dim = q.shape
     acc = torch.promote_types(q.dtype, torch.float32)
     if seq == 1 and num_cells and not with_lse:
         return _attend_one_query(q, k_rows, v_rows, cells, num_cells, cell_size, acc), None
-    chunks = _chunks(cells, num_cells, cell_size, dim) if num_cells else iter(())
+    chunks = _chunks(cells, num_cells, cell_size, dim, chunk) if num_cells else iter(())
     first = next(chunks, None)
     if first is not None and first[:2] == (0, seq):  # one chunk holds every query (a short piece)
         return _attend_chunk(q, k_rows, v_rows, *first, cell_size=cell_size, acc=acc, with_lse=with_lse)
@@ -185,13 +185,13 @@ class SelectedCellAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, cells, cell_size):
+    def forward(ctx, q, k, v, cells, cell_size, chunk=None):
         acc = torch.promote_types(q.dtype, torch.float32)
         num_cells = k.shape[1] // cell_size  # k may extend before q (queries of a later slice)
         y, lse = attend_cell_rows(q, _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc), cells,
-                                  num_cells, cell_size)
+                                  num_cells, cell_size, chunk=chunk)
         ctx.save_for_backward(q, k, v, cells, y, lse)
-        ctx.cell_size = cell_size
+        ctx.cell_size, ctx.chunk = cell_size, chunk
         return y
 
     @staticmethod
@@ -207,7 +207,7 @@ class SelectedCellAttention(torch.autograd.Function):
         if num_cells > 0:
             k_rows, v_rows = _cell_major(k, cell_size, acc), _cell_major(v, cell_size, acc)
             grad_y = grad_y.to(acc)
-            for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim):
+            for start, end, rows, member, bias in _chunks(cells, num_cells, cell_size, dim, ctx.chunk):
                 q_g = _group(q[:, start:end].to(acc), rows)
                 logits, skip, keys = _logits(q_g, k_rows, rows, member, bias, cell_size, scale)
                 p = _probs(logits, skip, _group(lse[:, start:end, :, None], rows))
@@ -221,13 +221,20 @@ class SelectedCellAttention(torch.autograd.Function):
                 dk_rows.index_add_(0, flat, torch.matmul(dlogits.transpose(-1, -2), q_g).view(flat.shape[0], -1))
                 dv_rows.index_add_(0, flat, torch.matmul(p.transpose(-1, -2), dy).view(flat.shape[0], -1))
         return (dq.to(q.dtype), _token_major(dk_rows, k, cell_size), _token_major(dv_rows, v, cell_size),
-                None, None)
+                None, None, None)
 
 
-def _chunks(cells: torch.Tensor, num_cells: int, cell_size: int, dim: int):
-    """Yield `(start, end, rows, member, bias)` for every query chunk that selects at least one cell."""
+def chunk_queries(bsz: int, heads: int, top_k: int, cell_size: int, dim: int) -> int:
+    """Queries per readout chunk for `bsz` rows: one chunk's gathered keys and values stay within
+    `_CHUNK_ELEMENTS`."""
+    return max(1, _CHUNK_ELEMENTS // (bsz * heads * top_k * cell_size * dim))
+
+
+def _chunks(cells: torch.Tensor, num_cells: int, cell_size: int, dim: int, chunk: int | None = None):
+    """Yield `(start, end, rows, member, bias)` for every query chunk (`chunk` queries, `chunk_queries`
+    by default) that selects at least one cell."""
     bsz, seq, heads, top_k = cells.shape
-    chunk = max(1, _CHUNK_ELEMENTS // (bsz * heads * top_k * cell_size * dim))
+    chunk = chunk or chunk_queries(bsz, heads, top_k, cell_size, dim)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
         plan = _plan(cells[:, start:end], num_cells)
@@ -236,9 +243,10 @@ def _chunks(cells: torch.Tensor, num_cells: int, cell_size: int, dim: int):
 
 
 def selected_cell_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: torch.Tensor,
-                            cell_size: int) -> torch.Tensor:
-    """Softmax readout of the selected cells before the RMSNorm, `[Bt, N, H, d]` in fp32 (fp64 kept)."""
-    return SelectedCellAttention.apply(q, k, v, cells, cell_size)
+                            cell_size: int, chunk: int | None = None) -> torch.Tensor:
+    """Softmax readout of the selected cells before the RMSNorm, `[Bt, N, H, d]` in fp32 (fp64 kept);
+    `chunk` queries at a time (`chunk_queries` by default)."""
+    return SelectedCellAttention.apply(q, k, v, cells, cell_size, chunk)
 
 
 def read_cell_rows(q: torch.Tensor, k_cells: torch.Tensor, v_cells: torch.Tensor,

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fsf_kernels.common.args import VARIANTS, check_query_offset, check_routing_args, check_summaries, prior_per_head
+from fsf_kernels.common.args import (VARIANTS, check_first_cells, check_query_offset, check_routing_args,
+                                    check_summaries, prior_per_head)
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 
 __all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_summaries",
@@ -107,16 +108,17 @@ def _top_k_by_sort(scores: torch.Tensor, valid: torch.Tensor | None, kt: int) ->
 
 
 def select_cells_reference(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior, *,
-                           q_start: int = 0) -> torch.Tensor:
+                           q_start: int = 0, first_cells: torch.Tensor | None = None) -> torch.Tensor:
     """Selected cells `[Bt, N, H, top_k]` (descending score, -1 = none) for unrotated q, k `[Bt, N, H, d]`.
 
     With `q_start` > 0, q holds only the queries of positions `[q_start, q_start + n)`
     and k the keys of `[0, q_start + n)`; the result is then `[Bt, n, H, top_k]`.
-    See `fsframework.ops.freesolo.select_cells` for the full contract.
+    `first_cells` (documents laid at block boundaries, `check_first_cells`): the first cell each
+    query block may read. See `fsframework.ops.freesolo.select_cells` for the full contract.
     """
     check_routing_args(q, k, config, q_start=q_start)
     kbar, a = summaries_by_head(k, config.cell_size)
-    return select_cells_from_summaries_reference(q, kbar, a, config, prior, q_start=q_start)
+    return select_cells_from_summaries_reference(q, kbar, a, config, prior, q_start=q_start, first_cells=first_cells)
 
 
 def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,13 +129,16 @@ def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, to
 
 
 def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, config: FreeSoloConfig,
-                                          prior: RoutingPrior, *, q_start: int = 0) -> torch.Tensor:
+                                          prior: RoutingPrior, *, q_start: int = 0,
+                                          first_cells: torch.Tensor | None = None) -> torch.Tensor:
     """`select_cells_reference` from the keys' summaries (`summaries_by_head`): q `[Bt, n, H, d]` at
     positions `[q_start, q_start + n)`, kbar `[Bt, H, C, d]` and a `[Bt, H, C]` of the complete cells of
-    `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype."""
+    `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype. `first_cells`:
+    `check_first_cells`."""
     bsz, seq, heads, dim = q.shape
     cell_size = config.cell_size
     check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
+    firsts = None if first_cells is None else check_first_cells(first_cells, seq, config, q_start)
     num_cells = (q_start + seq) // cell_size
     acc = torch.promote_types(q.dtype, torch.float32)
     like = torch.empty((), dtype=acc, device=q.device)
@@ -142,7 +147,7 @@ def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         centers = (torch.arange(num_cells, device=q.device, dtype=acc) + 0.5) * cell_size
         route = _route_fs if config.variant == "fs" else _route_fsl
-        route(q, kbar, a, centers, out, config, prior_h, q_start)
+        route(q, kbar, a, centers, out, config, prior_h, q_start, firsts)
     return out
 
 
@@ -263,30 +268,42 @@ def query_blocks(block_size: int, begin: int, end: int) -> Iterator[tuple[int, i
         yield max(first, begin), min(first + block_size, end)
 
 
-def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int):
-    """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block."""
+def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int,
+              firsts: list[int] | None = None):
+    """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block (with `firsts`, only the
+    block's own document's cells, `[first, b / s)`)."""
     cell_size, block_size = config.cell_size, config.block_size
     seq = q_start + q.shape[1]
     for start, end in query_blocks(block_size, max(block_size, q_start), seq):  # the first block has no cell
         num = start // cell_size  # cells with (c+1)s <= start; all of them are complete
+        lo = 0 if firsts is None else firsts[start // block_size]
+        if lo >= num:  # a document's first block: no cell of its own before it
+            continue
         rows = slice(start - q_start, end - q_start)
-        # position == cell index
-        out[:, rows] = route_candidates(q[:, rows], start, kbar_h[:, :, :num], a_h[:, :, :num], centers[:num], None,
-                                        prior, config.top_k)
+        choice = route_candidates(q[:, rows], start, kbar_h[:, :, lo:num], a_h[:, :, lo:num], centers[lo:num], None,
+                                  prior, config.top_k)
+        out[:, rows] = choice if lo == 0 else torch.where(choice >= 0, choice + lo, -1)  # position + lo == cell
 
 
-def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int):
+def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int,
+               firsts: list[int] | None = None):
     """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, the candidates kept by `admit_fsl`.
 
     The retained set is built from the first block on even when queries start at
     `q_start` (it depends on the whole history); only blocks from `q_start` are scored.
+    With `firsts`, the history restarts at each document's first block: its candidates are its own.
     """
     bsz, num_q, heads, dim = q.shape
     cell_size, block_size, recent = config.cell_size, config.block_size, config.recent_cells
     seq = q_start + num_q
-    state, num_seen = None, 0
+    state, num_seen, lo = None, 0, 0
     for start, end in query_blocks(block_size, block_size, seq):
         num = start // cell_size
+        if firsts is not None and firsts[start // block_size] != lo:  # a new document: a new history
+            lo = firsts[start // block_size]
+            state, num_seen = None, lo
+        if num <= lo:  # the document's first block: nothing eligible yet
+            continue
         new = FSLState(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
                        a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
         state = admit_fsl(state, new, retained=config.retained_cells, recent=recent)

@@ -60,23 +60,8 @@ def _window(arch, dtype, dim):
 def _routing(arch, dtype, dim, variant, top_k, retained, cell_size, block_size):
     from fsf_kernels.cell_routing import cell_routing as m
 
-    p = ptr(dtype)
-    pp = m.retained_width(retained) if variant == "fsl" else 16
-    meta = m.scorer_meta(dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, pp=pp,
-                         arch=arch)
-    meta.update(m.dot_args(torch.float32, "ieee" if dtype == F32 else "tf32", gpu=True))
-    out = [
-        launch("routing cell summary", m.cell_summary_kernel, dict(k=p, kbar="*fp32", a="*fp32"),
-               dict(S=cell_size, SP=next_pow2(cell_size), D=dim, BD=next_pow2(dim))),
-        launch("routing scorer", m.select_cells_fwd_kernel,
-               dict(q=p, kbar="*fp32", a="*fp32", kept="*i32", sigma="*fp32", lam="*fp32", out="*i64"), meta,
-               floats={"scale"}),
-    ]
-    if variant == "fsl":
-        new = block_size // cell_size
-        out.append(launch("routing FS-L retention", m.fsl_retain_kernel, dict(a="*fp32", kept="*i32"),
-                          dict(BLK=block_size, S=cell_size, P=retained, PP=pp, NEW=new, NEWP=next_pow2(new))))
-    return out
+    # the launcher's own tiles, with and without documents
+    return m.launches(dtype, dim, variant, top_k, retained, cell_size, block_size, arch)
 
 
 def _readout(arch, dtype, dim, top_k, cell_size):

@@ -7,6 +7,12 @@ query block, scoring its available cells tile by tile and keeping a running
 top-K in registers, so no score matrix is ever written to global memory.
 No gradient (the selection is hard).
 
+Packed documents (`first_cells`, `fsframework.ops.freesolo_documents`): documents laid end to end
+in a row, each from a query-block boundary. The retention scan and the scorer take the first cell
+of each query block's document (`first` `[NB]` int32, the `DOCS` variants): a block scores only
+the cells `[first, n_j)` (its loop starts there, so the work is per document), and FS-L's retained
+list restarts empty where `first` changes. One launch per kernel however many documents.
+
 Legend: B batch, N tokens, H heads, D head dim, S cell size, C = N // S
 complete cells, NB query blocks, K top_k, P retained cells, W recent cells.
 """
@@ -19,12 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fsf_kernels.common.args import check_head_dim, check_routing_args, check_summaries, prior_per_head
+from fsf_kernels.common.args import (check_first_cells, check_head_dim, check_routing_args, check_summaries,
+                                    prior_per_head)
 from fsf_kernels.common.support import (device_target, padded_dim, routing_cell_tile, routing_query_rows,
                                         routing_unsupported)
+from fsf_kernels.common.targets import launch, ptr
 from fsf_kernels.common.topk import topk_init, topk_merge, topk_sorted
 from fsf_kernels.common.utils import dot_args, next_pow2
-
 
 
 @triton.jit
@@ -46,8 +53,8 @@ def cell_summary_kernel(k, kbar, a, s_kb, s_kt, s_kh, H, C, S: tl.constexpr, SP:
 
 
 @triton.jit
-def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.constexpr, PP: tl.constexpr,
-                      NEW: tl.constexpr, NEWP: tl.constexpr):
+def fsl_retain_kernel(a, kept, first, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.constexpr, PP: tl.constexpr,
+                      NEW: tl.constexpr, NEWP: tl.constexpr, DOCS: tl.constexpr):
     """kept `[B*H, NB, PP]` int32: per block, the P eligible cells of largest a (ties: earlier), -1 = empty.
 
     Sequential over blocks, one program per (batch, head). Row j-1 holds the previous block's
@@ -56,6 +63,10 @@ def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.
     slot is the kept cells it does not beat plus the new cells that beat it. The comparisons are
     `[PP, NEWP]` and `[NEWP, NEWP]`, never `[PP, PP]`, so registers and compile time grow with P,
     not P^2. The merged row is scattered to global memory and read back as the next state.
+
+    DOCS: `first` `[NB]` holds each block's document's first cell; where it changes (a document's
+    first block) the kept row is emptied, and only new cells `>= first` are admitted, so every
+    document's retained lists are those of the document alone.
     """
     bh = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, PP)
@@ -67,23 +78,31 @@ def fsl_retain_kernel(a, kept, C, NB, BLK: tl.constexpr, S: tl.constexpr, P: tl.
         tl.debug_barrier()  # row j-1 written by every thread before any reads it
         si = tl.load(row + (j - 1) * PP + slots)
         valid_s = si >= 0
+        fresh = valid_n
+        if DOCS:
+            doc = tl.load(first + j)
+            valid_s = valid_s & (doc == tl.load(first + j - 1))  # a new document: nothing kept
+            fresh = fresh & ((j - 1) * BLK // S + o_new >= doc)  # cells of earlier documents never enter
         count = tl.sum(valid_s.to(tl.int32), 0)
         sv = tl.load(a + bh * C + si, mask=valid_s, other=float("-inf"))
         c_new = (j - 1) * BLK // S + o_new
-        nv = tl.load(a + bh * C + c_new, mask=valid_n, other=float("-inf"))
+        nv = tl.load(a + bh * C + c_new, mask=fresh, other=float("-inf"))
         # every kept cell precedes every new cell, so on equal a the kept one wins
-        new_beats_kept = (nv[None, :] > sv[:, None]) & valid_n[None, :]  # [PP, NEWP]
+        new_beats_kept = (nv[None, :] > sv[:, None]) & fresh[None, :]  # [PP, NEWP]
         rank_s = slots + tl.sum(new_beats_kept.to(tl.int32), 1)
         rank_n = tl.sum(((sv[None, :] >= nv[:, None]) & valid_s[None, :]).to(tl.int32), 1)  # [NEWP, PP] -> [NEWP]
         n_beats_n = (nv[None, :] > nv[:, None]) | ((nv[None, :] == nv[:, None]) & (o_new[None, :] < o_new[:, None]))
-        rank_n += tl.sum((n_beats_n & valid_n[None, :]).to(tl.int32), 1)
-        # ranks of the union are 0 .. count + NEW - 1, each once: the scatter fills exactly the
-        # first min(P, count + NEW) slots, and the rest are emptied
+        rank_n += tl.sum((n_beats_n & fresh[None, :]).to(tl.int32), 1)
+        # ranks of the union are 0 .. count + new - 1, each once: the scatter fills exactly the
+        # first min(P, count + new) slots, and the rest are emptied
         out = row + j * PP
-        total = tl.minimum(count + NEW, P)
+        if DOCS:
+            total = tl.minimum(count + tl.sum(fresh.to(tl.int32), 0), P)
+        else:
+            total = tl.minimum(count + NEW, P)
         tl.store(out + slots, tl.full([PP], -1, tl.int32), mask=slots >= total)
         tl.store(out + rank_s, si, mask=valid_s & (rank_s < P))
-        tl.store(out + rank_n, c_new, mask=valid_n & (rank_n < P))
+        tl.store(out + rank_n, c_new, mask=fresh & (rank_n < P))
 
 
 @triton.jit
@@ -111,17 +130,21 @@ def _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S:
 
 @triton.jit
 def select_cells_fwd_kernel(
-    q, kbar, a, kept, sigma, lam, out,
+    q, kbar, a, kept, first, sigma, lam, out,
     s_qb, s_qt, s_qh,
     n, J0, H, C, NB, TPB, W, scale,
     BLK: tl.constexpr, S: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
     BM: tl.constexpr, BC: tl.constexpr, PP: tl.constexpr, BCK: tl.constexpr, FSL: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, DOCS: tl.constexpr,
 ):
     """One query tile inside query block j: every row shares the eligible prefix of n_j cells.
 
     q and out hold the n queries of positions `[J0 BLK, J0 BLK + n)` (J0 = q_start / BLK): the
-    grid covers only their blocks, and positions (the prior, eligibility) are absolute."""
+    grid covers only their blocks, and positions (the prior, eligibility) are absolute.
+
+    DOCS (J0 = 0): `first[j]` is the first cell of block j's document; the block scores only cells
+    `[first[j], n_j)` (FS-L: its recent cells are `[max(first[j], n_j - W), n_j)`, its retained list
+    holds only the document's cells), and the cell loop starts at `first[j]`."""
     pid, pid_bh = tl.program_id(0), tl.program_id(1)
     j = J0 + pid // TPB
     r0 = (pid % TPB) * BM
@@ -153,6 +176,9 @@ def select_cells_fwd_kernel(
             valid = (idx >= 0) & (idx < low)
             s = _score_tile(b_q, kbar_bh, a_bh, idx, valid, pos, lam_h, two_sigma, scale, S, D, BD, PREC)
             run_v, run_i = topk_merge(run_v, run_i, s, tl.broadcast_to(idx[None, :], (BM, BCK)), K, KP)
+    if DOCS:
+        # only the block's own document: the loop starts at its first cell (none before it in a tile)
+        low = tl.maximum(low, tl.load(first + j))
     # FS: every cell before the block; FS-L: the W most recent of them
     for c0 in range(low, n_j, BC):
         idx = c0 + tl.arange(0, BC)
@@ -180,8 +206,10 @@ def cell_summary_fwd(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, tor
     return kbar, a
 
 
-def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, retained: int) -> torch.Tensor:
-    """Retained cells per query block, `[B*H, NB, PP]` int32 (-1 = empty)."""
+def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, retained: int,
+                   first: torch.Tensor | None = None) -> torch.Tensor:
+    """Retained cells per query block, `[B*H, NB, PP]` int32 (-1 = empty). first: None, or `[NB]` int32 on
+    a's device, each block's document's first cell (the retained lists restart at every document)."""
     bsz, heads, num_alloc = a.shape
     num_blocks = triton.cdiv(seq, block_size)
     pp = retained_width(retained)
@@ -190,15 +218,17 @@ def fsl_retain_fwd(a: torch.Tensor, seq: int, cell_size: int, block_size: int, r
     kept = torch.empty((bsz * heads, num_blocks, pp), device=a.device, dtype=torch.int32)
     new = block_size // cell_size
     fsl_retain_kernel[(bsz * heads,)](
-        a, kept, num_alloc, num_blocks, BLK=block_size, S=cell_size, P=retained, PP=pp, NEW=new, NEWP=next_pow2(new),
+        a, kept, first, num_alloc, num_blocks, BLK=block_size, S=cell_size, P=retained, PP=pp, NEW=new,
+        NEWP=next_pow2(new), DOCS=first is not None,
     )
     return kept
 
 
 def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, block_size, top_k, recent_cells,
-                     q_start: int = 0):
+                     q_start: int = 0, first: torch.Tensor | None = None):
     """Top-K cells `[B, n, H, K]` int64 in descending score, -1 where fewer are available, for the
-    queries q `[B, n, H, D]` at positions `[q_start, q_start + n)` (q_start a multiple of block_size)."""
+    queries q `[B, n, H, D]` at positions `[q_start, q_start + n)` (q_start a multiple of block_size).
+    first: None, or (q_start 0) `[NB]` int32 on q's device, each block's document's first cell."""
     bsz, seq, heads, dim = q.shape
     if q.stride(3) != 1:
         q = q.contiguous()
@@ -209,10 +239,10 @@ def select_cells_fwd(q, kbar, a, kept, sigma_h, lam_h, *, variant, cell_size, bl
                        pp=kept.shape[-1], arch=device_target(q.device))
     tiles = triton.cdiv(block_size, meta["BM"])
     select_cells_fwd_kernel[(triton.cdiv(seq, block_size) * tiles, bsz * heads)](
-        q, kbar, a, kept, sigma_h, lam_h, out,
+        q, kbar, a, kept, first, sigma_h, lam_h, out,
         q.stride(0), q.stride(1), q.stride(2),
         seq, q_start // block_size, heads, kbar.shape[2], kept.shape[1], tiles, recent_cells, 1.0 / math.sqrt(dim),
-        **meta,
+        **meta, DOCS=first is not None,
     )
     return out
 
@@ -230,12 +260,40 @@ def scorer_meta(dtype: torch.dtype, dim: int, *, variant: str, cell_size: int, b
     )
 
 
+def launches(dtype: torch.dtype, dim: int, variant: str, top_k: int, retained: int, cell_size: int,
+             block_size: int, arch: int) -> list:
+    """The compiled variants a launch on sm_`arch` uses (`fsf_kernels.common.targets`), from the launcher's
+    own tiles: the summary pre-pass, the scorer and (FS-L) the retention scan, the last two without
+    documents (`first` None, a constexpr as the launch makes it: no argument at all) and with them
+    (" docs")."""
+    p = ptr(dtype)
+    pp = retained_width(retained) if variant == "fsl" else 16
+    meta = scorer_meta(dtype, dim, variant=variant, cell_size=cell_size, block_size=block_size, top_k=top_k, pp=pp,
+                       arch=arch)
+    meta.update(dot_args(torch.float32, "ieee" if dtype == torch.float32 else "tf32", gpu=True))
+    new = block_size // cell_size
+    scorer = dict(q=p, kbar="*fp32", a="*fp32", kept="*i32", sigma="*fp32", lam="*fp32", out="*i64")
+    retain = dict(BLK=block_size, S=cell_size, P=retained, PP=pp, NEW=new, NEWP=next_pow2(new))
+    out = [launch("routing cell summary", cell_summary_kernel, dict(k=p, kbar="*fp32", a="*fp32"),
+                  dict(S=cell_size, SP=next_pow2(cell_size), D=dim, BD=next_pow2(dim)))]
+    for docs in (False, True):
+        firsts, consts = (dict(first="*i32"), {}) if docs else ({}, dict(first=None))
+        tail = " docs" if docs else ""
+        out.append(launch("routing scorer" + tail, select_cells_fwd_kernel, dict(scorer, **firsts),
+                          dict(meta, DOCS=docs, **consts), floats={"scale"}))
+        if variant == "fsl":
+            out.append(launch("routing FS-L retention" + tail, fsl_retain_kernel,
+                              dict(a="*fp32", kept="*i32", **firsts), dict(retain, DOCS=docs, **consts)))
+    return out
+
+
 def retained_width(retained: int) -> int:
     """Slots of a retained list: P rounded up to a power of two, at least 16 (a `tl.dot` extent)."""
     return max(16, next_pow2(retained))
 
 
-def select_cells(q: torch.Tensor, k: torch.Tensor, config, prior, *, q_start: int = 0) -> torch.Tensor:
+def select_cells(q: torch.Tensor, k: torch.Tensor, config, prior, *, q_start: int = 0,
+                 first_cells: torch.Tensor | None = None) -> torch.Tensor:
     """Top-K cells per query and head, same contract as `fsframework.ops.freesolo.select_cells`.
 
     config: the layer's settings (a `fsframework.ops.freesolo_config.FreeSoloConfig`: variant, cell_size,
@@ -254,6 +312,11 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, config, prior, *, q_start: in
     q_start (a multiple of block_size): q holds only the n queries of positions
     `[q_start, q_start + n)`, k the keys of `[0, q_start + n)`; only those queries are scored
     (the cell summaries and FS-L's retained lists still read every key) -> `[B, n, H, top_k]`.
+
+    first_cells (packed documents laid from query-block boundaries, q_start 0): a CPU LongTensor
+    `[NB]`, the first cell of each query block's document (`fsf_kernels.common.args.check_first_cells`;
+    a document's blocks all name its own first block's first cell): a block scores only its own
+    document's cells and FS-L's history restarts at each document, in one launch per kernel.
     """
     check_routing_args(q, k, config, q_start=q_start)
     check_head_dim("q", q)
@@ -264,8 +327,17 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, config, prior, *, q_start: in
         raise ValueError(f"the Triton routing kernel does not support this call: {reason}")
     # the prior's constants are checked here too: a bad sigma must not wait until after a launch
     prior_per_head(prior.sigma, prior.lam, q.shape[2], like=torch.empty((), dtype=torch.float32, device=q.device))
+    first = None
+    if first_cells is not None:
+        firsts = check_first_cells(first_cells, q.shape[1], config, q_start)
+        per_block = config.block_size // config.cell_size
+        # the retention scan restarts where the first cell changes: that must be the document's first block
+        if any(firsts[f // per_block] != f for f in firsts):
+            raise ValueError(f"first_cells: every document's blocks must name its own first block's first cell "
+                             f"(first_cells[first // (block_size / cell_size)] == first), got {firsts}")
+        first = first_cells.to(device=q.device, dtype=torch.int32, non_blocking=True).contiguous()
     kbar, a = cell_summaries(k, config.cell_size)
-    return select_cells_from_summaries(q, kbar, a, config, prior, q_start=q_start)
+    return _select(q, kbar, a, config, prior, q_start, first)
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,10 +354,17 @@ def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Te
     """`select_cells` from the summaries of the keys rather than the keys: q `[B, n, H, D]` at positions
     `[q_start, q_start + n)`, kbar `[B, H, C, D]` and a `[B, H, C]` (`cell_summaries`) of the complete
     cells of `[0, q_start + n)` -> `[B, n, H, top_k]`. A sequence-parallel rank routes its queries from
-    the gathered summaries of every earlier rank (docs/architecture.md)."""
+    the gathered summaries of every earlier rank (docs/architecture.md). Without documents."""
+    check_summaries(q, kbar, a, cell_size=config.cell_size, q_start=q_start)
+    return _select(q, kbar, a, config, prior, q_start, None)
+
+
+def _select(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, config, prior, q_start: int,
+            first: torch.Tensor | None) -> torch.Tensor:
+    """The launches of `select_cells_from_summaries` (checked summaries); first: None or `[NB]` int32 on
+    q's device (`select_cells`)."""
     bsz, num, heads, dim = q.shape
     variant, cell_size, block_size = config.variant, config.cell_size, config.block_size
-    check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
     num_cells = (q_start + num) // cell_size
     like = torch.empty((), dtype=torch.float32, device=q.device)
     sigma_h, lam_h = prior_per_head(prior.sigma, prior.lam, heads, like=like)
@@ -294,9 +373,9 @@ def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Te
             kbar, a = kbar.new_zeros((bsz, heads, 1, dim)), a.new_zeros((bsz, heads, 1))
         kbar, a = kbar.float().contiguous(), a.float().contiguous()
         if variant == "fsl":
-            kept = fsl_retain_fwd(a, q_start + num, cell_size, block_size, config.retained_cells)
+            kept = fsl_retain_fwd(a, q_start + num, cell_size, block_size, config.retained_cells, first)
         else:
             kept = torch.full((1, 1, 16), -1, device=q.device, dtype=torch.int32)
         return select_cells_fwd(q.detach(), kbar, a, kept, sigma_h, lam_h, variant=variant, cell_size=cell_size,
                                 block_size=block_size, top_k=config.top_k, recent_cells=config.recent_cells,
-                                q_start=q_start)
+                                q_start=q_start, first=first)

@@ -166,3 +166,24 @@ def check_document_positions(positions: torch.Tensor, x: torch.Tensor, start_pos
         row, t = (int(i) for i in bad.nonzero()[0])
         raise ValueError(f"positions[{row}, {t + 1}] = {int(cur[row, t])}: a token's position is 0 (a document "
                          f"starts) or one more than the token before's ({int(prev[row, t]) + 1})")
+
+
+def check_first_cells(first_cells: torch.Tensor, seq: int, config, q_start: int) -> list[int]:
+    """Documents laid end to end, each from a query-block boundary (`fsframework.ops.freesolo_documents`;
+    config: a `FreeSoloConfig`, its cell_size and block_size):
+    `first_cells` `[NB]` (on the CPU: the routing loops read it) holds, for each query block of the
+    rows, the first cell of the document that block belongs to, the same for every row. A block then
+    reads only the cells of its own document, `[first, b / s)`, as the document read alone from its
+    start would (positions enter the prior only as `i - p_c`, and the document starts at a multiple
+    of the cell size). Returns it as a list; ValueError when it does not fit."""
+    blocks = -(-seq // config.block_size)
+    if q_start or first_cells.device.type != "cpu" or tuple(first_cells.shape) != (blocks,):
+        raise ValueError(f"first_cells must be a CPU tensor [{blocks}] (one per query block of the whole rows, "
+                         f"q_start 0), got {tuple(first_cells.shape)} on {first_cells.device} at q_start={q_start}")
+    firsts = first_cells.tolist()
+    per_block = config.block_size // config.cell_size
+    if any(f < 0 or f % per_block or f > j * per_block or (j and f < firsts[j - 1]) for j, f in enumerate(firsts)):
+        raise ValueError(f"first_cells must be block-aligned first cells, none after its block's start and never "
+                         f"decreasing, got {firsts}")
+    return firsts
+
