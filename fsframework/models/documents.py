@@ -16,6 +16,10 @@ whole-sequence form, unchanged; gradients flow through the gather and the scatte
 Cost: a document of `L` tokens costs what a row of `L` tokens costs, so a packed row's work is the
 sum over its documents, never more than the row read whole (every kind's work grows at least
 linearly with length). The price is one call of `fn` per distinct document length in the batch.
+So every kind that can reads the documents in one call instead: a layer's one-call form takes the
+documents' positions (`positions`, each token's place in its document: the attention kinds, FreeSolo)
+or their lengths laid end to end (`map_packed`, `plain_lengths`: AR-GRC's packed tree), with tables
+built on the host once per batch (`derived`); `map` remains for FS-B and for continuation pieces.
 
 Part of a row (a sequence-parallel rank's `[a, b)`, `fsframework.parallel.documents`): a row's first
 document may have begun before the part does. `continued[row]` is the position inside its document
@@ -69,14 +73,9 @@ class Documents:
         # (`map_packed`); their lengths are host ints, from which per-batch tables are built
         self.plain_lengths: list[int] = lengths[~continues].tolist()
         plain_index = _plain_index(flat_starts, lengths, continues)
-        # documents of one length run together: gather[L] `[n, L]` holds their tokens' packed indices
-        self.groups: list[torch.Tensor] = []
-        for size in sorted(set(self.plain_lengths)):
-            firsts = flat_starts[(lengths == size) & ~continues]
-            self.groups.append((firsts[:, None] + torch.arange(size)).to(device, non_blocking=True))
+        self._by_length = (flat_starts, lengths, continues)  # what `groups` are built from, if asked for
+        self.device = device
         pieces = [index for _, index, _ in self.continuations]
-        order = torch.cat([g.cpu().reshape(-1) for g in self.groups] + pieces)
-        self.inverse = _inverse(order).to(device, non_blocking=True)
         # `map_packed`'s order: the starting documents' tokens, then the continuation pieces
         self.plain_index = plain_index.to(device, non_blocking=True) if self.continuations else None
         self.packed_inverse = (_inverse(torch.cat([plain_index] + pieces)).to(device, non_blocking=True)
@@ -91,6 +90,24 @@ class Documents:
         if key not in self._derived:
             self._derived[key] = build()
         return self._derived[key]
+
+    @property
+    def groups(self) -> list[torch.Tensor]:
+        """`map`'s batches: for each distinct length `L` of the documents that start here, `[n, L]`, their
+        tokens' packed indices (built on first use: a kind that reads packed rows never asks)."""
+        return self._grouping()[0]
+
+    def _grouping(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """`groups` and the permutation that puts `map`'s outputs (groups, then continuations) back."""
+        def build():
+            flat_starts, lengths, continues = self._by_length
+            groups = [(flat_starts[(lengths == size) & ~continues][:, None] + torch.arange(size))
+                      for size in sorted(set(self.plain_lengths))]
+            order = torch.cat([g.reshape(-1) for g in groups] + [index.cpu() for _, index, _ in self.continuations])
+            move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+            return [move(g) for g in groups], move(_inverse(order))
+
+        return self.derived("groups_by_length", build)
 
     @property
     def whole_rows(self) -> bool:
@@ -110,10 +127,11 @@ class Documents:
         if self.continuations and continue_piece is None:
             raise ValueError("these rows begin inside documents: map needs continue_piece to read their earlier part")
         flat = x.reshape(-1, *x.shape[2:])
-        outs = [fn(flat[group]) for group in self.groups]
+        groups, inverse = self._grouping()
+        outs = [fn(flat[group]) for group in groups]
         outs += [continue_piece(row, flat[index][None], start) for row, index, start in self.continuations]
         packed = torch.cat([out.reshape(-1, *out.shape[2:]) for out in outs])
-        return packed[self.inverse].view(*self.shape, *packed.shape[1:])
+        return packed[inverse].view(*self.shape, *packed.shape[1:])
 
 
     def map_packed(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
