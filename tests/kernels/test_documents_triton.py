@@ -1,6 +1,6 @@
 """Document masking through the Triton kernels (the interpreter on CPU): a packed row's documents read
 apart give, through every kernel path, the logits and gradients of each document run alone
-(docs/training.md, "Documents"); the kernels run unchanged, on each document as a row of its own."""
+(docs/training.md, "Documents"); each kernel reads every document of the row in one launch."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ def _model(name: str):
 
 
 @pytest.mark.parametrize("name", ["fs", "fsl", "swa", "rewired", "argrc"])
-def test_packed_documents_through_the_kernels(name):
-    model = _model(name)
-    tokens = torch.randint(0, VOCAB, (1, sum(SIZES)), generator=torch.Generator().manual_seed(1))
+def test_packed_documents_through_the_kernels(name, device):
+    """On a GPU (tools/gpu_check.sh) the compiled kernels, doc_ids on the host as the trainer keeps them."""
+    model = _model(name).to(device)
+    tokens = torch.randint(0, VOCAB, (1, sum(SIZES)), generator=torch.Generator().manual_seed(1)).to(device)
     doc_ids = torch.tensor([[d for d, size in enumerate(SIZES) for _ in range(size)]])
     starts = [sum(SIZES[:i]) for i in range(len(SIZES))]
-    probe = torch.randn(1, sum(SIZES), VOCAB) / sum(SIZES) ** 0.5
+    probe = (torch.randn(1, sum(SIZES), VOCAB) / sum(SIZES) ** 0.5).to(device)
 
     def run(packed: bool):
         model.zero_grad()
@@ -39,7 +40,9 @@ def test_packed_documents_through_the_kernels(name):
         return logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
     (packed, packed_grads), (alone, alone_grads) = run(True), run(False)
-    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+    # compiled fp32 products run in tf32 on a GPU, tiled differently packed and alone
+    atol = 1e-5 if device == "cpu" else 2e-3
+    torch.testing.assert_close(packed, alone, rtol=0, atol=atol)
     assert packed_grads.keys() == alone_grads.keys() and packed_grads
     for key in packed_grads:
-        torch.testing.assert_close(packed_grads[key], alone_grads[key], rtol=0, atol=1e-5, msg=key)
+        torch.testing.assert_close(packed_grads[key], alone_grads[key], rtol=0, atol=atol, msg=key)
