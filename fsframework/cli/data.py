@@ -24,6 +24,7 @@ def build(
     workers: int = typer.Option(1, help="Tokenizer worker processes"),
     text_field: str = typer.Option("text", "--text-field", help="JSON field / parquet column holding the text"),
     compression: str = typer.Option("zstd", help="Shard compression (zstd, gz, ... or none)"),
+    shard_bytes: int = typer.Option(1 << 24, "--shard-bytes", help="Largest shard before compression, in bytes"),
     overwrite: bool = flag("Replace an existing MDS dataset in --out", "--overwrite"),
     # None: the user chose no split size, so the default 0.02 is filled to one sample (build_shards)
     eval_fraction: Optional[float] = typer.Option(
@@ -55,7 +56,7 @@ def build(
     tokenizer_file(tokenizer)
     try:
         build_shards([str(p) for p in inputs], out, tokenizer=tokenizer, seq_len=seq_len, workers=workers,
-                     text_field=text_field, compression=compression, overwrite=overwrite,
+                     text_field=text_field, compression=compression, size_limit=shard_bytes, overwrite=overwrite,
                      eval_fraction=eval_fraction, eval_docs=eval_docs, seed=seed)
     except (DataBuildError, FileNotFoundError, ValueError) as exc:
         fail(str(exc))

@@ -60,6 +60,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from fsframework.data.partial_builds import clean_partial_builds, partial_build_dir
 from fsframework.data.shards import pack_documents, write_mds
 from fsframework.data.tokenizers import load_tokenizer, tokenizer_identity
 
@@ -449,7 +450,10 @@ def build_shards(inputs: list[str], out_dir: str | Path, *, tokenizer: str = "by
     tok = load_tokenizer(tokenizer)
     out_dir = Path(out_dir)
     _prepare_out(out_dir, overwrite)
-    tmp_dir = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}"
+    for stale in clean_partial_builds(out_dir):  # what killed builds of this output left
+        if verbose:
+            print(f"removed {stale}: the partial build of a killed `fsf data build`", flush=True)
+    tmp_dir = partial_build_dir(out_dir)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 

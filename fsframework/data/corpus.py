@@ -95,6 +95,7 @@ def build_embedded_corpus(cache_dir: str | Path, tokenizer, seq_len: int, *, pyt
     import secrets
     import shutil
 
+    from fsframework.data.partial_builds import clean_partial_builds, partial_build_dir  # with the shards' imports
     from fsframework.data.shards import pack_documents, write_mds  # numpy: `fsf data` imports this module at start-up
 
     recipe = embedded_recipe(tokenizer, seq_len, python_chars=python_chars, retrieval_docs=retrieval_docs,
@@ -105,8 +106,8 @@ def build_embedded_corpus(cache_dir: str | Path, tokenizer, seq_len: int, *, pyt
     if (out_dir / RECIPE).is_file():
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # a dot name no reader looks at, on the same filesystem so the rename is atomic
-    tmp = out_dir.parent / f".{out_dir.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
+    clean_partial_builds(out_dir)  # what killed builds of this corpus left on this host
+    tmp = partial_build_dir(out_dir, secrets.token_hex(4))
     tmp.mkdir()
     try:
         # retrieval documents are `retrieval_max_fraction / 2 .. retrieval_max_fraction` x seq_len characters

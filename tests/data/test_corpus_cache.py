@@ -76,8 +76,9 @@ def test_the_same_settings_reuse_the_build(tmp_path, monkeypatch):
 def test_a_half_written_build_is_never_read(tmp_path, monkeypatch):
     cfg = tiny(tmp_path)
     final = embedded_corpus_location(cfg)
-    # what a build killed midway leaves: its temporary directory, partly written
-    leftover = tmp_path / f".{final.name}.building-12345-deadbeef"
+    # what a build killed midway leaves: its temporary directory, partly written (another host's, so no
+    # build here removes it: tests/data/test_partial_builds.py)
+    leftover = tmp_path / f".{final.name}.building-12345-deadbeef@another-host"
     (leftover / "train").mkdir(parents=True)
     (leftover / "train" / "index.json").write_text('{"shards": [')
 
