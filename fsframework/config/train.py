@@ -81,6 +81,11 @@ class TrainConfig:
     # the memory (GB) the estimate is compared with; 0: the device's (a GPU's total memory, the
     # host's available memory on a CPU)
     memory_limit_gb: float = 0.0
+    # a rank busy (its step less its time in collectives) at least `straggler_factor` times the other
+    # ranks' median for `straggler_intervals` logged steps in a row is named in a warning line
+    # (fsframework.train.stragglers); 0: never warned (the per-rank figures are still logged)
+    straggler_factor: float = 1.5
+    straggler_intervals: int = 3
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -112,6 +117,10 @@ def check_train(cfg: Config) -> None:
     positive("train.loss_chunk", t.loss_chunk, zero_ok=True)
     positive("train.peak_tflops", t.peak_tflops, zero_ok=True)
     positive("train.memory_limit_gb", t.memory_limit_gb, zero_ok=True)
+    positive("train.straggler_intervals", t.straggler_intervals)
+    if t.straggler_factor and t.straggler_factor <= 1:
+        raise ConfigError(f"train.straggler_factor={t.straggler_factor} must be above 1 (how many times the other "
+                          "ranks' busy time a straggler's is), or 0 for no warnings")
     positive("train.profile.steps", t.profile.steps, zero_ok=True)
     positive("train.profile.start", t.profile.start)
     for rank in t.profile.ranks:

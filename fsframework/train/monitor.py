@@ -141,8 +141,11 @@ class Monitor:
                                  tflops=f"{record['tflops']:.3g}" if "tflops" in record else "-")
         if self.plain:
             lr = f"  lr {record['lr']:.3g}" if "lr" in record else ""  # a record without one (a test's) still prints
+            slowest = (f"  slowest rank {record['rank_slowest']} ({record['rank_busy_s_max']:.3g} s busy)"
+                       if "rank_slowest" in record else "")  # several ranks (fsframework.train.stragglers)
             say(f"step {record['step']}/{self.total_steps}  loss {record['loss']:.4f}{lr}  "
-                f"tokens/s {record['tokens_per_s']:,.0f}{throughput_text(record)}  ETA {self.eta(record['step'])}")
+                f"tokens/s {record['tokens_per_s']:,.0f}{throughput_text(record)}{slowest}  "
+                f"ETA {self.eta(record['step'])}")
         if "val/loss" in record:
             streams = ", ".join(f"{key[len('val/loss/'):]} {value:.4f}" for key, value in record.items()
                                 if key.startswith("val/loss/"))

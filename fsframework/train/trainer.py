@@ -50,6 +50,7 @@ from fsframework.train.resume_config import apply_optimizer_settings
 from fsframework.train.profiling import StepProfiler
 from fsframework.train.memory_estimate import check_memory
 from fsframework.train.schedule import lr_factor
+from fsframework.train.stragglers import StragglerWatch, gather_busy_seconds
 from fsframework.train.throughput import (StepClock, device_peak_tflops, peak_memory_mb, step_record,
                                           time_gradient_reduction)
 from fsframework.train.validation import validation_sets
@@ -415,6 +416,7 @@ class Trainer:
                           config_yaml=to_yaml(cfg),
                           hparams=run_hparams(cfg, self.dist.world_size, self.num_parameters))
         profiler = StepProfiler(cfg.train.profile, self.dist.rank, self.run_dir / "profile", self.dist.device)
+        stragglers = StragglerWatch(cfg.train.straggler_factor, cfg.train.straggler_intervals)
         self.engine.train()
         try:
             last = min(cfg.train.max_steps, cfg.train.stop_at_step or cfg.train.max_steps)
@@ -447,6 +449,13 @@ class Trainer:
                                           peak_tflops=peak, memory=peak_memory_mb(self.dist.device),
                                           collectives={name: lap.seconds()
                                                        for name, lap in self.collective_laps.items()})
+                    if self.dist.world_size > 1:  # every rank logs this step: every rank gathers
+                        busy = elapsed - sum(lap.seconds() for lap in self.collective_laps.values())
+                        ranks, warning = stragglers.observe(self.state.step, gather_busy_seconds(
+                            busy, self.dist.device, self.dist.world_size))
+                        figures.update(ranks)
+                        if warning:
+                            self.log(f"[yellow]{warning}[/yellow]")
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens, **figures})
                 else:
                     metrics.pop("document_lengths", None)

@@ -46,6 +46,10 @@ def test_sp2_zero3_losses_equal_single_process(single, sp_zero3):
     for record in map(json.loads, (sp_zero3 / "metrics.jsonl").read_text().splitlines()):
         assert 0 < record["collectives_share"] < record["compute_share"] and "grad_reduce_share" not in record
     assert not any("collectives_share" in line for line in (single / "metrics.jsonl").read_text().splitlines())
+    # every logged step names the busiest of the two ranks (fsframework.train.stragglers); one process has none
+    for record in map(json.loads, (sp_zero3 / "metrics.jsonl").read_text().splitlines()):
+        assert 0 < record["rank_busy_s_min"] <= record["rank_busy_s_max"] and record["rank_slowest"] in (0, 1)
+    assert not any("rank_slowest" in line for line in (single / "metrics.jsonl").read_text().splitlines())
 
 
 @pytest.fixture(scope="module")
