@@ -148,7 +148,8 @@ class Documents:
         if continue_piece is None:
             raise ValueError("these rows begin inside documents: map_packed needs continue_piece to read their "
                              "earlier part")
-        outs = [fn(flat[self.plain_index])]
+        # a part whose rows all continue documents (one longer than the part) has no document of its own
+        outs = [fn(flat[self.plain_index])] if self.plain_lengths else []
         outs += [continue_piece(row, flat[index][None], start)[0] for row, index, start in self.continuations]
         packed = torch.cat(outs)
         return packed[self.packed_inverse].view(*self.shape, *packed.shape[1:])

@@ -108,6 +108,21 @@ def test_ranks_reading_continued_documents_equal_one_process(name):
                 torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
 
 
+@pytest.mark.parametrize("name", ["argrc", "fs", "tfpp"])
+def test_a_rank_whose_rows_all_continue_documents(name):
+    """Every row one document over every boundary: the later ranks hold continuation pieces only (no
+    document of their own for a one-call form to read), and still equal one process."""
+    model = tiny_model(name, VOCAB).float()
+    tokens, _ = packed_batch()
+    doc_ids = torch.zeros_like(tokens)
+    doc_ids[0, 50:] = 1  # a short document at the end of one row: not every rank is continuations only
+    with torch.no_grad():
+        whole = model(tokens, doc_ids=doc_ids)
+        model.parallelism = SimulatedRanks(SLICES)
+        parts = torch.cat([model(tokens[:, a:b], sp=r, doc_ids=doc_ids) for r, (a, b) in enumerate(SLICES)], dim=1)
+    torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
+
+
 def test_masked_ranks_take_the_contiguous_layout_and_keep_the_whole_rows_documents():
     groups = ParallelGroups(rank=1, world_size=3, sp=3, sp_group=None, dp_group=None)
     tokens, doc_ids = packed_batch()
