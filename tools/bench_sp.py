@@ -4,6 +4,11 @@
     python tools/bench_sp.py --only bytes --kinds fsl fs tfpp --n 8192 32768 131072 --sp 2 4 8 \
         [--layout zigzag] [--json OUT]            # bytes per layer, before (all-gather) and after
     python tools/bench_sp.py --only work --n 32768 --sp 2 4 8   # per-rank causal work, contiguous vs zigzag
+    python tools/bench_sp.py --only bytes work --documents none one mix   # and with document masking
+    python tools/bench_sp.py --only bytes --kinds fsl fs tfpp swa argrc --n 512 --sp 2 --documents none one \
+        --batch 2 --heads 2 --head-dim 16 --attention window=16 cell_size=4 block_size=8 top_k=2 \
+        recent_cells=2 retained_cells=3          # docs/training.md's masking table: B=2, D=32, the tests'
+                                                 # tiny attention shapes
     python tools/bench_sp.py --only recompute --kind fs   # activation checkpointing on/off, N=4k and 16k
                                                           # (or the --n given)
     python tools/bench_sp.py --only memory time recompute --kind fs --n 4096 --sp 2   # several tables: the
@@ -19,13 +24,27 @@ Prints, per rank:
    values; under zigzag both runs'), per rank maxima, for each kind, N and sp (and the forward
    pass's bytes alone, and how evenly the ranks receive: the maximum over the mean): counted
    by `CommCounter` on the
-   real collectives of the kind's `KeySource` (one layer, random keys, H = 4, d = 32,
-   fp32, the default attention config), "before" = today's all-gather of the whole
-   prefix for every prefix kind, "after" = the kind's own fetch under `--layout`;
-   `--json OUT` writes them as a list of records;
+   real collectives of the kind's `KeySource` (one layer, random keys, B = 1, H = 4, d = 32,
+   fp32, the default attention config; `--batch`, `--heads`, `--head-dim`, `--attention KEY=VALUE`
+   change them), "before" = today's all-gather of the whole prefix for every prefix kind,
+   "after" = the kind's own fetch under `--layout` (AR-GRC, which has no keys, is left out);
+   `--json OUT` writes them as a list of records, each with its `documents` (here `none`);
+2b. (--documents one / mix) bytes received per layer in forward with document masking
+   (docs/training.md, "Documents"; `fsframework.parallel.documents`), per rank maxima, beside the
+   unmasked figure (the kind's own fetch in the contiguous layout, which masking takes) and their
+   ratio: masked, every rank exchanges the layer's input `[B, n, D]` (D = H d) at the W positions
+   before its slice (a window kind: at most its window), `earlier_tokens` by `halo_exchange` on the
+   real collectives, W the longest earlier part of a continued document. `one`: every row one document
+   (doc_ids all zero, the long-document case); `mix`: each row packs documents of exponential
+   lengths with mean N/8 (seeded, the same on every rank), the last cut to fill the row. AR-GRC is
+   counted per forward (no layers): its model's block roots unmasked, the halo of its scan inputs
+   masked;
 5. (--only work) per-rank work of the layouts: causal score elements (TF++, ALiBi,
    sinusoidal, rewired) and FS routing scores (query x eligible cell) counted over the
-   runs each rank holds, max / mean across ranks;
+   runs each rank holds, max / mean across ranks; with --documents one / mix also masked, in
+   contiguous slices: a query at position p of its document reads p + 1 keys, and its query block,
+   laid out from the document's start, scores the document's cells complete before it (`one` is the
+   unmasked contiguous row; `mix` is drawn for `--batch` rows as table 2b draws it);
 3. the wall time of one forward + backward at sp = 2 against sp = 1;
 4. (--only recompute) activation memory per rank with `train.activation_checkpointing` off and
    on, at N = 4096 and 16384 (or `--n`), sp = 1 and 2. With it on, the count adds the inputs that the
@@ -143,7 +162,13 @@ def memory_table(runs: ModelRuns, kind: str, n: int, sps: list[int]) -> None:
 
 
 def keys_worker(spec: dict) -> None:
-    """One rank of the bytes table: every (kind, N, scheme) of `spec`, one layer's fetch forward + backward."""
+    """One rank of the bytes tables: every (kind, N) of `spec`, one layer's fetch forward + backward.
+
+    Schemes: `before` (the all-gather of the prefix) and `after` (the kind's own fetch under `--layout`) for
+    the unmasked table (documents `none`); `unmasked` (the kind's own fetch, contiguous: the layout masking
+    takes) and `masked` (the halo of the layer's input that a masked layer exchanges, `earlier_tokens` of
+    `fsframework.parallel.documents`) for each masked documents value. A kind that is a language model of its
+    own (AR-GRC: no attention, no keys) is counted on its model's forward + backward instead (`model_counts`)."""
     import torch
     import torch.distributed as dist
 
@@ -152,25 +177,33 @@ def keys_worker(spec: dict) -> None:
     from fsframework.parallel.attention import SequenceParallelKeys, ZigzagKeys, gather_kv
     from fsframework.parallel.collectives import CommCounter
     from fsframework.parallel.context import SPContext
+    from fsframework.parallel.documents import document_rows
     from fsframework.parallel.groups import init_groups
     from fsframework.parallel.sharding import shard_runs
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     groups = init_groups(dist.get_world_size())
-    att = AttentionConfig()
+    att = AttentionConfig(**spec.get("attention", {}))
+    batch, heads, head_dim = spec.get("batch", 1), spec.get("heads", 4), spec.get("head_dim", 32)
+    documents = spec.get("documents", ["none"])
+    masked_documents = [d for d in documents if d != "none"]
     records = []
     for kind in spec["kinds"]:
         entry = attention_kind(kind)
         for n in spec["n"]:
-            for scheme in ("before", "after"):
+            if entry.language_model is not None:  # no keys: its own sequence-parallel form, per forward
+                records += model_counts(kind, n, masked_documents, groups, att, batch, heads, head_dim)
+                continue
+            schemes = (["before", "after"] if "none" in documents else []) + (["unmasked"] if masked_documents else [])
+            for scheme in schemes:
                 layout = spec["layout"] if scheme == "after" and entry.keys == "prefix" else "contiguous"
                 sp = SPContext(groups=groups, block_size=att.block_size, layout=layout).at_length(n)
                 gen = torch.Generator().manual_seed(n)
-                q, k, v = (shard_runs(torch.randn(1, n, 4, 32, generator=gen), sp.runs).requires_grad_(True)
-                           for _ in range(3))
+                q, k, v = (shard_runs(torch.randn(batch, n, heads, head_dim, generator=gen), sp.runs)
+                           .requires_grad_(True) for _ in range(3))
                 # a FreeSolo layer routes through its source (FS: from the gathered summaries)
-                router = routing_layer(kind, att) if entry.freesolo else None
+                router = routing_layer(kind, att, heads, head_dim) if entry.freesolo else None
                 with CommCounter.counting() as counted:
                     if scheme == "before":
                         fetched = [gather_kv(k, v, sp)]
@@ -191,50 +224,181 @@ def keys_worker(spec: dict) -> None:
                 # backward), less the own keys and values among them
                 held = sum({x.untyped_storage().data_ptr(): x.untyped_storage().nbytes()
                             for pair in fetched for x in pair}.values())
-                records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout,
+                records.append({"kind": kind, "n": n, "scheme": scheme, "layout": layout, "documents": "none",
                                 "bytes": sum(counted.values()), "forward": forward, "held": held - own})
                 del fetched, k, v
+            for docs in masked_documents:
+                # masking: the layer's input [B, n, D] at the W positions before the slice (a window kind:
+                # at most its window), by the halo exchange every rank takes part in
+                sp = SPContext(groups=groups, block_size=att.block_size, layout="contiguous").at_length(n)
+                rows = document_rows(sp, document_ids(docs, batch, n))
+                gen = torch.Generator().manual_seed(n)
+                x = shard_runs(torch.randn(batch, n, heads * head_dim, generator=gen), sp.runs).requires_grad_(True)
+                with CommCounter.counting() as counted:
+                    earlier = rows.earlier_tokens(x, entry.key_span(att))
+                    forward = sum(counted.values())
+                    earlier.sum().backward()
+                records.append({"kind": kind, "n": n, "scheme": "masked", "layout": "contiguous", "documents": docs,
+                                "bytes": sum(counted.values()), "forward": forward, "width": rows.width})
     print(json.dumps({"rank": dist.get_rank(), "records": records}))
     dist.destroy_process_group()
 
 
-def routing_layer(kind: str, att):
-    """A FreeSolo attention layer of `kind` for H = 4 heads of width 32: what routes for the keys."""
+def model_counts(kind: str, n: int, masked_documents: list[str], groups, att, batch: int, heads: int,
+                 head_dim: int) -> list[dict]:
+    """The bytes this rank receives per forward (and its backward) of a kind that is a language model of its
+    own, with no layers (AR-GRC, d_model = heads x head_dim): unmasked, the model's forward (its block roots,
+    docs/argrc.md §6); masked, the exchange its masked forward starts with, the halo of its scan inputs
+    (`leaves`) at the W positions before the slice, as `sequence_parallel_hidden_states` calls it (the scan
+    after it moves nothing)."""
+    import dataclasses
+
+    import torch
+
+    from fsframework.config import ModelConfig, ParallelConfig
+    from fsframework.models.registry import build_model
+    from fsframework.parallel.collectives import CommCounter
+    from fsframework.parallel.parallelize import parallelize, sp_context
+    from fsframework.parallel.sharding import shard_runs
+
+    cfg = ModelConfig(name=kind, vocab_size=256, d_model=heads * head_dim, n_layers=1, n_heads=heads,
+                      attention=dataclasses.replace(att, impl="reference"))
+    torch.manual_seed(0)
+    model = parallelize(build_model(cfg), ParallelConfig(sp=groups.sp), groups, documents=True)
+    sp = sp_context(model).at_length(n)
+    tokens = shard_runs(torch.randint(0, 256, (batch, n), generator=torch.Generator().manual_seed(n)), sp.runs)
+    with CommCounter.counting() as counted:
+        logits = model(tokens, sp=sp)
+        forward = sum(counted.values())
+        logits.sum().backward()
+    records = [{"kind": kind, "n": n, "scheme": "unmasked", "layout": "contiguous", "documents": "none",
+                "bytes": sum(counted.values()), "forward": forward, "per": "forward"}]
+    for docs in masked_documents:
+        rows = model.parallelism.document_rows(sp, document_ids(docs, batch, n))
+        with CommCounter.counting() as counted:
+            earlier = rows.earlier_tokens(model.leaves(tokens), None)  # on every rank
+            forward = sum(counted.values())
+            earlier.sum().backward()
+        records.append({"kind": kind, "n": n, "scheme": "masked", "layout": "contiguous", "documents": docs,
+                        "bytes": sum(counted.values()), "forward": forward, "width": rows.width, "per": "forward"})
+    return records
+
+
+def routing_layer(kind: str, att, heads: int = 4, head_dim: int = 32):
+    """A FreeSolo attention layer of `kind` for `heads` heads of width `head_dim`: what routes for the keys."""
     from fsframework.config import ModelConfig
     from fsframework.models.freesolo_attention import FreeSoloAttention
 
-    return FreeSoloAttention(ModelConfig(name=kind, vocab_size=256, d_model=128, n_heads=4, attention=att), 0)
+    return FreeSoloAttention(ModelConfig(name=kind, vocab_size=256, d_model=heads * head_dim, n_heads=heads,
+                                         attention=att), 0)
 
 
-def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: str) -> list[dict]:
-    print(f"\n2. bytes received per layer per step (fwd + bwd) and gathered-key memory, per rank maxima; "
-          f"H=4, d=32, fp32, one layer; after = --layout {layout}")
-    print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'before MB':>10} {'after MB':>9} {'ratio':>6} "
-          f"{'held before MB':>15} {'held after MB':>14} {'after, forward MB':>18} {'after, max/mean':>16}")
-    out = []
+DOCUMENTS = ("none", "one", "mix")
+
+
+def document_ids(documents: str, rows: int, n: int, seed: int = 0):
+    """The rows' doc_ids `[rows, n]` of `--documents`: None for `none` (unmasked rows), zeros for `one` (every
+    row one document), and for `mix` documents of exponential lengths with mean n / 8 (at least one token),
+    drawn by `random.Random(seed)` row after row, the last of a row cut to fill it. Every rank draws the same."""
+    import random
+
+    import torch
+
+    if documents == "none":
+        return None
+    if documents == "one":
+        return torch.zeros(rows, n, dtype=torch.long)
+    if documents != "mix":
+        raise ValueError(f"--documents {documents!r} is not one of {DOCUMENTS}")
+    rng, ids = random.Random(seed), []
+    for _ in range(rows):
+        row: list[int] = []
+        while len(row) < n:  # document d of the row: a run of d's (a document is a run of equal ids)
+            length = max(1, round(rng.expovariate(8 / n)))
+            row += [row[-1] + 1 if row else 0] * min(length, n - len(row))
+        ids.append(row)
+    return torch.tensor(ids)
+
+
+def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: str, documents: list[str] = ("none",),
+                shapes: dict | None = None) -> list[dict]:
+    """The bytes tables: the unmasked one (documents `none`: before / after) and, for the masked documents
+    values, unmasked against masked forward bytes. `shapes`: batch, heads, head_dim and attention overrides."""
+    shapes = shapes or {}
+    batch, heads, head_dim = shapes.get("batch", 1), shapes.get("heads", 4), shapes.get("head_dim", 32)
+    masked = [d for d in documents if d != "none"]
+    by_key: dict[tuple, list] = {}
     for sp in sps:
-        ranks = launch(sp, {"mode": "keys", "kinds": kinds, "n": lengths, "layout": layout})
-        by_key: dict[tuple, list] = {}
+        ranks = launch(sp, {"mode": "keys", "kinds": kinds, "n": lengths, "layout": layout,
+                            "documents": list(documents), **shapes})
         for r in ranks:
             for rec in r["records"]:
-                by_key.setdefault((rec["kind"], rec["n"], rec["scheme"]), []).append(rec)
-        for kind in kinds:
-            for n in lengths:
-                before, after = by_key[kind, n, "before"], by_key[kind, n, "after"]
-                b0, b1 = max(r["bytes"] for r in before), max(r["bytes"] for r in after)
-                f0, f1 = max(r["forward"] for r in before), max(r["forward"] for r in after)
-                h0, h1 = max(r["held"] for r in before), max(r["held"] for r in after)
-                mean1 = sum(r["bytes"] for r in after) / len(after)  # how evenly the ranks receive
-                lay = after[0]["layout"]
-                print(f"{kind:>5} {n:>7} {sp:>3} {lay:>10} {b0 / 1e6:>10.2f} {b1 / 1e6:>9.2f} {b0 / b1:>6.1f} "
-                      f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f} {f1 / 1e6:>18.2f} {b1 / mean1:>16.3f}")
-                out += [{"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "all_gather",
-                         "bytes_received_per_layer": b0, "forward_bytes_received_per_layer": f0,
-                         "gathered_key_bytes": h0},
-                        {"kind": kind, "n": n, "sp": sp, "layout": lay, "fetch": "kind",
-                         "bytes_received_per_layer": b1, "forward_bytes_received_per_layer": f1,
-                         "gathered_key_bytes": h1, "mean_bytes_received_per_layer": mean1}]
+                by_key.setdefault((rec["kind"], rec["n"], sp, rec["scheme"], rec["documents"]), []).append(
+                    {**rec, "rank": r["rank"]})
+    out = []
+    shape = f"B={batch}, H={heads}, d={head_dim}, fp32"
+    if "none" in documents:
+        keyless = [kind for kind in kinds if not any(key[0] == kind and key[3] == "before" for key in by_key)]
+        print(f"\n2. bytes received per layer per step (fwd + bwd) and gathered-key memory, per rank maxima; "
+              f"{shape}, one layer; after = --layout {layout}"
+              + (f"; {', '.join(keyless)}: no keys (its own form in table 2b)" if keyless else ""))
+        print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'before MB':>10} {'after MB':>9} {'ratio':>6} "
+              f"{'held before MB':>15} {'held after MB':>14} {'after, forward MB':>18} {'after, max/mean':>16}")
+        for sp in sps:
+            for kind in kinds:
+                if kind in keyless:
+                    continue
+                for n in lengths:
+                    before, after = by_key[kind, n, sp, "before", "none"], by_key[kind, n, sp, "after", "none"]
+                    b0, b1 = max(r["bytes"] for r in before), max(r["bytes"] for r in after)
+                    f0, f1 = max(r["forward"] for r in before), max(r["forward"] for r in after)
+                    h0, h1 = max(r["held"] for r in before), max(r["held"] for r in after)
+                    mean1 = sum(r["bytes"] for r in after) / len(after)  # how evenly the ranks receive
+                    lay = after[0]["layout"]
+                    print(f"{kind:>5} {n:>7} {sp:>3} {lay:>10} {b0 / 1e6:>10.2f} {b1 / 1e6:>9.2f} {b0 / b1:>6.1f} "
+                          f"{h0 / 1e6:>15.2f} {h1 / 1e6:>14.2f} {f1 / 1e6:>18.2f} {b1 / mean1:>16.3f}")
+                    out += [{"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "all_gather",
+                             "documents": "none", "bytes_received_per_layer": b0,
+                             "forward_bytes_received_per_layer": f0, "gathered_key_bytes": h0},
+                            {"kind": kind, "n": n, "sp": sp, "layout": lay, "fetch": "kind", "documents": "none",
+                             "bytes_received_per_layer": b1, "forward_bytes_received_per_layer": f1,
+                             "gathered_key_bytes": h1, "mean_bytes_received_per_layer": mean1}]
+    if masked:
+        print(f"\n2b. bytes received per layer in forward, unmasked (the kind's own fetch, contiguous) and with "
+              f"document masking (the layer's input at the W positions before the slice), per rank maxima "
+              f"(rank: the one receiving the most masked); {shape}, one layer (argrc: per forward); "
+              "backward sends as much back")
+        print(f"{'kind':>5} {'N':>7} {'sp':>3} {'docs':>4} {'W':>7} {'unmasked':>11} {'masked':>11} "
+              f"{'masked/unmasked':>15} {'rank':>4} {'fwd+bwd unmasked':>16} {'fwd+bwd masked':>14}")
+        for sp in sps:
+            for kind in kinds:
+                for n in lengths:
+                    plain = by_key[kind, n, sp, "unmasked", "none"]
+                    u, ub = max(r["forward"] for r in plain), max(r["bytes"] for r in plain)
+                    for docs in masked:
+                        ranks = by_key[kind, n, sp, "masked", docs]
+                        top = max(ranks, key=lambda r: (r["forward"], r["rank"]))
+                        m, mb = top["forward"], max(r["bytes"] for r in ranks)
+                        width = max(r["width"] for r in ranks)
+                        ratio = m / u if u else float("inf") if m else 1.0
+                        print(f"{kind:>5} {n:>7} {sp:>3} {docs:>4} {width:>7} {human(u):>11} {human(m):>11} "
+                              f"{ratio:>15.3f} {top['rank']:>4} {human(ub):>16} {human(mb):>14}")
+                        out.append({"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "halo",
+                                    "documents": docs, "per": plain[0].get("per", "layer"), "batch": batch,
+                                    "halo_width": width, "rank": top["rank"],
+                                    "forward_bytes_received_per_layer": m, "bytes_received_per_layer": mb,
+                                    "unmasked_forward_bytes_received_per_layer": u,
+                                    "unmasked_bytes_received_per_layer": ub,
+                                    "masked_over_unmasked": ratio if u else None})
     return out
+
+
+def human(num_bytes: float) -> str:
+    """Bytes in B, KiB or MiB (one decimal)."""
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes:.0f} B"
 
 
 def routing_work(runs: list[tuple[int, int]], block: int = 128, cell: int = 32) -> int:
@@ -242,23 +406,66 @@ def routing_work(runs: list[tuple[int, int]], block: int = 128, cell: int = 32) 
     return sum((min(b + block, e) - b) * (b // cell) for s, e in runs for b in range(s, e, block))
 
 
-def work_table(lengths: list[int], sps: list[int]) -> list[dict]:
+def document_work(positions, span: tuple[int, int], block: int = 128, cell: int = 32) -> tuple[int, int]:
+    """(causal score elements, FS routing scores) of the queries `[a, b)` of every row read as its documents,
+    `positions` `[B, N]` each token's position in its document: a query at position `p` reads `p + 1` keys,
+    and its query block, laid out from its document's start, scores the document's `(p // block) * block /
+    cell` cells complete before the block (`causal_work` and `routing_work` of one document per row)."""
+    p = positions[:, span[0]:span[1]]
+    return int((p + 1).sum()), int(((p // block) * (block // cell)).sum())
+
+
+def max_over_mean(work: list[int]) -> float | None:
+    """max / mean of per-rank work (None when no rank has any)."""
+    total = sum(work)
+    return max(work) / (total / len(work)) if total else None
+
+
+def work_table(lengths: list[int], sps: list[int], documents: list[str] = ("none",), rows: int = 1,
+               block: int = 128, cell: int = 32) -> list[dict]:
+    """Per-rank work, unmasked (contiguous, zigzag) and for each masked documents value (contiguous: the layout
+    masking takes), `rows` rows of `mix` drawn as the bytes table draws them."""
+    from fsframework.models.documents import document_positions
     from fsframework.parallel.sharding import causal_work, layout_runs
 
-    print("\n5. per-rank work, max / mean across ranks: causal score elements and FS routing scores")
-    print(f"{'N':>7} {'sp':>3} {'causal contiguous':>18} {'causal zigzag':>14} {'FS contiguous':>14} {'FS zigzag':>10}")
+    masked = [d for d in documents if d != "none"]
+    print("\n5. per-rank work, max / mean across ranks: causal score elements and FS routing scores"
+          + (f"; masked: documents read apart, contiguous slices, {rows} row(s) (mix: exponential lengths, "
+             f"mean N/8)" if masked else ""))
+    # per count: unmasked contiguous and zigzag (today's columns), then masked contiguous per documents value
+    names = {"causal": "causal", "fs_routing": "FS"}
+    columns = [c for name in names for c in [(name, "contiguous", None), (name, "zigzag", None),
+                                             *((name, "contiguous", d) for d in masked)]]
+    titles = {(name, layout, d): f"{names[name]} {'masked ' + d if d else layout}" for name, layout, d in columns}
+    print(f"{'N':>7} {'sp':>3} " + " ".join(f"{titles[c]:>{len(titles[c]) + 1}}" for c in columns))
     out = []
     for n in lengths:
+        positions = {d: document_positions(document_ids(d, rows, n)) for d in masked}
         for sp in sps:
-            row = {}
+            row: dict[tuple, float | None] = {}
+            unmasked: dict[tuple, int] = {}
             for layout in ("contiguous", "zigzag"):
-                runs = layout_runs(n, sp, 128, layout)
-                for name, count in (("causal", causal_work), ("fs_routing", routing_work)):
+                runs = layout_runs(n, sp, block, layout)
+                for name, count in (("causal", causal_work), ("fs_routing", lambda r: routing_work(r, block, cell))):
                     work = [count(r) for r in runs]
-                    row[name, layout] = max(work) / (sum(work) / len(work))
-                    out.append({"n": n, "sp": sp, "layout": layout, "work": name, "max_over_mean": row[name, layout]})
-            print(f"{n:>7} {sp:>3} {row['causal', 'contiguous']:>18.3f} {row['causal', 'zigzag']:>14.3f} "
-                  f"{row['fs_routing', 'contiguous']:>14.3f} {row['fs_routing', 'zigzag']:>10.3f}")
+                    row[name, layout, None] = max_over_mean(work)
+                    unmasked[name, layout] = sum(work) * rows
+                    if "none" in documents:
+                        out.append({"n": n, "sp": sp, "layout": layout, "work": name, "documents": "none",
+                                    "max_over_mean": row[name, layout, None]})
+            slices = [r[0] for r in layout_runs(n, sp, block, "contiguous")]
+            for d in masked:
+                works = [document_work(positions[d], span, block, cell) for span in slices]
+                for i, name in enumerate(("causal", "fs_routing")):
+                    work = [w[i] for w in works]
+                    row[name, "contiguous", d] = max_over_mean(work)
+                    out.append({"n": n, "sp": sp, "layout": "contiguous", "work": name, "documents": d,
+                                "max_over_mean": row[name, "contiguous", d],
+                                "unmasked_max_over_mean": row[name, "contiguous", None],
+                                "work_over_unmasked": sum(work) / unmasked[name, "contiguous"]
+                                if unmasked[name, "contiguous"] else None})
+            print(f"{n:>7} {sp:>3} " + " ".join(
+                f"{'-' if row[c] is None else format(row[c], '.3f'):>{len(titles[c]) + 1}}" for c in columns))
     return out
 
 
@@ -285,6 +492,25 @@ def recompute_table(runs: ModelRuns, kind: str, lengths: list[int]) -> None:
                       f"{b['saved_mb'] / a['saved_mb']:>7.2f}")
 
 
+def attention_settings(pairs: list[str]) -> dict:
+    """`KEY=VALUE` settings of `AttentionConfig` (its scalar fields, each read as its default's type)."""
+    import dataclasses
+
+    from fsframework.config import AttentionConfig
+
+    defaults = AttentionConfig()
+    fields = {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(AttentionConfig)}
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or fields.get(key) not in (int, float, str):
+            raise SystemExit(f"--attention {pair}: not KEY=VALUE of a scalar model.attention setting "
+                             f"({', '.join(k for k, t in fields.items() if t in (int, float, str))})")
+        settings[key] = fields[key](value)
+    AttentionConfig(**settings)  # a setting of the wrong type fails here, not in the ranks
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -298,11 +524,23 @@ def main() -> None:
                         help="sequence-parallel sizes of the bytes and work tables (default 2 4 8) and of the memory "
                              "table besides sp = 1 (default 2 4)")
     parser.add_argument("--layout", choices=("contiguous", "zigzag"), default="contiguous")
+    parser.add_argument("--documents", nargs="+", choices=DOCUMENTS, default=["none"],
+                        help="bytes and work tables: none (unmasked rows, the default), one (document masking, every "
+                             "row one document), mix (masking, documents of exponential lengths with mean N/8, seeded)")
+    parser.add_argument("--batch", type=int, default=1, help="bytes and work tables: rows B (default 1)")
+    parser.add_argument("--heads", type=int, default=4, help="bytes table: heads H (default 4)")
+    parser.add_argument("--head-dim", type=int, default=32, help="bytes table: head width d (default 32); D = H d")
+    parser.add_argument("--attention", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="bytes and work tables: model.attention settings (default: AttentionConfig's), "
+                             "e.g. window=16 cell_size=4 block_size=8")
     parser.add_argument("--json", help="write the bytes and work records to this file")
     args = parser.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
         return keys_worker(spec) if spec.get("mode") == "keys" else worker(spec)
+    attention = attention_settings(args.attention)
+    shapes = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "attention": attention}
+    documents = list(dict.fromkeys(args.documents))
     n = args.n[0] if args.n else 4096
     tables = args.only or ["memory", "bytes", "work", "time"]
     # the time table times 2 steps after the counted one; memory and recompute need the counted step only
@@ -311,9 +549,13 @@ def main() -> None:
         memory_table(runs, args.kind, n, [1, *(args.sp or [2, 4])])
     if "bytes" in tables:
         records += bytes_table(args.kinds, args.n or [8192, 32768, 131072], args.sp or [2, 4, 8],
-                               args.layout)
+                               args.layout, documents, shapes)
     if "work" in tables:
-        records += work_table(args.n or [32768], args.sp or [2, 4, 8])
+        from fsframework.config import AttentionConfig
+
+        att = AttentionConfig(**attention)
+        records += work_table(args.n or [32768], args.sp or [2, 4, 8], documents, args.batch, att.block_size,
+                              att.cell_size)
     if "time" in tables:
         time_table(runs, args.kind, n)
     if "recompute" in tables:

@@ -6,6 +6,7 @@ fp32, so a token's keys and values are 4 * 64 * 4 bytes."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -86,3 +87,55 @@ def test_memory_time_and_recompute_tables():
     assert [row[:3] for row in rows] == [[str(n), "1", "0"], [str(n), "2", "0"], [str(n), "2", "1"]]
     assert [float(row[3]) for row in rows] == saved
     assert all(0 < float(row[4]) < float(row[3]) for row in rows)
+
+
+@pytest.mark.ranks
+def test_bytes_and_work_tables_with_document_masking(tmp_path):
+    """`--documents none one mix`: the unmasked tables keep their records (documents `none`); with masking a
+    rank receives the layer's input at the W positions before its slice, `B min(W, a) D` numbers (SWA: at most
+    its window), beside the kind's own unmasked fetch; AR-GRC per forward. One document per row is the
+    unmasked row, so its per-rank work is the unmasked contiguous work."""
+    out = tmp_path / "records.json"
+    kinds = ("tfpp", "swa", "fsl", "argrc")
+    proc = run_tool("bench_sp.py", "--only", "bytes", "work", "--n", str(N), "--sp", "2", "--kinds", *kinds,
+                    "--documents", "none", "one", "mix", "--json", str(out))
+    records = json.loads(out.read_text())
+    assert {r["documents"] for r in records} == {"none", "one", "mix"}
+    # the unmasked table as before; AR-GRC has no keys to fetch: it is in the masked table only
+    unmasked = {(r["kind"], r["fetch"]) for r in records if r["documents"] == "none" and "fetch" in r}
+    assert unmasked == {(kind, fetch) for kind in kinds[:-1] for fetch in ("all_gather", "kind")}
+
+    masked = {(r["kind"], r["documents"]): r for r in records if r.get("fetch") == "halo"}
+    assert set(masked) == {(kind, docs) for kind in kinds for docs in ("one", "mix")}
+    width_bytes = KV_BYTES_PER_TOKEN // 2  # a layer's input: D = 4 x 32 fp32 numbers per position, B = 1
+    for (kind, docs), r in masked.items():
+        assert (r["n"], r["sp"], r["layout"], r["per"]) == (N, 2, "contiguous",
+                                                            "forward" if kind == "argrc" else "layer")
+        assert r["rank"] == 1  # the rank after the boundary receives; rank 0 only the gradient, in backward
+        assert 0 < r["halo_width"] <= N // 2  # `one`: the whole first slice
+        reach = min(r["halo_width"], WINDOW) if kind == "swa" else r["halo_width"]
+        assert r["forward_bytes_received_per_layer"] == r["bytes_received_per_layer"] == reach * width_bytes
+        assert r["unmasked_forward_bytes_received_per_layer"] > 0
+        assert r["masked_over_unmasked"] == pytest.approx(
+            r["forward_bytes_received_per_layer"] / r["unmasked_forward_bytes_received_per_layer"])
+    assert masked["tfpp", "one"]["halo_width"] == N // 2
+    assert masked["tfpp", "one"]["unmasked_forward_bytes_received_per_layer"] == N // 2 * KV_BYTES_PER_TOKEN
+    assert masked["tfpp", "one"]["masked_over_unmasked"] == 0.5  # inputs are half the bytes of keys and values
+    rows = [line.split() for line in section(proc.stdout, "2b. bytes received")]
+    assert [(row[0], row[1], row[2], row[3]) for row in rows] == [(kind, str(N), "2", docs) for kind in kinds
+                                                                  for docs in ("one", "mix")]
+
+    # per-rank work, max over mean: finite; one document per row is the unmasked contiguous row
+    work = {(r["work"], r["layout"], r["documents"]): r for r in records if "work" in r}
+    counts = ("causal", "fs_routing")
+    assert set(work) == ({(w, layout, "none") for w in counts for layout in ("contiguous", "zigzag")}
+                         | {(w, "contiguous", docs) for w in counts for docs in ("one", "mix")})
+    for name in counts:
+        contiguous = work[name, "contiguous", "none"]["max_over_mean"]
+        for docs in ("one", "mix"):
+            r = work[name, "contiguous", docs]
+            assert math.isfinite(r["max_over_mean"]) and r["max_over_mean"] >= 1
+            assert r["unmasked_max_over_mean"] == contiguous
+        assert work[name, "contiguous", "one"]["max_over_mean"] == contiguous
+        assert work[name, "contiguous", "one"]["work_over_unmasked"] == 1
+        assert 0 < work[name, "contiguous", "mix"]["work_over_unmasked"] < 1  # documents cut the causal square
