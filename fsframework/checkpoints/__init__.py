@@ -14,7 +14,7 @@ them (the command line imports it at start-up); `writing`, which the package doe
 
 from fsframework.checkpoints.layout import (CALIBRATION_FILE, CONFIG_FILE, ENGINE_TAG, EXPORT_HF_CONFIG,
                                             EXPORT_WEIGHTS, FP32_FILE, LATEST, MANIFEST, STEP_PREFIX, TMP_PREFIX,
-                                            TOKENIZER_STEM, CheckpointError, CheckpointWarning, RunDir,
+                                            TOKENIZER_STEM, CheckpointError, CheckpointWarning, CheckpointWriteFailed, RunDir,
                                             checkpoint_tokenizer, client_state_name, file_digest, find_latest,
                                             is_export, list_checkpoints, read_config, resolve_checkpoint, step_name,
                                             training_step, verify)
@@ -25,7 +25,7 @@ from fsframework.checkpoints.reading import (Checkpoint, consolidated_state_dict
 
 __all__ = [
     "CALIBRATION_FILE", "CONFIG_FILE", "ENGINE_TAG", "EXPORT_HF_CONFIG", "EXPORT_WEIGHTS", "FP32_FILE", "LATEST",
-    "MANIFEST", "STEP_PREFIX", "TMP_PREFIX", "TOKENIZER_STEM", "Checkpoint", "CheckpointError", "CheckpointWarning",
+    "MANIFEST", "STEP_PREFIX", "TMP_PREFIX", "TOKENIZER_STEM", "Checkpoint", "CheckpointError", "CheckpointWarning", "CheckpointWriteFailed",
     "RunDir", "apply_calibration", "checkpoint_tokenizer", "client_state_name", "consolidated_state_dict",
     "file_digest", "find_latest", "init_from", "initial_weights", "is_export", "list_checkpoints", "load_model",
     "load_weights", "plain_keys", "read_config", "read_export_weights", "resolve_checkpoint", "safe_load", "step_name",

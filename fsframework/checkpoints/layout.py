@@ -61,6 +61,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt, or its weights do not fit the model."""
 
 
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota, a lost mount): the run stops, its
+    partial files removed and the previous checkpoint intact (`fsframework.checkpoints.writing.save`)."""
+
+
 class CheckpointWarning(UserFacingWarning):
     """A damaged checkpoint was skipped in favour of an older one."""
 

@@ -9,21 +9,25 @@ Loading one back into a training run (engine state, loop state) is `fsframework.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from fsframework.checkpoints.layout import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
-                                            CheckpointError, client_state_name, file_digest, list_checkpoints,
-                                            step_name, verify)
+                                            CheckpointError, CheckpointWriteFailed, client_state_name, file_digest,
+                                            list_checkpoints, step_name, verify)
 from fsframework.parallel.process_group import barrier
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
+# Fault injection for tests where no small filesystem can be mounted: the disk is full when this
+# step's checkpoint is written (rank 0's files fail with ENOSPC).
+FULL_DISK_ENV = "FSF_FULL_DISK_AT_CHECKPOINT_STEP"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -96,18 +100,24 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     barrier()
-    engine.save_checkpoint(str(tmp), tag=ENGINE_TAG, save_latest=False)
-    torch.save(client_state, tmp / client_state_name(rank))
+    # a write that fails (a full disk) fails on some ranks only: every rank learns of it in
+    # `_every_rank_wrote` (in place of a barrier) and stops, rather than wait for the others forever
+    failure = _written(lambda: _write_states(engine, tmp, client_state, rank, step))
     if os.environ.get(CRASH_ENV) == str(step):
         os._exit(17)
-    barrier()
+    _every_rank_wrote(failure, tmp, ckpt_root, name, rank)
     if rank == 0:
-        (tmp / CONFIG_FILE).write_text(config_yaml)
-        # DeepSpeed's tools (the zero_to_fp32.py it copies here, load_checkpoint without a tag) find
-        # the engine's folder through a `latest` file beside it: `python zero_to_fp32.py . OUT` works
-        (tmp / LATEST).write_text(ENGINE_TAG)
-        save_tokenizer(tokenizer, tmp)
-        write_manifest(tmp)
+        def finish() -> None:
+            (tmp / CONFIG_FILE).write_text(config_yaml)
+            # DeepSpeed's tools (the zero_to_fp32.py it copies here, load_checkpoint without a tag) find
+            # the engine's folder through a `latest` file beside it: `python zero_to_fp32.py . OUT` works
+            (tmp / LATEST).write_text(ENGINE_TAG)
+            save_tokenizer(tokenizer, tmp)
+            write_manifest(tmp)
+
+        failure = _written(finish)
+    _every_rank_wrote(failure, tmp, ckpt_root, name, rank)
+    if rank == 0:
         if final.exists():  # a re-save of the same step after a resume
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -116,6 +126,64 @@ def save(engine, ckpt_root: Path, step: int, client_state: dict[str, Any], confi
         prune(ckpt_root, keep, protect, fresh=final)
     barrier()
     return final
+
+
+def _write_states(engine, tmp: Path, client_state: dict[str, Any], rank: int, step: int) -> None:
+    """This rank's part of checkpoint `tmp`: the engine's state (DeepSpeed's files) and the loop's."""
+    if rank == 0 and os.environ.get(FULL_DISK_ENV) == str(step):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / client_state_name(rank)))
+    engine.save_checkpoint(str(tmp), tag=ENGINE_TAG, save_latest=False)
+    torch.save(client_state, tmp / client_state_name(rank))
+
+
+def _written(write: Callable[[], None]) -> Optional[BaseException]:
+    """None when `write()` wrote, else its error: an OSError (ENOSPC, EDQUOT, EIO) or the RuntimeError
+    torch's archive writer raises for one (`PytorchStreamWriter failed writing file`)."""
+    try:
+        write()
+    except (OSError, RuntimeError) as exc:
+        return exc
+    return None
+
+
+def _every_rank_wrote(failure: Optional[BaseException], tmp: Path, ckpt_root: Path, name: str, rank: int) -> None:
+    """A barrier that also tells every rank whether any rank's write failed; if one did, rank 0 removes
+    the partial checkpoint and every rank raises CheckpointWriteFailed (one line: where, why, how much
+    space a checkpoint takes, what survives)."""
+    failed = _any_rank(failure is not None)
+    if not failed:
+        return
+    written = _size(tmp)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    previous = [c for c in list_checkpoints(ckpt_root) if c.name != name]
+    need = _size(previous[-1]) if previous else written
+    free = shutil.disk_usage(ckpt_root).free
+    why = (os.strerror(failure.errno) if isinstance(failure, OSError) and failure.errno else str(failure).splitlines()[0]
+           ) if failure is not None else "another rank's write failed"
+    kept = (f"the previous checkpoint {previous[-1].name} is intact; a rerun resumes from it" if previous
+            else "there is no earlier checkpoint; a rerun starts from step 0")
+    raise CheckpointWriteFailed(
+        f"checkpoint {name} could not be written to {ckpt_root}: {why}. A checkpoint of this run takes about "
+        f"{need / 2**20:,.1f} MiB ({free / 2**20:,.1f} MiB free there); its partial files are removed and {kept} "
+        "once there is space")
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any rank (an all-reduce; the flag itself on one process)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return flag
+    value = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def _size(path: Path) -> int:
+    """Bytes of the files under `path` (0 when it is gone)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def read_tokenizer(spec: str) -> Optional[tuple[str, bytes]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
@@ -12,7 +13,7 @@ from typing import Callable, Iterator, List, Optional, TypeVar
 
 import typer
 
-from fsframework.checkpoints import CheckpointError, resolve_checkpoint
+from fsframework.checkpoints import CheckpointError, CheckpointWriteFailed, resolve_checkpoint
 from fsframework.cli.common import (EXIT_BAD_INPUT, EXIT_RUN_FAILED, check_eval_tasks, fail, load_job_config,
                                     parents_are_directories, runtime)
 from fsframework.config import ConfigError
@@ -25,8 +26,8 @@ RANK_ZERO_FIRST_S = 5.0  # how long the other ranks wait for rank 0 to report a 
 
 def guarded(step: Callable[[], T]) -> T:
     """Run `step` (training, evaluation), mapping its errors to the exit codes: bad input
-    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank or a non-finite
-    loss 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
+    (a checkpoint, data shard, missing file or invalid value) 2, a failed rank, a non-finite
+    loss or a full disk 1; a run stopped by a signal exits with the code it chose (preempted: 75, which a
     SLURM batch script requeues on; SIGINT: 130), its message already printed."""
     rt = runtime()
     try:
@@ -36,10 +37,17 @@ def guarded(step: Callable[[], T]) -> T:
     except KeyboardInterrupt:  # a second Ctrl-C: no wait for the step boundary
         fail("interrupted in the middle of a step; a rerun resumes from the newest complete checkpoint",
              code=rt.preemption.EXIT_INTERRUPTED)
-    except (RankFailure, rt.nonfinite.NonFiniteLoss) as exc:  # a rank failed while training, or the loss diverged
+    except (RankFailure, rt.nonfinite.NonFiniteLoss, CheckpointWriteFailed) as exc:
+        # a rank failed while training, the loss diverged, or a checkpoint found no space
         fail(str(exc), code=EXIT_RUN_FAILED)
     except (CheckpointError, ConfigError, FileNotFoundError, rt.inspect_shards.ShardError) as exc:  # bad input
         fail(str(exc))
+    except OSError as exc:  # after FileNotFoundError (bad input), itself an OSError
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a log or metrics write on a full disk: what was written before stays readable
+        fail(f"{exc.filename or 'a write'}: {exc.strerror}; the newest complete checkpoint is intact and a rerun "
+             "resumes from it once there is space", code=EXIT_RUN_FAILED)
 
 
 @contextmanager

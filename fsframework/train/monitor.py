@@ -21,17 +21,29 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from fsframework.checkpoints import RunDir
+from fsframework.checkpoints.writing import atomic_write_text
 from fsframework.train.hparams import HParam, write_session_start
 
 console = Console(soft_wrap=True)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records after `last_step` (written after the checkpoint a run resumes from)."""
+    """Drop records after `last_step` (written after the checkpoint a run resumes from), and a torn last
+    line (a write cut short by a full disk or a kill); the file is replaced whole, never half rewritten."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = []
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break  # the last line, torn
+            raise
+        if record["step"] <= last_step:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def strict_json(record: dict[str, Any]) -> str:

@@ -108,3 +108,58 @@ def test_convert_writes_an_export_with_logit_proof(straight_run, tmp_path):
     proc = run_fsf("convert", str(run_dir))  # the alias of `fsf export`, into <checkpoint>/export
     assert "largest |logit difference| source vs export (fp32): 0" in proc.stdout
     assert (run_dir / "checkpoints" / "step_00000020" / "export" / "model.safetensors").is_file()
+
+
+
+def _full_disk_then_resume(run_dir: Path, data_cache: str, straight_run: Path, failing_run,
+                           make_room=lambda: None) -> None:
+    """Checkpoint 15 meets a full disk (`failing_run()`): one line naming the directory and the space
+    a checkpoint takes, exit 1, no partial files, checkpoint 10 intact; after `make_room()` a rerun
+    resumes exactly."""
+    proc = failing_run()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = [ln for ln in proc.stderr.splitlines() if "step_00000015 could not be written" in ln]
+    assert len(line) == 1 and str(run_dir / "checkpoints") in line[0] and "MiB" in line[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "step_00000010 is intact" in line[0]
+    ckpts = run_dir / "checkpoints"
+    assert not list(ckpts.glob(".tmp-*")) and not (ckpts / "step_00000015").exists()
+    assert find_latest(ckpts).name == "step_00000010"
+    verify(ckpts / "step_00000010")
+    make_room()
+    proc = _train(run_dir, data_cache)
+    assert "resumed from step_00000010" in proc.stdout
+    assert _losses(run_dir) == _losses(straight_run)
+
+
+def test_a_full_disk_at_a_checkpoint_stops_cleanly_and_a_rerun_resumes_exactly(straight_run, tmp_path, data_cache):
+    """The disk fills as checkpoint 15 is written (rank 0's files fail with ENOSPC, injected: a
+    filesystem of a set size is the next test's, where one can be mounted)."""
+    from fsframework.checkpoints.writing import FULL_DISK_ENV
+
+    run_dir = tmp_path / "full"
+    _full_disk_then_resume(run_dir, data_cache, straight_run, lambda: _train(
+        run_dir, data_cache, env={FULL_DISK_ENV: "15"}, check=False, run=run_fsf_process))
+
+
+def test_a_small_filesystem_fills_at_a_checkpoint(straight_run, tmp_path, data_cache):
+    """The same on a real tmpfs that holds two checkpoints and a half (pruning keeps two), mounted here
+    and grown for the rerun."""
+    import shutil
+    import subprocess
+
+    size = max(sum(f.stat().st_size for f in c.rglob("*") if f.is_file())
+               for c in (straight_run / "checkpoints").glob("step_*"))
+    mount = tmp_path / "small"
+    mount.mkdir()
+    size_kb = (5 * size // 2 + (256 << 10)) // 1024  # 2.5 checkpoints and the run's other files
+    if shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs is refused here (it needs root): the injected full disk above stands in")
+    try:
+        run_dir = mount / "run"
+        _full_disk_then_resume(
+            run_dir, data_cache, straight_run,
+            lambda: _train(run_dir, data_cache, check=False, run=run_fsf_process),
+            lambda: subprocess.run(["mount", "-o", f"remount,size={4 * size_kb}k", str(mount)], check=True))
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
