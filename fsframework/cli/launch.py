@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import List, Optional
@@ -28,6 +29,10 @@ def launch_command(
                                               "29500 on several"),
     launcher: str = typer.Option("torchrun", "--launcher", help="torchrun | deepspeed"),
     node_rank: int = typer.Option(0, "--node-rank", help="which node's command to run here (several nodes, no SLURM)"),
+    max_restarts: int = typer.Option(int(os.environ.get("FSF_MAX_RESTARTS", "0") or 0), "--max-restarts",
+                                     help="start the job again when a rank dies or fails (not on bad input, "
+                                          "preemption or Ctrl-C), at most N times, from the newest checkpoint "
+                                          "(one node; default: $FSF_MAX_RESTARTS, else 0)"),
     rdzv: bool = flag("several nodes: c10d rendezvous instead of fixed node ranks", "--rdzv"),
     time: str = typer.Option("24:00:00", "--time", help="SLURM time limit"),
     partition: Optional[str] = typer.Option(None, "--partition", help="SLURM partition"),
@@ -46,7 +51,7 @@ def launch_command(
         input_file(hostfile, "--hostfile")
     options = LaunchOptions(nodes=nodes, gpus_per_node=gpus_per_node, launcher=launcher, hostfile=hostfile,
                             master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
-                            slurm=slurm, dry_run=dry_run,
+                            slurm=slurm, dry_run=dry_run, max_restarts=max_restarts,
                             slurm_options=SlurmOptions(time=time, cpus_per_task=cpus_per_task, partition=partition,
                                                        account=account, signal_lead_s=signal_lead))
     try:

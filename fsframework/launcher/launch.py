@@ -18,6 +18,7 @@ from fsframework.launcher.plan import LaunchPlan, make_plan, node_commands, shel
 from fsframework.launcher.run import run_command
 from fsframework.launcher.scripts import SlurmOptions, command_script, slurm_script
 from fsframework.launcher.snapshot import Snapshot, take_snapshot
+from fsframework.train.restarts import RESTART_ENV, RESTART_REASON_ENV
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class LaunchOptions:
     slurm: bool = False
     dry_run: bool = False
     slurm_options: SlurmOptions = field(default_factory=SlurmOptions)
+    # start the whole job again after a rank fails, at most this many times (one node; see `restarts`)
+    max_restarts: int = 0
 
 
 def _print_summary(console: Console, cfg: Config, plan: LaunchPlan, snap: Snapshot, slurm: bool) -> None:
@@ -73,6 +76,11 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
                      launcher=options.launcher, hostfile=options.hostfile, master_addr=options.master_addr,
                      master_port=options.master_port, rdzv=options.rdzv, slurm=options.slurm)
     _check_tools(options)
+    if options.max_restarts < 0:
+        raise LaunchError(f"--max-restarts={options.max_restarts} must be >= 0")
+    if options.max_restarts and (options.slurm or plan.nodes > 1):
+        raise LaunchError("--max-restarts restarts the job on one node; on several nodes or under --slurm, "
+                          "requeue the job (a rerun resumes from the newest checkpoint)")
     if options.slurm and "SIGUSR1" not in cfg.train.preempt_signals:
         raise LaunchError("--slurm: the batch script signals the ranks with SIGUSR1 before the time limit, but "
                           f"train.preempt_signals={list(cfg.train.preempt_signals)} lacks it; add SIGUSR1")
@@ -104,11 +112,35 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
     if plan.nodes > 1 and plan.launcher == "torchrun":
         console.print(f"starting {label}; start the other nodes with their own --node-rank "
                       f"(or `bash {snap.dir / 'command.sh'} NODE_RANK`)")
-    result = run_command(argv, plan.env(), forward_signals=plan.launcher == "torchrun")
-    if result.returncode in QUIET_CODES and plan.launcher == "torchrun":
-        return result.returncode  # stopped on purpose (Ctrl-C, preemption, bad input): the ranks said so
-    if result.returncode:
+    restart, env = 0, plan.env()
+    while True:
+        result = run_command(argv, env, forward_signals=plan.launcher == "torchrun")
+        if result.returncode in QUIET_CODES and plan.launcher == "torchrun":
+            return result.returncode  # stopped on purpose (Ctrl-C, preemption, bad input): the ranks said so
+        if not result.returncode:
+            return 0
         who = f"rank {result.failed_rank}" if result.failed_rank is not None else "a rank"
-        console.print(f"[bold red]error:[/] {who} failed and ended the job ({plan.launcher} exit code "
-                      f"{result.returncode}); its traceback is in the output above")
-    return result.returncode
+        how = result.how or f"failed ({plan.launcher} exit code {result.returncode})"
+        if restart == options.max_restarts:
+            console.print(f"[bold red]error:[/] {who} {how} and ended the job ({plan.launcher} exit code "
+                          f"{result.returncode}); its traceback, if any, is in the output above"
+                          + (f" ({restart} restart(s) spent)" if restart else ""))
+            return result.returncode
+        restart += 1
+        reason = f"{who} {how}"
+        record_restart(Path(cfg.run_dir), restart, reason, result)
+        console.print(f"[yellow]restart {restart} of {options.max_restarts}:[/] {reason}; every rank starts "
+                      "again from the newest complete checkpoint")
+        env = {**plan.env(), RESTART_ENV: str(restart), RESTART_REASON_ENV: reason}
+
+
+def record_restart(run_dir: Path, restart: int, reason: str, result) -> None:
+    """One line per restart in `<run>/restarts.jsonl`: when, which, why (the trainer's log says it too)."""
+    import datetime
+    import json
+
+    line = {"restart": restart, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "rank": result.failed_rank, "how": result.how, "exit_code": result.returncode, "reason": reason}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "restarts.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -19,23 +19,38 @@ from fsframework.launcher.errors import LaunchError
 
 _ROOT_CAUSE = re.compile(r"Root Cause")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
 @dataclass
 class RunResult:
     returncode: int
     failed_rank: int | None = None  # global rank torchrun blamed first, when it said
+    how: str | None = None  # how that rank ended: "was killed by SIGKILL", "exited with code 1"
 
 
 def failed_rank_from(lines: list[str]) -> int | None:
     """The rank named under torchrun's `Root Cause (first observed failure)` heading."""
-    seen_root = False
+    return root_cause(lines)[0]
+
+
+def root_cause(lines: list[str]) -> tuple[int | None, str | None]:
+    """(rank, how it ended) from torchrun's `Root Cause (first observed failure)` block."""
+    seen_root, rank = False, None
     for line in lines:
         if _ROOT_CAUSE.search(line):
             seen_root = True
-        elif seen_root and (m := _RANK.match(line)):
-            return int(m.group(1))
-    return None
+        elif seen_root and rank is None and (m := _RANK.match(line)):
+            rank = int(m.group(1))
+        elif seen_root and rank is not None and (m := _EXITCODE.match(line)):
+            code = int(m.group(1))
+            if code >= 0:
+                return rank, f"exited with code {code}"
+            try:
+                return rank, f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return rank, f"was killed by signal {-code}"
+    return rank, None
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -84,4 +99,4 @@ def run_command(argv: list[str], env: dict[str, str], *, forward_signals: bool =
             signal.signal(signum, handler)
     # A launcher killed by signal N reports -N; shells report 128 + N, which is a valid exit status.
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    return RunResult(code, failed_rank_from(tail) if code else None)
+    return RunResult(code, *(root_cause(tail) if code else (None, None)))

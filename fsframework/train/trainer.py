@@ -49,6 +49,7 @@ from fsframework.train.preemption import (EXIT_INTERRUPTED, EXIT_PREEMPTED, INTE
 from fsframework.train.resume_config import apply_optimizer_settings
 from fsframework.train.profiling import StepProfiler
 from fsframework.train.memory_estimate import check_memory
+from fsframework.train.restarts import killed_here, restart_of_this_run
 from fsframework.train.schedule import lr_factor
 from fsframework.train.stragglers import StragglerWatch, gather_busy_seconds
 from fsframework.train.throughput import (StepClock, device_peak_tflops, peak_memory_mb, step_record,
@@ -105,6 +106,7 @@ class Trainer:
         self.resume_changes: list[str] = []  # optimizer and schedule keys this run changes (applied)
         self._resume_checked = False
         self.resumed_from: Optional[Path] = None  # the checkpoint this run resumed from
+        self.restart = restart_of_this_run()  # (number, reason) when `fsf launch` restarted the job
         self.last_checkpoint: Optional[Path] = None  # the newest checkpoint a rerun would resume from
         self.tokenizer = None  # the main rank's (name, contents) of a file tokenizer, set in build()
         self.source = None  # the batch source, made in build() (fsframework.data.source_table)
@@ -196,6 +198,9 @@ class Trainer:
         if not self._resume_checked:
             self.check_resume()  # callers that build() without fit()
         found = self.resume_from
+        if self.restart is not None:
+            self.log(f"restart {self.restart[0]} after {self.restart[1]}: "
+                     + (f"resuming from {found.name}" if found else "no checkpoint yet, starting from step 0"))
         if found is None:
             return
         # a checkpoint of another data-parallel size is reshaped (fsframework.train.resize)
@@ -456,11 +461,14 @@ class Trainer:
                         figures.update(ranks)
                         if warning:
                             self.log(f"[yellow]{warning}[/yellow]")
+                    if self.restart is not None:
+                        figures["restarts"] = self.restart[0]
                     monitor.log({"step": self.state.step, **metrics, "tokens": self.state.tokens, **figures})
                 else:
                     metrics.pop("document_lengths", None)
                     monitor.advance(self.state.step)
                 self.check_finite(metrics["loss"])
+                killed_here(self.dist.rank, self.state.step)  # a test's fault (restarts.KILL_ENV); else nothing
                 saved = self.state.step % cfg.train.ckpt_every == 0 or self.state.step == last or stop
                 if saved:
                     self.save()

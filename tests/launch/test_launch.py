@@ -393,3 +393,22 @@ def test_a_config_error_under_torchrun_is_one_line_from_rank_0(tmp_path):
     code, out, err = _job(tmp_path, sys.executable, "-m", "torch.distributed.run", *args)
     assert code == 1 and err.count(line) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_root_cause_names_the_rank_and_how_it_ended(tmp_path):
+    from fsframework.launcher.run import root_cause
+
+    report = ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-07_16:00:00",
+              "  rank      : 1 (local_rank: 1)", "  exitcode  : -9 (pid: 4242)"]
+    assert root_cause(report) == (1, "was killed by SIGKILL")
+    assert root_cause([*report[:4], "  exitcode  : 1 (pid: 4242)"]) == (1, "exited with code 1")
+    assert root_cause(["no report"]) == (None, None)
+
+
+@pytest.mark.parametrize("args, message", [(("--max-restarts", "-1"), "must be >= 0"),
+                                           (("--max-restarts", "1", "--nodes", "2", "--master-addr", "n0"),
+                                            "restarts the job on one node")])
+def test_max_restarts_errors(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, "-m", "fsframework", "launch", QUICKSTART, f"run_dir={tmp_path / 'r'}",
+                           *args, "--dry-run"], capture_output=True, text=True)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

@@ -40,13 +40,16 @@ def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True
     return proc
 
 
-def launch(nproc: int, *train: str) -> subprocess.CompletedProcess:
-    """`fsf launch` of the job `train_args` describes on one node of `nproc` CPU ranks: the launcher
-    snapshots the code and config into the run directory and starts torchrun from the snapshot."""
+def launch(nproc: int, *train: str, options: tuple[str, ...] = (), env: dict | None = None) -> subprocess.CompletedProcess:
+    """`fsf launch` of the job `train_args` describes on one node of `nproc` CPU ranks (and `options` of
+    `fsf launch`): the launcher snapshots the code and config into the run directory and starts
+    torchrun from the snapshot."""
     assert train[0] == "train", train
-    cmd = [sys.executable, "-m", "fsframework", "launch", *train[1:], "--nodes", "1", "--gpus-per-node", str(nproc)]
+    cmd = [sys.executable, "-m", "fsframework", "launch", *train[1:], "--nodes", "1", "--gpus-per-node", str(nproc),
+           *options]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+                               **(env or {})})
     assert proc.returncode == 0, f"fsf launch {' '.join(train[1:])} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
 

@@ -32,10 +32,20 @@ def reference(one_rank_two_micro_batches) -> Path:
 
 
 def test_one_rank_zero2_resumes_on_two_by_fsf_launch(reference, tmp_path, data_cache):
-    """Also the real `fsf launch` of a CPU job (tests/launch covers its scripts and errors)."""
+    """Also the real `fsf launch` of a CPU job (tests/launch covers its scripts and errors), and its
+    restart: rank 1 is SIGKILLed after step 4, the whole job starts again from the newest checkpoint
+    (`--max-restarts 1`), and the losses are the uninterrupted run's."""
+    from fsframework.train.restarts import KILL_ENV
+
     run_dir = rewind(reference, tmp_path / "grow", 3)
-    proc = launch(2, *train_args(run_dir, data_cache, "parallel.zero_stage=2"))
-    assert "resumed from step_00000003 at step 3 (written by another number of ranks; now 2)" in proc.stdout
+    proc = launch(2, *train_args(run_dir, data_cache, "parallel.zero_stage=2"), options=("--max-restarts", "1"),
+                  env={KILL_ENV: "1:4"})
+    assert proc.stdout.count("resumed from step_00000003 at step 3 (written by another number of ranks; now 2)") == 2
+    assert "restart 1 of 1: rank 1 was killed by SIGKILL; every rank starts again" in proc.stdout
+    assert "restart 1 after rank 1 was killed by SIGKILL: resuming from step_00000003" in proc.stdout
+    restarts = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [(r["restart"], r["rank"], r["how"]) for r in restarts] == [(1, 1, "was killed by SIGKILL")]
+    assert all(json.loads(line)["restarts"] == 1 for line in (run_dir / "metrics.jsonl").read_text().splitlines()[3:])
     assert_continues(run_dir, reference)
     assert len(list((run_dir / "launch").glob("*/config.yaml"))) == 1  # started from its snapshot
     # both ranks ran: the data-parallel token count is 2 ranks x batch x seq_len per step
