@@ -4,7 +4,8 @@ A fault is `KIND:RANK:STEP`: `raise` makes rank RANK raise at the start of optim
 STEP (1-based), `hang` makes it sleep forever there (its peers must notice through the
 process-group timeout), `stall` makes it block there in a system call that signals do not
 interrupt (a read of a pipe nobody writes to, restarted by the kernel like a collective's
-socket read: no Python signal handler runs, as in a step stuck in a long kernel), `nan`
+socket read: no Python signal handler runs, as in a step stuck in a long kernel), `stop` makes it
+SIGSTOP itself there (frozen whole: a wedged node, a debugger's pause), `nan`
 makes that rank's loss of that step NaN (`train.nonfinite`).
 It enters as a wrapper of the source table (`fsframework.data.source_table.register_wrapper`,
 docs/training.md): the rank's source raises, hangs or serves a batch whose recall weights are NaN.
@@ -29,7 +30,7 @@ from fsframework.data.sources import Batch, BatchSource, WrappedSource
 from fsframework.parallel.health import RankFailure
 
 FAULT_ENV = "FSF_FAULT"
-KINDS = ("raise", "hang", "stall", "nan")
+KINDS = ("raise", "hang", "stall", "stop", "nan")
 
 
 def parse(spec: str) -> tuple[str, int, int]:
@@ -61,6 +62,8 @@ class FaultySource(WrappedSource):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             while True:
                 time.sleep(3600)
+        if self.kind == "stop":  # SIGSTOP: the process is frozen, no handler or thread of it runs
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "stall":
             read_end, self._write_end = os.pipe()  # the write end stays open: no end-of-file either
             os.read(read_end, 1)  # never returns

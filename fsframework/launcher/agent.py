@@ -64,6 +64,16 @@ def _forward(signum: int, frame) -> None:
             pass
 
 
+def _continue(pid) -> None:
+    """SIGCONT to a rank the agent is about to stop: a stopped rank (SIGSTOP, a debugger's pause, a
+    frozen node's process) would hold the agent's SIGTERM pending until its SIGKILL 30 s later;
+    continued, it meets the SIGTERM (and its dead peers) at once."""
+    try:
+        os.kill(int(pid), signal.SIGCONT)
+    except (ProcessLookupError, PermissionError, ValueError, TypeError):
+        pass
+
+
 class _HeldBack(logging.Filter):
     """Holds the agent's records about ranks that ended ('failed (exitcode: ...)', 'Sending
     process ... closing signal ...'); `release` logs them (a failure), else they are dropped."""
@@ -76,6 +86,8 @@ class _HeldBack(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES):
+            if record.msg.startswith("Sending process") and record.args:
+                _continue(record.args[0])
             self.records.append(record)
             return False
         return True

@@ -53,19 +53,21 @@ def _missing_ranks(timeout_s: int) -> str:
 
 
 @contextmanager
-def reraise_naming_rank(rank: int, world_size: int, timeout_s: int):
-    """Re-raise any error of the enclosed step as RankFailure naming this rank (and, after a
-    communication error, the ranks that stopped answering)."""
+def reraise_naming_rank(rank: int, world_size: int, timeout_s: int, step: int | None = None):
+    """Re-raise any error of the enclosed step (`step`, when given) as RankFailure naming this rank
+    (and, after a communication error, the ranks that stopped answering)."""
     try:
         yield
     except RankFailure:
         raise
     except Exception as exc:
         detail = ""
+        at = f" in step {step}" if step is not None else ""
         if world_size > 1 and _is_communication_error(exc):
             detail = _missing_ranks(timeout_s)
-            head = f"rank {rank} of {world_size}: a collective failed or timed out after parallel.timeout_s={timeout_s}s"
+            head = (f"rank {rank} of {world_size}: a collective{at} failed or timed out after "
+                    f"parallel.timeout_s={timeout_s}s")
         else:
-            head = f"rank {rank} of {world_size} failed"
+            head = f"rank {rank} of {world_size} failed{at}"
         raise RankFailure(f"{head}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{detail}") \
             from exc

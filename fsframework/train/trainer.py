@@ -430,7 +430,8 @@ class Trainer:
             while self.state.step < last:
                 profiler.before_step(self.state.step + 1)
                 start = time.perf_counter()
-                with reraise_naming_rank(self.dist.rank, self.dist.world_size, cfg.parallel.timeout_s):
+                with reraise_naming_rank(self.dist.rank, self.dist.world_size, cfg.parallel.timeout_s,
+                                         self.state.step + 1):
                     metrics = self.train_step()
                 elapsed = time.perf_counter() - start
                 self.state.step += 1

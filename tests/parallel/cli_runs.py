@@ -26,11 +26,12 @@ ONE_RANK = ["parallel.grad_accum=2"]  # the global batch of 2 ranks
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None, check: bool = True,
-             module: str = "fsframework") -> subprocess.CompletedProcess:
-    """`fsf ARGS` on `nproc` ranks; `module="tests.faults"` injects the fault of `env`'s FSF_FAULT."""
+             module: str = "fsframework", agent: list[str] | None = None) -> subprocess.CompletedProcess:
+    """`fsf ARGS` on `nproc` ranks; `module="tests.faults"` injects the fault of `env`'s FSF_FAULT;
+    `agent`: the command in place of torchrun's own (`fsf launch`'s, `launcher.plan.agent_command`)."""
     from tests.parallel.ranks import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+    cmd = [*(agent or [sys.executable, "-m", "torch.distributed.run"]), "--nproc_per_node", str(nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), "-m", module, *args]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280,
                           env={**os.environ, "PYTHONUNBUFFERED": "1", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",

@@ -117,15 +117,21 @@ def test_a_failing_rank_ends_the_job_with_a_message_naming_it(tmp_path, data_cac
     assert "rank 1: injected fault at step 2" in proc.stderr + proc.stdout
 
 
-def test_a_hanging_rank_is_named_by_the_health_check(tmp_path, data_cache):
-    # rank 1 stops answering inside step 2: rank 0's collective times out after parallel.timeout_s,
-    # the monitored barrier finds rank 1 missing, and the job ends instead of hanging
-    run_dir = tmp_path / "hang"
+def test_a_stopped_rank_is_named_by_the_health_check(tmp_path, data_cache):
+    # rank 1 is frozen (SIGSTOP) inside step 2: rank 0's collective times out after parallel.timeout_s,
+    # the monitored barrier finds rank 1 missing, and the job ends instead of hanging, through
+    # fsf launch's agent, which continues the stopped rank so that its SIGTERM acts at once
+    import time
+
+    from fsframework.launcher.plan import agent_command
+
+    run_dir = tmp_path / "stopped"
+    started = time.monotonic()
     proc = torchrun(2, *train_args(run_dir, data_cache, "parallel.sp=2", "parallel.timeout_s=10"),
-                    env={"FSF_FAULT": "hang:1:2"}, check=False, module="tests.faults")
-    assert proc.returncode != 0
+                    env={"FSF_FAULT": "stop:1:2"}, check=False, module="tests.faults", agent=agent_command())
+    assert proc.returncode != 0 and time.monotonic() - started < 50  # not the agent's 30 s kill on top (~57 s)
     out = proc.stderr + proc.stdout
-    assert "rank 0 of 2: a collective failed or timed out after parallel.timeout_s=10s" in out
+    assert "rank 0 of 2: a collective in step 2 failed or timed out after parallel.timeout_s=10s" in out
     assert "Ranks 1 failed to pass monitoredBarrier" in out
     assert "MarkupError" not in out  # the error text (with gloo's bracketed source paths) prints as is
 
