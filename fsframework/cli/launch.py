@@ -53,7 +53,8 @@ def launch_command(
                             master_addr=master_addr, master_port=master_port, node_rank=node_rank, rdzv=rdzv,
                             slurm=slurm, dry_run=dry_run, max_restarts=max_restarts,
                             slurm_options=SlurmOptions(time=time, cpus_per_task=cpus_per_task, partition=partition,
-                                                       account=account, signal_lead_s=signal_lead))
+                                                       account=account, signal_lead_s=signal_lead,
+                                                       max_restarts=max_restarts))
     try:
         code = launch(cfg, options, invocation=shlex.join(["fsf", "launch", str(config), *(overrides or []),
                                                            "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),

@@ -78,9 +78,10 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
     _check_tools(options)
     if options.max_restarts < 0:
         raise LaunchError(f"--max-restarts={options.max_restarts} must be >= 0")
-    if options.max_restarts and (options.slurm or plan.nodes > 1):
-        raise LaunchError("--max-restarts restarts the job on one node; on several nodes or under --slurm, "
-                          "requeue the job (a rerun resumes from the newest checkpoint)")
+    if options.max_restarts and plan.nodes > 1 and not options.slurm:
+        raise LaunchError("--max-restarts restarts the job on one node, or with --slurm in its batch script (srun on "
+                          "every node); started node by node, rerun the nodes' commands instead (a rerun resumes "
+                          "from the newest checkpoint)")
     if options.slurm and "SIGUSR1" not in cfg.train.preempt_signals:
         raise LaunchError("--slurm: the batch script signals the ranks with SIGUSR1 before the time limit, but "
                           f"train.preempt_signals={list(cfg.train.preempt_signals)} lacks it; add SIGUSR1")

@@ -23,6 +23,8 @@ class SlurmOptions:
     account: str | None = None
     # seconds before the time limit at which SLURM signals the job to checkpoint and requeue
     signal_lead_s: int = 300
+    # how many times the batch script starts a failed job step again (`fsf launch --max-restarts`)
+    max_restarts: int = 0
 
     def cpus(self, gpus_per_node: int) -> int:
         return self.cpus_per_task or 8 * gpus_per_node
@@ -96,7 +98,7 @@ def slurm_script(plan: LaunchPlan, options: SlurmOptions, *, script: Path, log_d
               "time": options.time, "log_dir": str(log_dir), "extra_sbatch": "\n".join(extra),
               "workdir": shlex.quote(str(plan.workdir)), "pythonpath": _pythonpath(plan),
               "omp_threads": str(max(1, options.cpus(plan.gpus_per_node) // plan.gpus_per_node)),
-              "signal_lead": str(options.signal_lead_s),
+              "signal_lead": str(options.signal_lead_s), "max_restarts": str(options.max_restarts),
               # torchrun ignores USR1 (inherited by its workers, which install their own handler):
               # the preemption signal reaches the training ranks, not the agent that would die of it
               "node_command": shlex.quote('trap "" USR1; exec ' + shell_join(node))}

@@ -407,8 +407,21 @@ def test_the_root_cause_names_the_rank_and_how_it_ended(tmp_path):
 
 @pytest.mark.parametrize("args, message", [(("--max-restarts", "-1"), "must be >= 0"),
                                            (("--max-restarts", "1", "--nodes", "2", "--master-addr", "n0"),
-                                            "restarts the job on one node")])
+                                            "restarts the job on one node, or with --slurm")])
 def test_max_restarts_errors(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-m", "fsframework", "launch", QUICKSTART, f"run_dir={tmp_path / 'r'}",
                            *args, "--dry-run"], capture_output=True, text=True)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_the_slurm_script_restarts_a_failed_job_step(tmp_path):
+    """`--max-restarts` under `--slurm`: the batch script runs srun again after a failure (not after bad
+    input, preemption or Ctrl-C), at most N times, telling the ranks the restart's number; bash reads it."""
+    proc = subprocess.run([sys.executable, "-m", "fsframework", "launch", QUICKSTART, f"run_dir={tmp_path / 'r'}",
+                           "--slurm", "--nodes", "2", "--dry-run", "--max-restarts", "3"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    script = next((tmp_path / "r" / "launch").glob("*/job.sbatch")).read_text()
+    assert 'case "$code" in 0|2|75|130) break ;; esac' in script and '[ "$restart" -ge 3 ]' in script
+    assert 'export FSF_RESTART="$restart"' in script and script.count("srun ") == 1
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
