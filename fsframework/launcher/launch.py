@@ -78,6 +78,9 @@ def launch(cfg: Config, options: LaunchOptions, *, invocation: str, console: Con
     _check_tools(options)
     if options.max_restarts < 0:
         raise LaunchError(f"--max-restarts={options.max_restarts} must be >= 0")
+    if options.max_restarts and plan.launcher != "torchrun":
+        raise LaunchError("--max-restarts needs --launcher torchrun (its agent tells a failure from bad input, "
+                          "preemption and Ctrl-C, which are never restarted)")
     if options.max_restarts and plan.nodes > 1 and not options.slurm:
         raise LaunchError("--max-restarts restarts the job on one node, or with --slurm in its batch script (srun on "
                           "every node); started node by node, rerun the nodes' commands instead (a rerun resumes "

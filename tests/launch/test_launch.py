@@ -406,6 +406,7 @@ def test_the_root_cause_names_the_rank_and_how_it_ended(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [(("--max-restarts", "-1"), "must be >= 0"),
+                                           (("--max-restarts", "1", "--launcher", "deepspeed"), "needs --launcher torchrun"),
                                            (("--max-restarts", "1", "--nodes", "2", "--master-addr", "n0"),
                                             "restarts the job on one node, or with --slurm")])
 def test_max_restarts_errors(tmp_path, args, message):
