@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.parallel.cli_runs import STEPS, assert_close, losses, rewind, torchrun, train_args
+from tests.parallel.cli_runs import STEPS, assert_close, launch, losses, rewind, torchrun, train_args
 from tests.parallel.probed_fsf import PROBE_ENV, probe_batch
 from tests.utils import run_fsf
 
@@ -62,6 +62,20 @@ def resumed_at_3(sp_zero3, tmp_path_factory, data_cache) -> tuple[Path, subproce
     proc = torchrun(2, *train_args(run_dir, data_cache, *SP2_ZERO3), env={PROBE_ENV: str(probe)},
                     module="tests.parallel.probed_fsf")
     return run_dir, proc, json.loads(probe.read_text())
+
+
+def test_a_rank_killed_under_sp2_zero3_restarts_to_the_same_losses(sp_zero3, tmp_path, data_cache):
+    """`fsf launch --max-restarts 1` of the SP 2 + ZeRO-3 job: rank 1 SIGKILLed after step 4 (after
+    checkpoint 3), the job starts again from checkpoint 3, and its losses are the uninterrupted run's,
+    exactly (the data-parallel ZeRO-2 case: tests/parallel/test_resume_resize.py)."""
+    from fsframework.train.restarts import KILL_ENV
+
+    run_dir = tmp_path / "killed"
+    proc = launch(2, *train_args(run_dir, data_cache, *SP2_ZERO3), options=("--max-restarts", "1"),
+                  env={KILL_ENV: "1:4"})
+    assert "restart 1 of 1: rank 1 was killed by SIGKILL" in proc.stdout
+    assert "resumed from step_00000003 at step 3" in proc.stdout
+    assert losses(run_dir) == losses(sp_zero3)
 
 
 def test_sp2_zero3_resume_is_exact(sp_zero3, resumed_at_3):
