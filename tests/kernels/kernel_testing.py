@@ -80,3 +80,25 @@ def routing_scores(q, k, cells, *, cell_size, block_size, sigma, lam):
     center = (c.double() + 0.5) * cell_size
     prior = lm[:, None] * ab.permute(0, 2, 1, 3) * torch.erf((pos - center) / (2 * sig[:, None]))
     return torch.where(cells >= 0, content + prior, -math.inf)
+
+
+def kernel_launches(monkeypatch, fn) -> dict:
+    """Triton kernel launches while `fn()` runs, by (kernel name, its `DOCS` flag or None): calls of a
+    kernel's `run`, warm-ups aside (the interpreter's `InterpretedFunction` or the compiled
+    `JITFunction`, as tools/bench_documents.py counts them)."""
+    from collections import Counter
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    counts = Counter()
+    with monkeypatch.context() as patch:
+        for cls in (InterpretedFunction, JITFunction):
+            def run(fn_self, *args, _original=cls.__dict__["run"], **kwargs):
+                if not kwargs.get("warmup", False):
+                    counts[getattr(fn_self, "__name__", "?"), kwargs.get("DOCS")] += 1
+                return _original(fn_self, *args, **kwargs)
+
+            patch.setattr(cls, "run", run)
+        fn()
+    return dict(counts)

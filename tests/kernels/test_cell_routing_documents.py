@@ -14,7 +14,7 @@ from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import select_cells as op_select_cells
 from fsframework.ops.freesolo_routing import select_cells_reference
 from fsf_kernels.cell_routing import select_cells
-from kernel_testing import gpu, on_interpreter, routing_scores
+from kernel_testing import gpu, kernel_launches, on_interpreter, routing_scores
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -113,26 +113,6 @@ def test_documents_match_the_reference_and_each_document_alone(variant, layout, 
             assert (alone == -1).all()
 
 
-def _launches(monkeypatch, fn) -> dict:
-    """Triton kernel launches while `fn` runs, by (kernel name, its `DOCS` flag or None): calls of a
-    kernel's `run`, warm-ups aside (the interpreter's `InterpretedFunction` or the compiled
-    `JITFunction`), as tests/kernels/test_window_attention.py counts them."""
-    from collections import Counter
-
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    counts = Counter()
-    with monkeypatch.context() as patch:
-        for cls in (InterpretedFunction, JITFunction):
-            def run(fn_self, *args, _original=cls.__dict__["run"], **kwargs):
-                if not kwargs.get("warmup", False):
-                    counts[getattr(fn_self, "__name__", "?"), kwargs.get("DOCS")] += 1
-                return _original(fn_self, *args, **kwargs)
-
-            patch.setattr(cls, "run", run)
-        fn()
-    return dict(counts)
 
 
 @gpu
@@ -151,14 +131,14 @@ def test_one_launch_per_kernel_however_many_documents(monkeypatch, variant, devi
         q, k = (x.to(device) for x in layout[:2])
         results[name] = select_cells(q, k, config, prior, first_cells=layout[2] if documents else None)
 
-    counts_one = _launches(monkeypatch, lambda: route("one", one))
-    counts_many = _launches(monkeypatch, lambda: route("many", many))
+    counts_one = kernel_launches(monkeypatch, lambda: route("one", one))
+    counts_many = kernel_launches(monkeypatch, lambda: route("many", many))
     expected = {("cell_summary_kernel", None): 1, ("select_cells_fwd_kernel", True): 1}
     if variant == "fsl":
         expected[("fsl_retain_kernel", True)] = 1
     assert counts_one == counts_many == expected
     # without documents: the same launches of the variants without them, and one document is the row
-    counts_none = _launches(monkeypatch, lambda: route("none", one, documents=False))
+    counts_none = kernel_launches(monkeypatch, lambda: route("none", one, documents=False))
     assert counts_none == {(name, None if docs is None else False): n for (name, docs), n in expected.items()}
     assert torch.equal(results["one"], results["none"])
 

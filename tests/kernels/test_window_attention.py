@@ -7,7 +7,7 @@ import torch
 from fsframework.ops.local_attention import sliding_window_attention as reference
 from fsframework.ops.rope import rotate, rotate_at
 from fsf_kernels.window_attention import sliding_window_attention
-from kernel_testing import assert_close, gpu, needs_cuda
+from kernel_testing import assert_close, gpu, kernel_launches, needs_cuda
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -213,26 +213,6 @@ def _check_documents(case, device, monkeypatch):
         assert_close(g, w, dtype, name, b)
 
 
-def _launches(monkeypatch, fn) -> dict:
-    """Triton kernel launches while `fn` runs, by (kernel name, its `DOCS` flag or None): calls of a
-    kernel's `run`, warm-ups aside (the interpreter's `InterpretedFunction` or the compiled
-    `JITFunction`, as tools/bench_documents.py counts them)."""
-    from collections import Counter
-
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    counts = Counter()
-    with monkeypatch.context() as patch:
-        for cls in (InterpretedFunction, JITFunction):
-            def run(fn_self, *args, _original=cls.__dict__["run"], **kwargs):
-                if not kwargs.get("warmup", False):
-                    counts[getattr(fn_self, "__name__", "?"), kwargs.get("DOCS")] += 1
-                return _original(fn_self, *args, **kwargs)
-
-            patch.setattr(cls, "run", run)
-        fn()
-    return dict(counts)
 
 
 def test_one_launch_per_kernel_however_many_documents(monkeypatch, device):
@@ -242,12 +222,12 @@ def test_one_launch_per_kernel_however_many_documents(monkeypatch, device):
         positions = None if rows is None else _positions(rows, device)
         sliding_window_attention(q, k, v, window=8, rope_theta=None, positions=positions).sum().backward()
 
-    one = _launches(monkeypatch, lambda: step([[48], [48]]))
-    many = _launches(monkeypatch, lambda: step([[1, 7, 3, 12, 1, 1, 23], [5, 6, 7, 8, 22]]))
+    one = kernel_launches(monkeypatch, lambda: step([[48], [48]]))
+    many = kernel_launches(monkeypatch, lambda: step([[1, 7, 3, 12, 1, 1, 23], [5, 6, 7, 8, 22]]))
     assert one == many == {("window_attention_fwd_kernel", True): 1, ("softmax_bwd_delta_kernel", None): 1,
                            ("window_attention_bwd_dkdv_kernel", True): 1, ("window_attention_bwd_dq_kernel", True): 1}
     # without positions, the same launches of the variant without documents
-    assert _launches(monkeypatch, lambda: step(None)) == {(name, None if docs is None else False): n
+    assert kernel_launches(monkeypatch, lambda: step(None)) == {(name, None if docs is None else False): n
                                                          for (name, docs), n in one.items()}
 
 

@@ -288,3 +288,18 @@ def grc_cell_bwd(a: torch.Tensor, b: torch.Tensor, dm: torch.Tensor, params, eps
     dmf = dm.float()
     grads = [dw1, dz.float().sum(0), dw2, dy.float().sum(0), (dmf * xh).sum(0), dmf.sum(0), *post_grads]
     return dx[:, :d].to(a.dtype).view(a.shape), dx[:, d:].to(b.dtype).view(b.shape), grads
+
+
+def accumulating_backward(params, eps: float):
+    """(cell_backward, param_grads) for a tree's backward: `cell_backward(a, b, dm)` -> (da, db) in fp32
+    for one level's pairs, adding that level's parameter gradients into `param_grads` (fp32, one per
+    parameter) as it goes."""
+    param_grads = [torch.zeros(p.shape, device=p.device, dtype=torch.float32) for p in params]
+
+    def cell_backward(a, b, dm):
+        da, db, grads = grc_cell_bwd(a, b, dm.to(a.dtype), params, eps)
+        for total, g in zip(param_grads, grads):
+            total += g
+        return da.view(a.shape).float(), db.view(b.shape).float()
+
+    return cell_backward, param_grads

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from fsf_kernels.grc_scan.cell import cell_params, grc_cell_bwd, grc_cell_fwd
+from fsf_kernels.grc_scan.cell import accumulating_backward, cell_params, grc_cell_fwd
 from fsf_kernels.common.tree_tables import TreeTables
 
 
@@ -45,13 +45,7 @@ class GRCPackedTreeScan(torch.autograd.Function):
         saved, tables, eps = ctx.saved_tensors, ctx.tables, ctx.eps
         k = ctx.n_params
         params, ups, parents = saved[:k], saved[k:k + ctx.levels], saved[k + ctx.levels:]
-        param_grads = [torch.zeros(p.shape, device=p.device, dtype=torch.float32) for p in params]
-
-        def cell_backward(a, b, dm):
-            da, db, grads = grc_cell_bwd(a, b, dm.to(a.dtype), params, eps)
-            for total, g in zip(param_grads, grads):
-                total += g
-            return da.view(a.shape).float(), db.view(b.shape).float()
+        cell_backward, param_grads = accumulating_backward(params, eps)
 
         grad_ups = [torch.zeros(u.shape, device=u.device, dtype=torch.float32) for u in ups]
         grad_identity = grad.new_zeros(grad.shape[1], dtype=torch.float32)
