@@ -15,6 +15,14 @@ TINY_DATA = ["data.seq_len=64", "data.micro_batch_size=2", "data.embedded_python
 TINY_MODEL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2"]
 
 
+
+def positions_of(rows: list[list[int]]):
+    """`[B, T]` int64: each token's position inside its document, from each row's document lengths (the
+    packed-documents ops' `positions`, written out independently of fsframework.models.documents)."""
+    import torch
+
+    return torch.stack([torch.cat([torch.arange(length) for length in row]) for row in rows])
+
 def tiny_model(name: str, vocab_size: int):
     """A 2-layer, 2-head model of any registered kind with small attention shapes (window 16,
     cells of 4, blocks of 8) and the reference ops, in eval mode; FS-B gets thresholds of 1."""

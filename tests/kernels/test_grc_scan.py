@@ -55,6 +55,12 @@ def test_tree_scan_forward_and_every_gradient(dtype, n, per_sequence_identity, p
     identity = torch.randn(2, D, device=device) if per_sequence_identity else torch.randn(D, device=device)
     grad = torch.randn(2, n, D, device=device)
 
+    _compare_scans(exclusive_scan, grc_exclusive_scan, cell, x, identity, grad, dtype)
+
+
+def _compare_scans(reference_scan, kernel_scan, cell, x, identity, grad, dtype) -> None:
+    """`kernel_scan(x, cell, identity)` in `dtype` against `reference_scan` in fp32: the prefixes and
+    the gradients of x, the identity and every cell parameter."""
     def run(scan, cast):
         cell.zero_grad()
         xs, e = x.clone().requires_grad_(), identity.clone().requires_grad_()
@@ -62,8 +68,8 @@ def test_tree_scan_forward_and_every_gradient(dtype, n, per_sequence_identity, p
         out.backward(grad.to(cast))
         return out.float(), xs.grad, e.grad, {k: p.grad.clone() for k, p in cell.named_parameters()}
 
-    want = run(exclusive_scan, torch.float32)
-    got = run(grc_exclusive_scan, dtype)
+    want = run(reference_scan, torch.float32)
+    got = run(kernel_scan, dtype)
     assert_close(got[0], want[0], dtype, "prefixes")
     assert_close(got[1], want[1], dtype, "dx")
     assert_close(got[2], want[2], dtype, "d identity")
@@ -107,17 +113,5 @@ def test_packed_tree_scan_forward_and_every_gradient(dtype, post_merge, device):
     identity = torch.randn(D, device=device)
     grad = torch.randn(sum(lengths), D, device=device)
 
-    def run(scan, cast):
-        cell.zero_grad()
-        xs, e = x.clone().requires_grad_(), identity.clone().requires_grad_()
-        out = scan(xs.to(cast), tables, cell, e.to(cast))
-        out.backward(grad.to(cast))
-        return out.float(), xs.grad, e.grad, {k: p.grad.clone() for k, p in cell.named_parameters()}
-
-    want = run(packed_exclusive_scan, torch.float32)
-    got = run(grc_packed_exclusive_scan, dtype)
-    assert_close(got[0], want[0], dtype, "prefixes")
-    assert_close(got[1], want[1], dtype, "dx")
-    assert_close(got[2], want[2], dtype, "d identity")
-    for name in want[3]:
-        assert_close(got[3][name], want[3][name], dtype, name)
+    _compare_scans(lambda xs, c, e: packed_exclusive_scan(xs, tables, c, e),
+                   lambda xs, c, e: grc_packed_exclusive_scan(xs, tables, c, e), cell, x, identity, grad, dtype)

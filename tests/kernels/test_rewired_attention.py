@@ -10,7 +10,8 @@ import torch
 
 from fsframework.ops.rewired import RewiredSettings, rewired_attention, rewired_attention_rows as reference
 from fsf_kernels.rewired_attention import rewired_attention_rows
-from kernel_testing import assert_close, gpu, needs_cuda
+from kernel_testing import assert_close, gpu, kernel_launches, needs_cuda
+from tests.utils import positions_of
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -43,13 +44,20 @@ def _check(case, device):
     r = torch.randn(bsz, n, dim, generator=gen) * 0.5
     u = torch.randn(bsz, total, dim, generator=gen) * 0.5
     grad = torch.randn(bsz, n, heads, dim, generator=gen).to(device, dtype)
-    inputs = [x.to(device, dtype).requires_grad_() for x in (q, k, v, r, u)]
-    out = rewired_attention_rows(*inputs, q_start=start)
+    _compare([x.to(device, dtype) for x in (q, k, v, r, u)], grad, q_start=start)
+
+
+def _compare(inputs: list, grad: torch.Tensor, **call) -> None:
+    """The kernel against the reference, both called with `call`: the output and the gradients of q, k,
+    v, r and u (the reference in fp32, at the inputs' dtype's tolerance)."""
+    dtype = inputs[0].dtype
+    inputs = [x.requires_grad_() for x in inputs]
+    out = rewired_attention_rows(*inputs, **call)
     got = torch.autograd.grad(out, inputs, grad)
     ref_in = [x.detach().float().requires_grad_() for x in inputs]
-    ref = reference(*ref_in, q_start=start)
+    ref = reference(*ref_in, **call)
     want = torch.autograd.grad(ref, ref_in, grad.float())
-    assert out.dtype == dtype and out.shape == q.shape
+    assert out.dtype == dtype and out.shape == inputs[0].shape
     assert_close(out, ref, dtype, "out")
     for name, g, w in zip(("dq", "dk", "dv", "dr", "du"), got, want):
         assert g.dtype == dtype
@@ -115,11 +123,6 @@ def _module():
     return importlib.import_module("fsf_kernels.rewired_attention.rewired_attention")
 
 
-def positions_of(rows: list[list[int]]) -> torch.Tensor:
-    """`[B, T]` int64: each token's position inside its document, from the documents' lengths per row."""
-    return torch.stack([torch.cat([torch.arange(length) for length in row]) for row in rows])
-
-
 # (rows of document lengths, D, dtype, tile): 70 tokens in 64-row tiles put every boundary of the first
 # tile inside it and leave a partial second one; 16-row tiles put documents across tiles, so a query
 # tile starts its keys after the row's start and a key tile stops its queries before the row's end
@@ -153,17 +156,7 @@ def _check_documents(case, device, monkeypatch):
     r = torch.randn(bsz, total, dim, generator=gen) * 0.5
     u = torch.randn(bsz, total, dim, generator=gen) * 0.5
     grad = torch.randn(bsz, total, heads, dim, generator=gen).to(device, dtype)
-    inputs = [x.to(device, dtype).requires_grad_() for x in (q, k, v, r, u)]
-    out = rewired_attention_rows(*inputs, positions=pos)
-    got = torch.autograd.grad(out, inputs, grad)
-    ref_in = [x.detach().float().requires_grad_() for x in inputs]
-    ref = reference(*ref_in, positions=pos)
-    want = torch.autograd.grad(ref, ref_in, grad.float())
-    assert out.dtype == dtype and out.shape == q.shape
-    assert_close(out, ref, dtype, "out")
-    for name, g, w in zip(("dq", "dk", "dv", "dr", "du"), got, want):
-        assert g.dtype == dtype
-        assert_close(g, w, dtype, name)
+    _compare([x.to(device, dtype) for x in (q, k, v, r, u)], grad, positions=pos)
 
 
 @pytest.mark.parametrize("case", DOC_CPU_CASES, ids=_doc_id)
@@ -198,37 +191,21 @@ def test_op_dispatches_here_with_documents(runway, device):
         assert_close(g, w, torch.float32, name)
 
 
-class _Counted:
-    """A JIT function whose launches (`fn[grid](...)`) are counted, with the DOCS flag each one got."""
-
-    def __init__(self, fn):
-        self.fn, self.docs = fn, []
-
-    def __getitem__(self, grid):
-        def run(*args, **kwargs):
-            self.docs.append(kwargs["DOCS"])
-            return self.fn[grid](*args, **kwargs)
-        return run
-
-
 def test_one_launch_per_kernel_however_many_documents(monkeypatch, device):
-    module = _module()
-    counted = {name: _Counted(getattr(module, name)) for name in KERNELS}
-    for name, wrapper in counted.items():
-        monkeypatch.setattr(module, name, wrapper)
     gen = torch.Generator().manual_seed(3)
     x = [torch.randn(1, 48, 2, 16, generator=gen) for _ in range(3)] + [torch.randn(1, 48, 16, generator=gen)]
-    launches = {}
-    for name, rows in (("one", [[48]]), ("many", [[1, 2, 3, 4, 5, 6, 7, 20]]), ("none", None)):
+
+    def step(rows):
         leaves = [t.to(device).requires_grad_() for t in x]
         pos = None if rows is None else positions_of(rows).to(device)
         out = rewired_attention(*leaves, settings=RewiredSettings(runway="mean"), impl="triton", positions=pos)
         torch.autograd.grad(out.sum(), leaves)
-        launches[name] = {key: list(c.docs) for key, c in counted.items()}
-        for c in counted.values():
-            c.docs.clear()
-    assert launches["one"] == launches["many"] == {name: [True] for name in KERNELS}
-    assert launches["none"] == {name: [False] for name in KERNELS}
+
+    def launches(rows):  # of the three rewired kernels, by (name, DOCS)
+        return {key: n for key, n in kernel_launches(monkeypatch, lambda: step(rows)).items() if key[0] in KERNELS}
+
+    assert launches([[48]]) == launches([[1, 2, 3, 4, 5, 6, 7, 20]]) == {(name, True): 1 for name in KERNELS}
+    assert launches(None) == {(name, False): 1 for name in KERNELS}
 
 
 def test_document_bounds():

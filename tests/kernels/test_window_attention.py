@@ -8,6 +8,7 @@ from fsframework.ops.local_attention import sliding_window_attention as referenc
 from fsframework.ops.rope import rotate, rotate_at
 from fsf_kernels.window_attention import sliding_window_attention
 from kernel_testing import assert_close, gpu, kernel_launches, needs_cuda
+from tests.utils import positions_of
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -45,17 +46,24 @@ def _check(case, device):
     gen = torch.Generator().manual_seed(seq * 31 + dim)
     q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
-    out = sliding_window_attention(q, k, v, window=window, rope_theta=theta, start_pos=start)
+    _compare(q, k, v, grad, window=window, theta=theta, start=start)
+
+
+def _compare(q, k, v, grad, *, window, theta, start=0, positions=None) -> None:
+    """The kernel against the reference in fp32 from the same (rounded) inputs, output and gradients;
+    in half precision judged beside plain PyTorch's own rounding (`_in_low_precision`)."""
+    dtype = q.dtype
+    at = {"start_pos": start} if positions is None else {"positions": positions}
+    out = sliding_window_attention(q, k, v, window=window, rope_theta=theta, **at)
     got = torch.autograd.grad(out, (q, k, v), grad)
-    # the reference in fp32 from the same (rounded) inputs
     q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
-    ref = reference(q32, k32, v32, window=window, rope_theta=theta, start_pos=start, impl="reference")
+    ref = reference(q32, k32, v32, window=window, rope_theta=theta, impl="reference", **at)
     want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
     assert out.dtype == dtype and out.shape == q.shape
     base, base_grads = None, (None,) * 3
     if dtype != F32:
         qh, kh, vh = (x.detach().requires_grad_() for x in (q, k, v))
-        base = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=start)
+        base = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=start, positions=positions)
         base_grads = torch.autograd.grad(base, (qh, kh, vh), grad)
     assert_close(out, ref, dtype, "out", base)
     for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base_grads):
@@ -142,9 +150,6 @@ def test_the_small_shared_memory_tiles(monkeypatch, device):
 
 # --- packed documents (positions) ---
 
-def _positions(rows: list[list[int]], device) -> torch.Tensor:
-    return torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in rows]).to(device)
-
 
 # (rows' document lengths, H, D, window, rope_theta, dtype, tiles (query rows, key rows) or None for the
 # launcher's own): boundaries inside tiles, documents longer and shorter than the window, 1-token
@@ -192,34 +197,18 @@ def _check_documents(case, device, monkeypatch):
         module = importlib.import_module("fsf_kernels.window_attention.window_attention")
         monkeypatch.setattr(module, "window_tiles", lambda *args: (*tiles, 3))
     bsz, seq = len(rows), sum(rows[0])
-    positions = _positions(rows, device)
+    positions = positions_of(rows).to(device)
     gen = torch.Generator().manual_seed(seq * 7 + window)
     q, k, v = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype).requires_grad_() for _ in range(3))
     grad = torch.randn(bsz, seq, heads, dim, generator=gen).to(device, dtype)
-    out = sliding_window_attention(q, k, v, window=window, rope_theta=theta, positions=positions)
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
-    ref = reference(q32, k32, v32, window=window, rope_theta=theta, impl="reference", positions=positions)
-    want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
-    assert out.dtype == dtype and out.shape == q.shape
-    base, base_grads = None, (None,) * 3
-    if dtype != F32:
-        qh, kh, vh = (x.detach().requires_grad_() for x in (q, k, v))
-        base = _in_low_precision(qh, kh, vh, window=window, theta=theta, start=0, positions=positions)
-        base_grads = torch.autograd.grad(base, (qh, kh, vh), grad)
-    assert_close(out, ref, dtype, "out", base)
-    for name, g, w, b in zip(("dq", "dk", "dv"), got, want, base_grads):
-        assert g.dtype == dtype
-        assert_close(g, w, dtype, name, b)
-
-
+    _compare(q, k, v, grad, window=window, theta=theta, positions=positions)
 
 
 def test_one_launch_per_kernel_however_many_documents(monkeypatch, device):
     q, k, v = (torch.randn(2, 48, 2, 16, device=device, requires_grad=True) for _ in range(3))
 
     def step(rows):
-        positions = None if rows is None else _positions(rows, device)
+        positions = None if rows is None else positions_of(rows).to(device)
         sliding_window_attention(q, k, v, window=8, rope_theta=None, positions=positions).sum().backward()
 
     one = kernel_launches(monkeypatch, lambda: step([[48], [48]]))

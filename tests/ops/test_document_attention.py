@@ -10,15 +10,12 @@ import torch.nn.functional as F
 
 from fsframework.ops import document_attention as doc_attn
 from fsframework.ops.document_attention import ChunkMasks, chunk_key_starts, chunk_size, document_attention
+from tests.utils import positions_of
 from tests.work import WorkCounter
 
 H, D = 2, 8
 SIZES = [[50, 3, 1, 100, 46], [200]]  # a 1-token document, boundaries inside chunks, one row one document
 SLOPES = torch.tensor([0.5, 0.125], dtype=torch.float64)
-
-
-def _positions(sizes):
-    return torch.tensor([[p for size in row for p in range(size)] for row in sizes])
 
 
 def _alone(q, k, v, sizes, slopes):
@@ -43,7 +40,7 @@ def test_equals_each_document_alone(alibi, grad):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 200, H, D, dtype=torch.float64, generator=gen, requires_grad=grad) for _ in range(3))
     slopes = SLOPES if alibi else None
-    positions = _positions(SIZES)
+    positions = positions_of(SIZES)
     with torch.set_grad_enabled(grad):
         got = document_attention(q, k, v, positions, slopes=slopes)
         want = _alone(q, k, v, SIZES, slopes)
@@ -59,7 +56,7 @@ def test_masks_rebuilt_per_call_past_the_budget(monkeypatch):
     """Masks too large to keep for the batch are built by each call: the same numbers."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 200, H, D, dtype=torch.float64, generator=gen) for _ in range(3))
-    positions = _positions(SIZES)
+    positions = positions_of(SIZES)
     kept = ChunkMasks(positions, chunk_key_starts(positions), SLOPES, torch.float64)
     monkeypatch.setattr(doc_attn, "KEPT_MASK_ELEMENTS", 0)
     rebuilt = ChunkMasks(positions, chunk_key_starts(positions), SLOPES, torch.float64)
@@ -71,7 +68,7 @@ def test_masks_rebuilt_per_call_past_the_budget(monkeypatch):
 def _attention_work(sizes, length):
     q, k, v = (torch.randn(len(sizes), length, H, D, requires_grad=True) for _ in range(3))
     with WorkCounter() as work:
-        document_attention(q, k, v, _positions(sizes)).sum().backward()
+        document_attention(q, k, v, positions_of(sizes)).sum().backward()
     calls = sum(n for op, n in work.ops.items() if op.startswith("_scaled_dot_product"))
     return calls, work.macs
 

@@ -11,6 +11,7 @@ from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import cell_readout, select_cells
 from fsframework.ops.freesolo_documents import DocumentBlocks, packed_long_range
 from fsframework.ops.freesolo_readout import chunk_queries
+from tests.utils import positions_of
 
 S, BLK, H, D = 4, 8, 2, 6
 SIZES = [[37, 8, 50, 1], [17, 3, 76]]  # lengths not multiples of the cell or block, some within one block
@@ -19,12 +20,8 @@ FIELDS = dict(cell_size=S, block_size=BLK, window=16, top_k=2, recent_cells=2, r
               lam=torch.tensor([1.0, 3.0], dtype=torch.float64))
 
 
-def _positions(sizes):
-    return torch.tensor([[p for size in row for p in range(size)] for row in sizes])
-
-
 def test_the_layout_puts_each_long_document_at_a_block_boundary():
-    blocks = DocumentBlocks.of(_positions(SIZES), BLK, S, "cpu")
+    blocks = DocumentBlocks.of(positions_of(SIZES), BLK, S, "cpu")
     total = sum(map(sum, SIZES))
     # long documents (more than a block) in packed order (flat row * 96 + t) and where they are laid:
     # 37 @ 0 -> 0, 50 @ 45 -> 40, 17 @ 96 -> 96, 76 @ 116 -> 120
@@ -42,7 +39,7 @@ def test_the_layout_puts_each_long_document_at_a_block_boundary():
 
 
 def test_no_long_document_gives_zeros():
-    blocks = DocumentBlocks.of(_positions([[8, 3], [5, 6]]), BLK, S, "cpu")
+    blocks = DocumentBlocks.of(positions_of([[8, 3], [5, 6]]), BLK, S, "cpu")
     q = torch.randn(2, 11, H, D, dtype=torch.float64)
     cfg, prior = fs_pair(**FIELDS)
     gain = torch.ones(H, D, dtype=torch.float64, requires_grad=True)
@@ -71,7 +68,7 @@ def test_equals_each_document_alone(variant):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 96, H, D, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
     gain = (1 + 0.1 * torch.randn(H, D, dtype=torch.float64, generator=gen)).requires_grad_()
-    blocks = DocumentBlocks.of(_positions(SIZES), BLK, S, "cpu")
+    blocks = DocumentBlocks.of(positions_of(SIZES), BLK, S, "cpu")
     got = packed_long_range(q, k, v, blocks, cfg, prior, gain)
     want = _alone(q, k, v, SIZES, cfg, prior, gain)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
@@ -93,7 +90,7 @@ def test_readout_chunks_span_no_more_than_a_packed_row(monkeypatch):
                         real(cells, num_cells, cell_size, dim, chunk))
     cfg, prior = fs_pair(**FIELDS)
     q = torch.randn(2, 96, H, D, dtype=torch.float64)
-    packed_long_range(q, q, q, DocumentBlocks.of(_positions(SIZES), BLK, S, "cpu"), cfg, prior, None)
+    packed_long_range(q, q, q, DocumentBlocks.of(positions_of(SIZES), BLK, S, "cpu"), cfg, prior, None)
     assert seen == [min(96, chunk_queries(2, H, cfg.top_k, S, D))]
 
 

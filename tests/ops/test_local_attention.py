@@ -14,6 +14,7 @@ import torch
 from fsframework.ops.local_attention import (sliding_window_attention, window_attention_reference,
                                              window_attention_sdpa)
 from fsframework.ops.rope import rotate
+from tests.utils import positions_of
 
 
 def _definition(q, k, v, window: int) -> torch.Tensor:
@@ -64,10 +65,6 @@ def test_auto_runs_the_fused_form_on_the_cpu_and_reference_the_reference(monkeyp
 
 # --- packed documents (positions) ---
 
-def _positions(rows: list[list[int]]) -> torch.Tensor:
-    """`[B, T]` positions of rows packed with documents of these lengths."""
-    return torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in rows])
-
 
 def _per_document(fn, rows: list[list[int]], *tensors: torch.Tensor) -> torch.Tensor:
     """`fn` on each document alone (a batch of one row), the outputs put back in the packed layout."""
@@ -105,7 +102,7 @@ def test_documents_in_one_call_equal_each_document_alone(form, rows, window, chu
     q, k, v = (torch.randn(len(rows), seq, 2, 8, dtype=torch.float64, generator=gen, requires_grad=True)
                for _ in range(3))
     grad = torch.randn(len(rows), seq, 2, 8, dtype=torch.float64, generator=gen)
-    got = FORMS[form](q, k, v, window=window, chunk=chunk, positions=_positions(rows))
+    got = FORMS[form](q, k, v, window=window, chunk=chunk, positions=positions_of(rows))
     want = _per_document(lambda *x: FORMS[form](*x, window=window, chunk=chunk), rows, q, k, v)
     _assert_exact(got, want)
     for g_got, g_want in zip(_grads(got, (q, k, v), grad), _grads(want, (q, k, v), grad)):
@@ -120,7 +117,7 @@ def test_the_op_rotates_each_document_from_its_start(impl, theta):
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(2, 40, 2, 16, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3))
     grad = torch.randn(2, 40, 2, 16, dtype=torch.float64, generator=gen)
-    got = sliding_window_attention(q, k, v, window=12, rope_theta=theta, impl=impl, positions=_positions(rows))
+    got = sliding_window_attention(q, k, v, window=12, rope_theta=theta, impl=impl, positions=positions_of(rows))
     want = _per_document(lambda *x: sliding_window_attention(*x, window=12, rope_theta=theta, impl=impl), rows,
                          q, k, v)
     _assert_exact(got, want)
@@ -128,9 +125,9 @@ def test_the_op_rotates_each_document_from_its_start(impl, theta):
         _assert_exact(g_got, g_want)
 
 
-def test_one_document_per_row_is_the_call_without_positions():
+def test_one_document_per_row_is_the_call_withoutpositions_of():
     q, k, v = (torch.randn(2, 50, 2, 8, dtype=torch.float64) for _ in range(3))
-    got = sliding_window_attention(q, k, v, window=10, impl="reference", positions=_positions([[50], [50]]))
+    got = sliding_window_attention(q, k, v, window=10, impl="reference", positions=positions_of([[50], [50]]))
     assert torch.equal(got, sliding_window_attention(q, k, v, window=10, impl="reference"))
     # and without positions the op is what it was: the rotation at 0.., then the form
     want = window_attention_reference(rotate(q, 10000.0), rotate(k, 10000.0), v, window=10)

@@ -8,25 +8,13 @@ import pytest
 import torch
 
 from fsframework.ops.rewired import RewiredSettings, rewired_attention, rewired_attention_rows, rewired_rows
+from tests.ops.test_rewired import _inputs
+from tests.utils import positions_of
 from tests.work import WorkCounter
 
 # two rows of 60 tokens with different documents, each with a 1-token and a 2-token one, documents
 # across and inside the 16-query tiles of `test_query_tiles_read_their_documents_keys`
 ROWS = [[1, 2, 17, 40], [25, 1, 2, 32]]
-
-
-def positions_of(rows: list[list[int]]) -> torch.Tensor:
-    """`[B, T]` int64: each token's position inside its document, from the documents' lengths per row."""
-    return torch.stack([torch.cat([torch.arange(length) for length in row]) for row in rows])
-
-
-def _inputs(bsz, n, heads, dim, bilinear, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(bsz, n, heads, dim, generator=gen, dtype=torch.float64) for _ in range(3))
-    u = torch.randn(bsz, n, dim, generator=gen, dtype=torch.float64) * 0.7
-    bmat = torch.eye(dim, dtype=torch.float64) + 0.3 * torch.randn(dim, dim, generator=gen, dtype=torch.float64) \
-        if bilinear else None
-    return [x.requires_grad_() for x in (q, k, v, u)] + [None if bmat is None else bmat.requires_grad_()]
 
 
 def each_document_alone(q, k, v, u, rows, **kwargs) -> torch.Tensor:
