@@ -21,7 +21,7 @@ import torch
 from fsframework.checkpoints.layout import (CONFIG_FILE, ENGINE_TAG, LATEST, MANIFEST, TMP_PREFIX, TOKENIZER_STEM,
                                             CheckpointError, CheckpointWriteFailed, client_state_name, file_digest,
                                             list_checkpoints, step_name, verify)
-from fsframework.parallel.process_group import barrier
+from fsframework.parallel.process_group import barrier, max_over_ranks
 
 # Fault injection for tests: die after the engine state is written, before the rename.
 CRASH_ENV = "FSF_CRASH_DURING_CHECKPOINT_STEP"
@@ -150,7 +150,7 @@ def _every_rank_wrote(failure: Optional[BaseException], tmp: Path, ckpt_root: Pa
     """A barrier that also tells every rank whether any rank's write failed; if one did, rank 0 removes
     the partial checkpoint and every rank raises CheckpointWriteFailed (one line: where, why, how much
     space a checkpoint takes, what survives)."""
-    failed = _any_rank(failure is not None)
+    failed = bool(max_over_ranks(int(failure is not None)))
     if not failed:
         return
     written = _size(tmp)
@@ -168,17 +168,6 @@ def _every_rank_wrote(failure: Optional[BaseException], tmp: Path, ckpt_root: Pa
         f"checkpoint {name} could not be written to {ckpt_root}: {why}. A checkpoint of this run takes about "
         f"{need / 2**20:,.1f} MiB ({free / 2**20:,.1f} MiB free there); its partial files are removed and {kept} "
         "once there is space")
-
-
-def _any_rank(flag: bool) -> bool:
-    """Whether `flag` holds on any rank (an all-reduce; the flag itself on one process)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return flag
-    value = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
 
 
 def _size(path: Path) -> int:

@@ -68,6 +68,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def max_over_ranks(value: int, device=None) -> int:
+    """The largest of every rank's `value` (a collective: every rank calls it); `value` itself on one
+    process. `device`: where the reduction runs (the backend's: CUDA under NCCL, by default)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    if device is None:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([value], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
 def shutdown() -> None:
     import torch.distributed as dist
 

@@ -27,6 +27,8 @@ from typing import Callable, Optional
 
 import torch
 
+from fsframework.parallel.process_group import max_over_ranks
+
 # sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry"
 EXIT_PREEMPTED = 75
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by SIGINT
@@ -157,13 +159,7 @@ class StopRequests:
     def agree(self, world_size: int, device: torch.device) -> int:
         """The strongest request of any rank (collective over the world: every rank calls it
         at the same step boundary); NONE, INTERRUPT or PREEMPT."""
-        request = self.request
-        if world_size > 1:
-            import torch.distributed as dist
-
-            flag = torch.tensor([request], dtype=torch.int32, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            request = int(flag.item())
+        request = max_over_ranks(self.request, device) if world_size > 1 else self.request
         if request == PREEMPT and self.signal_name is None:
             self.signal_name = "a peer rank's preemption signal"
         return request
