@@ -72,14 +72,16 @@ class Documents:
         # the documents that start in these rows, in packed order: what a one-call form reads
         # (`map_packed`); their lengths are host ints, from which per-batch tables are built
         self.plain_lengths: list[int] = lengths[~continues].tolist()
-        plain_index = _plain_index(flat_starts, lengths, continues)
-        self._by_length = (flat_starts, lengths, continues)  # what `groups` are built from, if asked for
+        pieces = [index for _, index, _ in self.continuations]  # on the host
+        # what `groups` are built from, if a layer asks for them
+        self._by_length = (flat_starts, lengths, continues, pieces)
         self.device = device
-        pieces = [index for _, index, _ in self.continuations]
         # `map_packed`'s order: the starting documents' tokens, then the continuation pieces
-        self.plain_index = plain_index.to(device, non_blocking=True) if self.continuations else None
-        self.packed_inverse = (_inverse(torch.cat([plain_index] + pieces)).to(device, non_blocking=True)
-                               if self.continuations else None)
+        self.plain_index = self.packed_inverse = None
+        if self.continuations:
+            plain_index = _plain_index(flat_starts, lengths, continues)
+            self.plain_index = plain_index.to(device, non_blocking=True)
+            self.packed_inverse = _inverse(torch.cat([plain_index] + pieces)).to(device, non_blocking=True)
         self.continuations = [(row, index.to(device, non_blocking=True), start)
                               for row, index, start in self.continuations]
         self._derived: dict[str, object] = {}
@@ -100,10 +102,10 @@ class Documents:
     def _grouping(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         """`groups` and the permutation that puts `map`'s outputs (groups, then continuations) back."""
         def build():
-            flat_starts, lengths, continues = self._by_length
+            flat_starts, lengths, continues, pieces = self._by_length
             groups = [(flat_starts[(lengths == size) & ~continues][:, None] + torch.arange(size))
                       for size in sorted(set(self.plain_lengths))]
-            order = torch.cat([g.reshape(-1) for g in groups] + [index.cpu() for _, index, _ in self.continuations])
+            order = torch.cat([g.reshape(-1) for g in groups] + pieces)
             move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
             return [move(g) for g in groups], move(_inverse(order))
 
