@@ -31,10 +31,11 @@ Prints, per rank:
    `--json OUT` writes them as a list of records, each with its `documents` (here `none`);
 2b. (--documents one / mix) bytes received per layer in forward with document masking
    (docs/training.md, "Documents"; `fsframework.parallel.documents`), per rank maxima, beside the
-   unmasked figure (the kind's own fetch in the contiguous layout, which masking takes) and their
-   ratio: masked, every rank exchanges the layer's input `[B, n, D]` (D = H d) at the W positions
-   before its slice (a window kind: at most its window), `earlier_tokens` by `halo_exchange` on the
-   real collectives, W the longest earlier part of a continued document. `one`: every row one document
+   unmasked figure (the kind's own fetch in the same layout: `--layout` for the kinds that read the
+   whole prefix) and their ratio: masked, a rank receives the layer's input (D = H d numbers a position)
+   at the positions each of its runs' continued pieces reads before it (its document's earlier part; a
+   window kind at most its window), `earlier_tokens` by `gather_earlier` on the real collectives; W is
+   the longest earlier part a piece reads. `one`: every row one document
    (doc_ids all zero, the long-document case); `mix`: each row packs documents of exponential
    lengths with mean N/8 (seeded, the same on every rank), the last cut to fill the row. AR-GRC is
    counted per forward (no layers): its model's block roots unmasked, the halo of its scan inputs
@@ -42,7 +43,8 @@ Prints, per rank:
 5. (--only work) per-rank work of the layouts: causal score elements (TF++, ALiBi,
    sinusoidal, rewired) and FS routing scores (query x eligible cell) counted over the
    runs each rank holds, max / mean across ranks; with --documents one / mix also masked, in
-   contiguous slices: a query at position p of its document reads p + 1 keys, and its query block,
+   both layouts (masked zigzag: the chunks `document_runs` deals by the documents' work, as training
+   does): a query at position p of its document reads p + 1 keys, and its query block,
    laid out from the document's start, scores the document's cells complete before it (`one` is the
    unmasked contiguous row; `mix` is drawn for `--batch` rows as table 2b draws it);
 3. the wall time of one forward + backward at sp = 2 against sp = 1;
@@ -165,9 +167,9 @@ def keys_worker(spec: dict) -> None:
     """One rank of the bytes tables: every (kind, N) of `spec`, one layer's fetch forward + backward.
 
     Schemes: `before` (the all-gather of the prefix) and `after` (the kind's own fetch under `--layout`) for
-    the unmasked table (documents `none`); `unmasked` (the kind's own fetch, contiguous: the layout masking
-    takes) and `masked` (the halo of the layer's input that a masked layer exchanges, `earlier_tokens` of
-    `fsframework.parallel.documents`) for each masked documents value. A kind that is a language model of its
+    the unmasked table (documents `none`); `unmasked` (the kind's own fetch in the layout masking takes too)
+    and `masked` (the layer's input at the positions the continued pieces read, `earlier_tokens` of
+    `fsframework.parallel.documents`) for each masked documents value, in the kind's layout. A kind that is a language model of its
     own (AR-GRC: no attention, no keys) is counted on its model's forward + backward instead (`model_counts`)."""
     import torch
     import torch.distributed as dist
@@ -196,8 +198,9 @@ def keys_worker(spec: dict) -> None:
                 records += model_counts(kind, n, masked_documents, groups, att, batch, heads, head_dim)
                 continue
             schemes = (["before", "after"] if "none" in documents else []) + (["unmasked"] if masked_documents else [])
+            kind_layout = spec["layout"] if entry.keys == "prefix" else "contiguous"  # zigzag: prefix kinds only
             for scheme in schemes:
-                layout = spec["layout"] if scheme == "after" and entry.keys == "prefix" else "contiguous"
+                layout = kind_layout if scheme in ("after", "unmasked") else "contiguous"
                 sp = SPContext(groups=groups, block_size=att.block_size, layout=layout).at_length(n)
                 gen = torch.Generator().manual_seed(n)
                 q, k, v = (shard_runs(torch.randn(batch, n, heads, head_dim, generator=gen), sp.runs)
@@ -228,17 +231,18 @@ def keys_worker(spec: dict) -> None:
                                 "bytes": sum(counted.values()), "forward": forward, "held": held - own})
                 del fetched, k, v
             for docs in masked_documents:
-                # masking: the layer's input [B, n, D] at the W positions before the slice (a window kind:
-                # at most its window), by the halo exchange every rank takes part in
-                sp = SPContext(groups=groups, block_size=att.block_size, layout="contiguous").at_length(n)
-                rows = document_rows(sp, document_ids(docs, batch, n))
+                # masking: the layer's input [B, n, D] at the positions the continued pieces read (a window
+                # kind: at most its window), by the exchange every rank takes part in
+                ids = document_ids(docs, batch, n)  # zigzag: the runs dealt by the documents' work, as shard_batch
+                sp = SPContext(groups=groups, block_size=att.block_size, layout=kind_layout).at_documents(ids)
+                rows = document_rows(sp, ids)
                 gen = torch.Generator().manual_seed(n)
                 x = shard_runs(torch.randn(batch, n, heads * head_dim, generator=gen), sp.runs).requires_grad_(True)
                 with CommCounter.counting() as counted:
                     earlier = rows.earlier_tokens(x, entry.key_span(att))
                     forward = sum(counted.values())
                     earlier.sum().backward()
-                records.append({"kind": kind, "n": n, "scheme": "masked", "layout": "contiguous", "documents": docs,
+                records.append({"kind": kind, "n": n, "scheme": "masked", "layout": kind_layout, "documents": docs,
                                 "bytes": sum(counted.values()), "forward": forward, "width": rows.width})
     print(json.dumps({"rank": dist.get_rank(), "records": records}))
     dist.destroy_process_group()
@@ -264,7 +268,7 @@ def model_counts(kind: str, n: int, masked_documents: list[str], groups, att, ba
     cfg = ModelConfig(name=kind, vocab_size=256, d_model=heads * head_dim, n_layers=1, n_heads=heads,
                       attention=dataclasses.replace(att, impl="reference"))
     torch.manual_seed(0)
-    model = parallelize(build_model(cfg), ParallelConfig(sp=groups.sp), groups, documents=True)
+    model = parallelize(build_model(cfg), ParallelConfig(sp=groups.sp), groups)
     sp = sp_context(model).at_length(n)
     tokens = shard_runs(torch.randint(0, 256, (batch, n), generator=torch.Generator().manual_seed(n)), sp.runs)
     with CommCounter.counting() as counted:
@@ -364,11 +368,11 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
                              "bytes_received_per_layer": b1, "forward_bytes_received_per_layer": f1,
                              "gathered_key_bytes": h1, "mean_bytes_received_per_layer": mean1}]
     if masked:
-        print(f"\n2b. bytes received per layer in forward, unmasked (the kind's own fetch, contiguous) and with "
-              f"document masking (the layer's input at the W positions before the slice), per rank maxima "
+        print(f"\n2b. bytes received per layer in forward, unmasked (the kind's own fetch) and with document "
+              f"masking (the layer's input at the positions the continued pieces read), per rank maxima "
               f"(rank: the one receiving the most masked); {shape}, one layer (argrc: per forward); "
               "backward sends as much back")
-        print(f"{'kind':>5} {'N':>7} {'sp':>3} {'docs':>4} {'W':>7} {'unmasked':>11} {'masked':>11} "
+        print(f"{'kind':>5} {'N':>7} {'sp':>3} {'layout':>10} {'docs':>4} {'W':>7} {'unmasked':>11} {'masked':>11} "
               f"{'masked/unmasked':>15} {'rank':>4} {'fwd+bwd unmasked':>16} {'fwd+bwd masked':>14}")
         for sp in sps:
             for kind in kinds:
@@ -381,9 +385,10 @@ def bytes_table(kinds: list[str], lengths: list[int], sps: list[int], layout: st
                         m, mb = top["forward"], max(r["bytes"] for r in ranks)
                         width = max(r["width"] for r in ranks)
                         ratio = m / u if u else float("inf") if m else 1.0
-                        print(f"{kind:>5} {n:>7} {sp:>3} {docs:>4} {width:>7} {human(u):>11} {human(m):>11} "
+                        print(f"{kind:>5} {n:>7} {sp:>3} {top['layout']:>10} {docs:>4} {width:>7} {human(u):>11} "
+                              f"{human(m):>11} "
                               f"{ratio:>15.3f} {top['rank']:>4} {human(ub):>16} {human(mb):>14}")
-                        out.append({"kind": kind, "n": n, "sp": sp, "layout": "contiguous", "fetch": "halo",
+                        out.append({"kind": kind, "n": n, "sp": sp, "layout": top["layout"], "fetch": "halo",
                                     "documents": docs, "per": plain[0].get("per", "layer"), "batch": batch,
                                     "halo_width": width, "rank": top["rank"],
                                     "forward_bytes_received_per_layer": m, "bytes_received_per_layer": mb,
@@ -423,47 +428,49 @@ def max_over_mean(work: list[int]) -> float | None:
 
 def work_table(lengths: list[int], sps: list[int], documents: list[str] = ("none",), rows: int = 1,
                block: int = 128, cell: int = 32) -> list[dict]:
-    """Per-rank work, unmasked (contiguous, zigzag) and for each masked documents value (contiguous: the layout
-    masking takes), `rows` rows of `mix` drawn as the bytes table draws them."""
+    """Per-rank work, unmasked and for each masked documents value, in both layouts, `rows` rows of `mix`
+    drawn as the bytes table draws them."""
     from fsframework.models.documents import document_positions
-    from fsframework.parallel.sharding import causal_work, layout_runs
+    from fsframework.parallel.sharding import causal_work, document_runs, layout_runs
 
     masked = [d for d in documents if d != "none"]
     print("\n5. per-rank work, max / mean across ranks: causal score elements and FS routing scores"
-          + (f"; masked: documents read apart, contiguous slices, {rows} row(s) (mix: exponential lengths, "
-             f"mean N/8)" if masked else ""))
-    # per count: unmasked contiguous and zigzag (today's columns), then masked contiguous per documents value
+          + (f"; masked: documents read apart, {rows} row(s) (mix: exponential lengths, mean N/8)"
+             if masked else ""))
     names = {"causal": "causal", "fs_routing": "FS"}
-    columns = [c for name in names for c in [(name, "contiguous", None), (name, "zigzag", None),
-                                             *((name, "contiguous", d) for d in masked)]]
-    titles = {(name, layout, d): f"{names[name]} {'masked ' + d if d else layout}" for name, layout, d in columns}
+    layouts = ("contiguous", "zigzag")
+    columns = [(name, layout, d) for name in names for d in [None, *masked] for layout in layouts]
+    titles = {(name, layout, d): f"{names[name]} {'masked ' + d + ' ' if d else ''}{layout}"
+              for name, layout, d in columns}
     print(f"{'N':>7} {'sp':>3} " + " ".join(f"{titles[c]:>{len(titles[c]) + 1}}" for c in columns))
     out = []
     for n in lengths:
         positions = {d: document_positions(document_ids(d, rows, n)) for d in masked}
         for sp in sps:
             row: dict[tuple, float | None] = {}
-            unmasked: dict[tuple, int] = {}
-            for layout in ("contiguous", "zigzag"):
+            for layout in layouts:
                 runs = layout_runs(n, sp, block, layout)
+                unmasked = {}
                 for name, count in (("causal", causal_work), ("fs_routing", lambda r: routing_work(r, block, cell))):
                     work = [count(r) for r in runs]
                     row[name, layout, None] = max_over_mean(work)
-                    unmasked[name, layout] = sum(work) * rows
+                    unmasked[name] = sum(work) * rows
                     if "none" in documents:
                         out.append({"n": n, "sp": sp, "layout": layout, "work": name, "documents": "none",
                                     "max_over_mean": row[name, layout, None]})
-            slices = [r[0] for r in layout_runs(n, sp, block, "contiguous")]
-            for d in masked:
-                works = [document_work(positions[d], span, block, cell) for span in slices]
-                for i, name in enumerate(("causal", "fs_routing")):
-                    work = [w[i] for w in works]
-                    row[name, "contiguous", d] = max_over_mean(work)
-                    out.append({"n": n, "sp": sp, "layout": "contiguous", "work": name, "documents": d,
-                                "max_over_mean": row[name, "contiguous", d],
-                                "unmasked_max_over_mean": row[name, "contiguous", None],
-                                "work_over_unmasked": sum(work) / unmasked[name, "contiguous"]
-                                if unmasked[name, "contiguous"] else None})
+                for d in masked:
+                    # a rank's work: its runs' queries, each read within its document; zigzag deals the runs by
+                    # the documents' work (`document_runs`, what shard_batch does with doc_ids)
+                    dealt = runs if layout == "contiguous" else document_runs(positions[d], sp, block)
+                    works = [[sum(w) for w in zip(*(document_work(positions[d], run, block, cell) for run in own))]
+                             for own in dealt]
+                    for i, name in enumerate(("causal", "fs_routing")):
+                        work = [w[i] for w in works]
+                        row[name, layout, d] = max_over_mean(work)
+                        out.append({"n": n, "sp": sp, "layout": layout, "work": name, "documents": d,
+                                    "max_over_mean": row[name, layout, d],
+                                    "unmasked_max_over_mean": row[name, layout, None],
+                                    "work_over_unmasked": sum(work) / unmasked[name] if unmasked[name] else None})
             print(f"{n:>7} {sp:>3} " + " ".join(
                 f"{'-' if row[c] is None else format(row[c], '.3f'):>{len(titles[c]) + 1}}" for c in columns))
     return out

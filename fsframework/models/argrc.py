@@ -23,7 +23,7 @@ from fsframework.config import ModelConfig
 from fsframework.models.argrc_blocks import continued_inclusive_prefixes, sharded_inclusive_prefixes
 from fsframework.models.argrc_cache import ScanDecodeCache
 from fsframework.models.blocks import dropout
-from fsframework.models.context import DocumentRows, after_earlier
+from fsframework.models.context import DocumentRows, after_earlier, earlier_pieces
 from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
@@ -107,8 +107,8 @@ class TreeScan(nn.Module):
     `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
     leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism; with
     `documents`, of each packed document from its own start (`fsframework.models.documents`: every
-    document's tree in one packed tree, `packed`, inside this one call); `earlier` `[B, W, D]`: the leaves
-    before this part of the rows, of which a row's first piece that continues a document reads its
+    document's tree in one packed tree, `packed`, inside this one call); `earlier` `[P, D]`: the leaves
+    before this part of the rows, of which a run's first piece that continues a document reads its
     document's (`continued_inclusive_prefixes`; document masking under sequence parallelism).
 
     Why one module call: ZeRO-3 gathers a module's parameters at every call of it, with a
@@ -147,9 +147,10 @@ class TreeScan(nn.Module):
     def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None,
                 documents: Optional[Documents] = None, earlier: Optional[torch.Tensor] = None) -> torch.Tensor:
         if documents is not None:
-            def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-                before = earlier[row:row + 1, earlier.shape[1] - start:]
-                return continued_inclusive_prefixes(before, piece, self.combine(), identity.to(h.dtype))
+            before = [] if earlier is None else earlier_pieces(documents, earlier, None)
+
+            def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+                return continued_inclusive_prefixes(before[i], piece, self.combine(), identity.to(h.dtype))
 
             prefixes = documents.map_packed(lambda flat: self.packed(flat, identity, documents), h, continue_piece)
             return prefixes if earlier is None else after_earlier(prefixes, earlier)
@@ -308,7 +309,7 @@ class ARGRCLanguageModel(LanguageModel):
                                         ) -> torch.Tensor:
         """This rank's slice of the sequence `sp`: its own scan, the block roots of the other ranks
         gathered by the parallelism (`fsframework.parallel.scan`). With `rows` (document masking) each
-        document is scanned from its own start: a row's first piece that continues a document reads
+        document is scanned from its own start: a run's first piece that continues a document reads
         the document's earlier leaves (`rows.earlier_tokens`), no roots are gathered."""
         if rows is None:
             return self.sharded_hidden_states(tokens, sp.slices, sp.rank, self.parallelism.root_gatherer(sp))

@@ -19,7 +19,7 @@ from torch import nn
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
 from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier,
-                                       reach_back)
+                                       earlier_pieces)
 from fsframework.models.documents import Documents
 from fsframework.ops.document_attention import ChunkMasks, chunk_key_starts, document_attention
 from fsframework.ops.local_attention import sliding_window_attention
@@ -67,7 +67,7 @@ class QKVAttention(nn.Module):
 
     def forward_documents(self, x: torch.Tensor, source: DocumentRows) -> torch.Tensor:
         """x `[B, n, D]` of packed rows (`source.documents`): each document that starts here in the
-        whole-sequence form; a row's first piece that continues a document begun before `x`'s part (a
+        whole-sequence form; a run's first piece that continues a document begun before the run (a
         sequence-parallel rank's) in the offset form at its position in the document, over the keys
         this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
@@ -75,9 +75,10 @@ class QKVAttention(nn.Module):
         if self.reads_packed_rows and not source.documents.continuations and not source.documents.whole_rows:
             return after_earlier(self.forward_packed_rows(x, source.documents), earlier)
 
-        def continue_piece(row: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-            reach = reach_back(self.key_span, start)
-            _, k, v = self.project(earlier[row:row + 1, earlier.shape[1] - reach:], start - reach)
+        before = earlier_pieces(source.documents, earlier, self.key_span)
+
+        def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+            _, k, v = self.project(before[i], start - before[i].shape[1])
             return self.forward_run(piece, ContinuedDocument(start, k, v))
 
         y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)

@@ -151,11 +151,12 @@ class DocumentRows(WholeSequence):
 
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
         """A sequence-mixing layer's input `x` `[B, n, ...]` of this part of the rows -> that layer's input
-        at the `W` positions before the part `[B, W, ...]`, `W` at least every continuation's `start`
-        (fewer for a window `span`: at least `min(span, start)`). A layer calls it once per call, also
-        when no row of its own continues a document: under sequence parallelism it is an exchange that
-        every rank takes part in. Here (whole rows) there is nothing before: `W = 0`."""
-        return x[:, :0]
+        at the positions each continuation piece reads before its start, the pieces' laid end to end
+        `[P, ...]` (`earlier_pieces` cuts them apart): the `reach_back(span, start)` positions before the
+        piece, its document's whole earlier part or a window `span`'s last keys. A layer calls it once
+        per call, also when no piece of its own continues a document: under sequence parallelism it is
+        an exchange that every rank takes part in. Here (whole rows) there is nothing before."""
+        return x.reshape(-1, *x.shape[2:])[:0]
 
 
 class ContinuedDocument(KeySource):
@@ -189,6 +190,15 @@ def after_earlier(y: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
     runs the exchange's backward, also where no piece read `earlier`: under sequence parallelism the
     ranks whose pieces did read it wait in that backward for their peers' part."""
     return _AfterEarlier.apply(y, earlier) if earlier.requires_grad else y
+
+
+def earlier_pieces(documents: Documents, earlier: torch.Tensor, span: Span) -> list[torch.Tensor]:
+    """`DocumentRows.earlier_tokens`' `[P, ...]` for a layer of key span `span` -> for each of
+    `documents.continuations`, the layer's input before it `[1, reach_back(span, start), ...]`."""
+    reaches = [reach_back(span, start) for _, _, start in documents.continuations]
+    if sum(reaches) != earlier.shape[0]:
+        raise ValueError(f"the continuation pieces read {sum(reaches)} earlier positions, got {earlier.shape[0]}")
+    return [piece[None] for piece in earlier.split(reaches)]
 
 
 def reach_back(span: Span, start: int) -> int:

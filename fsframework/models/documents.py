@@ -21,11 +21,13 @@ documents' positions (`positions`, each token's place in its document: the atten
 or their lengths laid end to end (`map_packed`, `plain_lengths`: AR-GRC's packed tree), with tables
 built on the host once per batch (`derived`); `map` remains for FS-B and for continuation pieces.
 
-Part of a row (a sequence-parallel rank's `[a, b)`, `fsframework.parallel.documents`): a row's first
-document may have begun before the part does. `continued[row]` is the position inside its document
-of the row's first token; such a continuation piece does not run through `fn` but through `map`'s
-`continue_piece(row, piece [1, m, ...], start)`, a layer's offset form at `start`, which reads the
-document's earlier part (`KeySource.earlier_tokens`). Every other piece starts its document here.
+Part of a row (a sequence-parallel rank's runs, `fsframework.parallel.documents`): the part is one or
+more runs of the row laid end to end (`run_starts`, their first columns), and a run's first document may
+have begun before the run does. `continued[row][run]` is the position inside its document of the run's
+first token; such a continuation piece does not run through `fn` but through `map`'s
+`continue_piece(i, piece [1, m, ...], start)` (`i` its index in `continuations`), a layer's offset form
+at `start`, which reads the document's earlier part (`DocumentRows.earlier_tokens`). Every other piece
+starts its document here; a run's start always begins a piece, whatever the ids say.
 """
 
 from __future__ import annotations
@@ -38,37 +40,43 @@ import torch
 class Documents:
     """The documents of a batch of packed rows; see the module docstring."""
 
-    def __init__(self, doc_ids: torch.Tensor, continued: Optional[Sequence[int]] = None, device=None):
+    def __init__(self, doc_ids: torch.Tensor, continued: Optional[Sequence] = None, device=None,
+                 run_starts: Sequence[int] = (0,)):
         if doc_ids.dim() != 2:
             raise ValueError(f"doc_ids must be [B, T], got shape {tuple(doc_ids.shape)}")
         self.shape = tuple(doc_ids.shape)
         bsz, length = self.shape
         device = doc_ids.device if device is None else torch.device(device)  # the rows' device
-        continued = [0] * bsz if continued is None else [int(c) for c in continued]
-        if len(continued) != bsz or min(continued) < 0:
-            raise ValueError(f"continued must give {bsz} positions >= 0, got {continued}")
+        run_starts = [int(c) for c in run_starts]
+        if run_starts[0] != 0 or any(not a < b < length for a, b in zip(run_starts, run_starts[1:])):
+            raise ValueError(f"run_starts must rise from 0 inside the rows' {length} columns, got {run_starts}")
+        offsets = _run_offsets(continued, bsz, len(run_starts))
         # every table is built on the host, once per batch (the trainer hands CPU doc_ids: no
         # device-to-host sync), and moved to the rows' device in one go
         ids = doc_ids.detach().cpu()
         starts = _starts(ids)
+        starts[:, run_starts] = True  # runs laid end to end are not one sequence
         flat_starts = starts.reshape(-1).nonzero().squeeze(1)  # row * T + start, in packed order
         lengths = _lengths(flat_starts, bsz * length)
-        row_first = _row_firsts(flat_starts, bsz, length)
+        # the starts that open a run of a row, in packed order (row by row, runs in order), and the
+        # position in its document of each one's first token
+        run_firsts = torch.searchsorted(flat_starts, (torch.arange(bsz)[:, None] * length
+                                                      + torch.tensor(run_starts)).reshape(-1))
+        firsts_at = [start for row in offsets for start in row]
         # each token's position in its document, on the host (what per-chunk tables are built from) and
         # on the rows' device (what the layers read)
-        self.host_positions = _positions(starts, flat_starts, row_first, continued)
+        self.host_positions = _positions(starts, flat_starts, run_firsts, firsts_at)
         self.positions = self.host_positions.to(device, non_blocking=True)
         self.count = int(flat_starts.numel())
-        # a row's first piece that continues a document begun before the row's part: (row, its packed
-        # indices, its first token's position in the document); it runs alone (`map`'s continue_piece)
+        # a run's first piece that continues a document begun before the run: (row, its packed indices,
+        # its first token's position in the document); it runs alone (`map`'s continue_piece)
         continues = torch.zeros_like(flat_starts, dtype=torch.bool)
         self.continuations: list[tuple[int, torch.Tensor, int]] = []
-        for row, start in enumerate(continued):
+        for i, start in zip(run_firsts.tolist(), firsts_at):
             if start:
-                i = int(row_first[row])
                 continues[i] = True
                 first = int(flat_starts[i])
-                self.continuations.append((row, torch.arange(first, first + int(lengths[i])), start))
+                self.continuations.append((first // length, torch.arange(first, first + int(lengths[i])), start))
         # the documents that start in these rows, in packed order: what a one-call form reads
         # (`map_packed`); their lengths are host ints, from which per-batch tables are built
         self.plain_lengths: list[int] = lengths[~continues].tolist()
@@ -119,9 +127,9 @@ class Documents:
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
             continue_piece: Optional[Callable[[int, torch.Tensor, int], torch.Tensor]] = None) -> torch.Tensor:
         """`fn` (a whole-sequence form, `[n, L, ...] -> [n, L, ...]`) on each document of `x` `[B, T, ...]`
-        as its own row -> `[B, T, ...]` in the packed order. `continue_piece(row, piece [1, m, ...], start)
-        -> [1, m, ...]`: a row's first piece that continues a document at position `start` (the module
-        docstring); needed only when some row's part begins inside a document."""
+        as its own row -> `[B, T, ...]` in the packed order. `continue_piece(i, piece [1, m, ...], start)
+        -> [1, m, ...]`: the `i`-th of `continuations`, a piece that continues a document at position
+        `start` (the module docstring); needed only when some run of the part begins inside a document."""
         if tuple(x.shape[:2]) != self.shape:
             raise ValueError(f"documents of rows {self.shape}, got a tensor of shape {tuple(x.shape)}")
         if self.whole_rows:
@@ -131,7 +139,7 @@ class Documents:
         flat = x.reshape(-1, *x.shape[2:])
         groups, inverse = self._grouping()
         outs = [fn(flat[group]) for group in groups]
-        outs += [continue_piece(row, flat[index][None], start) for row, index, start in self.continuations]
+        outs += [continue_piece(i, flat[index][None], start) for i, (_, index, start) in enumerate(self.continuations)]
         packed = torch.cat([out.reshape(-1, *out.shape[2:]) for out in outs])
         return packed[inverse].view(*self.shape, *packed.shape[1:])
 
@@ -152,7 +160,8 @@ class Documents:
                              "earlier part")
         # a part whose rows all continue documents (one longer than the part) has no document of its own
         outs = [fn(flat[self.plain_index])] if self.plain_lengths else []
-        outs += [continue_piece(row, flat[index][None], start)[0] for row, index, start in self.continuations]
+        outs += [continue_piece(i, flat[index][None], start)[0]
+                 for i, (_, index, start) in enumerate(self.continuations)]
         packed = torch.cat(outs)
         return packed[self.packed_inverse].view(*self.shape, *packed.shape[1:])
 
@@ -184,20 +193,30 @@ def _plain_index(flat_starts: torch.Tensor, lengths: torch.Tensor, continues: to
     return keep.nonzero().squeeze(1)
 
 
+def _run_offsets(continued: Optional[Sequence], bsz: int, runs: int) -> list[list[int]]:
+    """`continued` as `[B][runs]` positions >= 0: given per row (`[B]`, one run) or per row and run."""
+    if continued is None:
+        return [[0] * runs for _ in range(bsz)]
+    rows = [[int(c)] if runs == 1 and not isinstance(c, Sequence) else [int(x) for x in c] for c in continued]
+    if len(rows) != bsz or any(len(row) != runs or min(row) < 0 for row in rows):
+        raise ValueError(f"continued must give {bsz} rows of {runs} positions >= 0, got {continued}")
+    return rows
+
+
 def _row_firsts(flat_starts: torch.Tensor, bsz: int, length: int) -> torch.Tensor:
     """`[B]`: which of the starts opens each row (every row's first position, flat index `row * T`)."""
     return torch.searchsorted(flat_starts, torch.arange(bsz, device=flat_starts.device) * length)
 
 
-def _positions(starts: torch.Tensor, flat_starts: torch.Tensor, row_first: torch.Tensor,
+def _positions(starts: torch.Tensor, flat_starts: torch.Tensor, firsts: torch.Tensor,
                continued: Sequence[int]) -> torch.Tensor:
     """`[B, T]`: the position of every token inside its document (the positions a document read alone
-    has), a row's first document counted from `continued[row]`."""
+    has), the document that opens at `flat_starts[firsts[i]]` counted from `continued[i]`."""
     bsz, length = starts.shape
     index = torch.arange(bsz * length, device=starts.device)
     run = torch.cumsum(starts.reshape(-1).long(), 0) - 1
     base = flat_starts.clone()
-    base[row_first] -= torch.tensor(list(continued), device=starts.device, dtype=base.dtype)
+    base[firsts] -= torch.tensor(list(continued), device=starts.device, dtype=base.dtype)
     return (index - base[run]).view(bsz, length)
 
 

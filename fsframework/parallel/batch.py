@@ -71,7 +71,8 @@ def shard_batch(sp: Optional[SPContext], inputs: torch.Tensor, targets: torch.Te
     parallelism, where the model reads from them where the rank's documents began."""
     if sp is None:
         return RankBatch(inputs, targets, weights, doc_ids=doc_ids)
-    sequence = sp.at_length(inputs.shape[1])
+    # rows read as their documents: runs dealt by the documents' work (zigzag), the same on every rank
+    sequence = sp.at_length(inputs.shape[1]) if doc_ids is None else sp.at_documents(doc_ids)
     count, weight_sum = loss_denominators(targets, weights)
     scale = sequence.size  # see the module docstring: the rank's loss times sp
     denominators = Denominators(count / scale, None if weight_sum is None else weight_sum / scale)

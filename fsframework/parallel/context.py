@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import torch
+
+from fsframework.models.documents import document_positions
 from fsframework.parallel.groups import ParallelGroups
-from fsframework.parallel.sharding import layout_runs
+from fsframework.parallel.sharding import document_runs, layout_runs
 
 
 @dataclass
@@ -20,7 +23,8 @@ class SPContext:
     """SP group membership plus, once `at_length` gave a sequence length, its block-aligned runs.
 
     `all_runs[r]`: the token ranges of SP rank `r` (`fsframework.parallel.sharding`), one
-    under the contiguous layout, two under zigzag; `runs` are this rank's. The contiguous
+    under the contiguous layout, two under zigzag (up to four for rows of packed documents read
+    apart, `at_documents`); `runs` are this rank's. The contiguous
     layout's `slices[r] = (start, end)` and this rank's `start`/`end` are what the halo and
     retained-cell exchanges use.
     """
@@ -35,6 +39,15 @@ class SPContext:
         """This context for a sequence of `seq_len` tokens, cut into this group's runs (the same on
         every rank); `self` is left as it is."""
         return replace(self, all_runs=layout_runs(seq_len, self.size, self.block_size, self.layout), seq_len=seq_len)
+
+    def at_documents(self, doc_ids: torch.Tensor) -> "SPContext":
+        """This context for rows whose packed documents are `doc_ids` `[B, N]`, read apart: the zigzag
+        layout's runs dealt by the rows' masked work (`document_runs`); the contiguous layout's as
+        `at_length`'s. The same on every rank, which reads the same rows."""
+        if self.layout != "zigzag":
+            return self.at_length(doc_ids.shape[1])
+        runs = document_runs(document_positions(doc_ids.cpu()), self.size, self.block_size)
+        return replace(self, all_runs=runs, seq_len=doc_ids.shape[1])
 
     def _every_rank_runs(self) -> list[list[tuple[int, int]]]:
         if not self.all_runs:

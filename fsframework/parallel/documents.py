@@ -1,81 +1,213 @@
 """Document masking under sequence parallelism: a rank's part of packed rows, read as its documents.
 
-Legend: B batch, N sequence, `[a, b)` this rank's slice (contiguous layout), D a layer's input width.
+Legend: B batch, N sequence, D a layer's input width. A rank holds one run of the rows (contiguous
+layout) or two (zigzag: an early and a late one, `fsframework.parallel.sharding`), laid end to end.
 
-Every rank of an SP group reads the whole rows' `doc_ids` `[B, N]` (the same sample), so each
-knows without an exchange where every document starts, on every rank. A document piece on the
-rank that starts at or after `a` reads only its own tokens: it runs as on one process
-(`fsframework.models.documents.Documents.map`, the whole-sequence form). Only the first piece of
-a row can continue a document begun on an earlier rank, at position `o = a - s` of it (`s` its
-start): that piece runs the layer's offset form at `start = o` over the document's earlier part.
+Every rank of an SP group reads the whole rows' `doc_ids` `[B, N]` (the same sample), so each knows
+without an exchange where every document starts and which rank holds every position. A document piece
+that starts inside a run reads only its own tokens: it runs as on one process (`Documents.map`, the
+whole-sequence form, or a kind's one-call form). Only a run's first piece can continue a document begun
+before the run, at position `o = a - s` of it (`a` the run's start, `s` the document's): that piece runs
+the layer's offset form at `start = o` over the document's earlier part, wherever that lies (earlier
+ranks, and under zigzag also later ranks' early runs and the rank's own early run).
 
-What travels is the layer's INPUT at the positions before `a`, not its keys: a halo of the `W`
-positions before every rank's slice (`halo_exchange`, point to point, backward returns the
-gradient to the owners), `W` the longest earlier part of any continued document on any rank,
-computed alike on every rank from the whole rows' ids (no rank decides alone, so every rank calls
-the same exchanges; `W = 0`: none). The continuing rank projects the document's `o` earlier
-inputs itself, at the document's positions (RoPE at `[0, o)`), which gives exactly the keys and
-values one process reads. Why inputs: `D` numbers per position where keys and values are `2 D`,
-and an earlier rank holds its keys at its own pieces' positions only inside its layer's call (its
-last piece's keys are not a tensor of the layer's whole input). The price is the continuing rank's
-projection of those `o` positions (`3 D^2` multiply-adds each, q included). AR-GRC exchanges its
-leaves the same way and reduces the roots of the earlier part's aligned blocks from them
-(`continued_inclusive_prefixes`, at most `o - 1` cell calls).
+What travels is the layer's INPUT at the positions each continuation piece reads, not its keys
+(`gather_earlier`, point to point, the backward returning the gradient to the owners): for each piece
+the `reach_back(span, o)` positions before it (its document's earlier part; a window kind its window),
+exactly those and nothing for a row that continues nothing. Every rank computes every rank's plan alike
+from the whole rows' ids (no rank decides alone, so the ranks' messages match). The continuing rank
+projects the document's earlier inputs itself, at the document's positions (RoPE at `[0, o)`), which
+gives exactly the keys and values one process reads. Why inputs: `D` numbers per position where keys
+and values are `2 D`, and an earlier rank holds its keys at its own pieces' positions only inside its
+layer's call. The price is the continuing rank's projection of those positions (`3 D^2` multiply-adds
+each, q included). AR-GRC exchanges its leaves the same way and reduces the roots of the earlier part's
+aligned blocks from them (`continued_inclusive_prefixes`, at most `o - 1` cell calls).
 
-Bytes received per layer and direction, per rank: `B min(W, a) D` elements (a window kind:
-`B min(W, w, a) D`), against `(sp - 1) B L 2 D` for the unmasked all-gather of keys and values
-(`L` the longest slice). FS's selected-cell exchange and FS-L's retained cells are not used for
-continued pieces: their layer reads the document's whole earlier part.
+Bytes received per layer and direction, per rank: `sum over its pieces of reach D` elements, against
+`(sp - 1) B L 2 D` for the unmasked all-gather of keys and values (`L` the longest slice). FS's
+selected-cell exchange and FS-L's retained cells are not used for continued pieces: their layer reads
+the document's whole earlier part.
 
-The zigzag layout is not supported with documents (a rank's second run would continue documents
-of its own first run and of every rank's); `parallelize` keeps the contiguous layout under masking.
+Balance: under the zigzag layout (the kinds whose work grows with position: `sequence_layouts`) a long
+document is cut into `2 sp` runs like an unmasked row, each rank an early and a late one, so every
+rank's causal work is the same up to a block whatever the documents (`tools/bench_sp.py --only work`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import bisect
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Optional
 
 import torch
 
 from fsframework.models.context import DocumentRows, Span, reach_back
 from fsframework.models.documents import Documents, document_positions
-from fsframework.parallel.collectives import halo_exchange
+from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
 
-Exchange = Callable[[torch.Tensor, int], torch.Tensor]  # own `[B, n, ...]`, width -> `[B, min(width, a), ...]`
+# moves the messages of one exchange: (outgoing [(peer, tensor)], incoming [(peer, buffer to fill)])
+Transport = Callable[[list, list], None]
+
+Segment = tuple[int, int, int]  # (row, lo, hi): positions [lo, hi) of a row, global or a rank's own columns
 
 
-def rank_documents(doc_ids: torch.Tensor, slices: list[tuple[int, int]], rank: int,
-                   device=None) -> tuple[Documents, int]:
-    """The `Documents` of rank `rank`'s slice of rows whose documents are `doc_ids` `[B, N]` (its first
-    pieces continued at their documents' positions), and the halo width `W` every rank exchanges: the
-    longest earlier part of a document that some rank's slice begins inside (the same on every rank)."""
-    if doc_ids.dim() != 2 or doc_ids.shape[1] != slices[-1][1]:
-        raise ValueError(f"doc_ids must be the whole rows [B, {slices[-1][1]}], got shape {tuple(doc_ids.shape)}")
+@dataclass(frozen=True)
+class EarlierPlan:
+    """One rank's part of an exchange of continuation pieces' earlier inputs (`plan_earlier`).
+
+    `size`: positions it receives in all (its pieces' reaches added up, in its `continuations` order);
+    `local`: `(row, lo, hi, out)` own columns copied to output position `out`; `recvs[peer]`: output
+    ranges `(out, out_end)` filled from `peer`'s message in order; `sends[peer]`: own segments
+    `(row, lo, hi)` whose inputs make up the message to `peer`, in order."""
+
+    size: int
+    local: tuple[tuple[int, int, int, int], ...]
+    recvs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    sends: tuple[tuple[int, tuple[Segment, ...]], ...]
+
+
+class RankLayout:
+    """Which rank holds each position of the rows, and at which of its columns (its runs end to end)."""
+
+    def __init__(self, all_runs: list[list[tuple[int, int]]]):
+        self.all_runs = all_runs
+        owned = []
+        for rank, runs in enumerate(all_runs):
+            column = 0
+            for a, b in runs:
+                owned.append((a, b, rank, column))
+                column += b - a
+        self.owned = sorted(owned)
+        self.starts = [a for a, *_ in self.owned]
+
+    def split(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+        """`[lo, hi)` cut at the runs: `(rank, column, lo, hi)` for each run it touches, in order."""
+        out, i = [], bisect.bisect_right(self.starts, lo) - 1
+        while lo < hi:
+            a, b, rank, column = self.owned[i]
+            end = min(hi, b)
+            out.append((rank, column + lo - a, lo, end))
+            lo, i = end, i + 1
+        return out
+
+
+def continued_runs(positions: torch.Tensor, runs: list[tuple[int, int]]) -> list[list[int]]:
+    """`[B][runs]`: the position inside its document of each run's first token (0: it starts one)."""
+    return [[int(positions[row, a]) for a, _ in runs] for row in range(positions.shape[0])]
+
+
+def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
+                 reach: Callable[[int], int]) -> EarlierPlan:
+    """Rank `rank`'s part of the exchange in which every rank receives, for each of its runs' first
+    pieces that continue a document (row by row, runs in order: `Documents.continuations`' order), the
+    `reach(start)` positions before the piece. `positions` `[B, N]`: each token's place in its document,
+    of the whole rows (the same on every rank)."""
+    layout = RankLayout(all_runs)
+    local, recvs, sends = [], {}, {}
+    size = 0
+    for dst, runs in enumerate(all_runs):
+        out = 0
+        for row, starts in enumerate(continued_runs(positions, runs)):
+            for (a, _), start in zip(runs, starts):
+                width = reach(start) if start else 0
+                for src, column, lo, hi in layout.split(a - width, a):
+                    if dst == rank == src:
+                        local.append((row, column, column + hi - lo, out))
+                    elif dst == rank:
+                        recvs.setdefault(src, []).append((out, out + hi - lo))
+                    elif src == rank:
+                        sends.setdefault(dst, []).append((row, column, column + hi - lo))
+                    out += hi - lo
+        if dst == rank:
+            size = out
+    return EarlierPlan(size, tuple(local), tuple((p, tuple(r)) for p, r in sorted(recvs.items())),
+                       tuple((p, tuple(s)) for p, s in sorted(sends.items())))
+
+
+class _GatherEarlier(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, plan: EarlierPlan, transport: Transport):
+        ctx.plan, ctx.transport, ctx.shape = plan, transport, x.shape
+        out = x.new_empty((plan.size, *x.shape[2:]))
+        for row, lo, hi, at in plan.local:
+            out[at:at + hi - lo] = x[row, lo:hi]
+        outgoing = [(peer, torch.cat([x[row, lo:hi] for row, lo, hi in segments])) for peer, segments in plan.sends]
+        incoming = [(peer, x.new_empty((sum(e - s for s, e in ranges), *x.shape[2:]))) for peer, ranges in plan.recvs]
+        transport(outgoing, incoming)
+        for (_, ranges), (_, message) in zip(plan.recvs, incoming):
+            out[torch.cat([torch.arange(s, e) for s, e in ranges])] = message
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        plan = ctx.plan
+        grad_x = grad.new_zeros(ctx.shape)
+        for row, lo, hi, at in plan.local:
+            grad_x[row, lo:hi] += grad[at:at + hi - lo]
+        outgoing = [(peer, grad[torch.cat([torch.arange(s, e) for s, e in ranges])]) for peer, ranges in plan.recvs]
+        incoming = [(peer, grad.new_empty((sum(hi - lo for _, lo, hi in segments), *grad.shape[1:])))
+                    for peer, segments in plan.sends]
+        ctx.transport(outgoing, incoming)
+        for (_, segments), (_, message) in zip(plan.sends, incoming):
+            at = 0
+            for row, lo, hi in segments:
+                grad_x[row, lo:hi] += message[at:at + hi - lo]
+                at += hi - lo
+        return grad_x, None, None
+
+
+def gather_earlier(x: torch.Tensor, plan: EarlierPlan, transport: Transport) -> torch.Tensor:
+    """This rank's part `x` `[B, n, ...]` -> `[plan.size, ...]`: the inputs each of its continuation pieces
+    reads before it, laid end to end (differentiable: backward returns every gradient to its owner)."""
+    return _GatherEarlier.apply(x, plan, transport)
+
+
+def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
+                   device=None) -> Documents:
+    """The `Documents` of rank `rank`'s runs of rows whose documents are `doc_ids` `[B, N]`, each run's first
+    piece continued at its document's position (the runs laid end to end, each a piece of its own)."""
+    seq_len = max(b for runs in all_runs for _, b in runs)
+    if doc_ids.dim() != 2 or doc_ids.shape[1] != seq_len:
+        raise ValueError(f"doc_ids must be the whole rows [B, {seq_len}], got shape {tuple(doc_ids.shape)}")
     doc_ids, device = doc_ids.cpu(), doc_ids.device if device is None else device  # tables on the host
-    positions = document_positions(doc_ids)
-    width = max([int(positions[:, start].max()) for start, _ in slices[1:]], default=0)
-    start, end = slices[rank]
-    return Documents(doc_ids[:, start:end], continued=positions[:, start].tolist(), device=device), width
+    runs = all_runs[rank]
+    columns = [0]
+    for a, b in runs[:-1]:
+        columns.append(columns[-1] + b - a)
+    part = torch.cat([doc_ids[:, a:b] for a, b in runs], dim=1)
+    return Documents(part, continued=continued_runs(document_positions(doc_ids), runs), device=device,
+                     run_starts=columns)
 
 
 class SequenceParallelDocuments(DocumentRows):
-    """`DocumentRows` of one SP rank: its documents, and the earlier tokens of its continued pieces by
-    `exchange` (`halo_exchange` over the group; a test hands in another)."""
+    """`DocumentRows` of one SP rank: its documents, and its continuation pieces' earlier inputs through
+    `transport` (point-to-point messages over the group; a test hands in another)."""
 
-    def __init__(self, documents: Documents, width: int, exchange: Exchange):
-        super().__init__(documents)
-        self.width, self.exchange = width, exchange
+    def __init__(self, doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
+                 transport: Transport, device=None):
+        super().__init__(rank_documents(doc_ids, all_runs, rank, device))
+        self.all_runs, self.rank, self.transport = all_runs, rank, transport
+        self.whole_positions = document_positions(doc_ids.cpu())
+        # the longest earlier part a piece reads on any rank (a window kind reads at most its window)
+        self.width = max([start for runs in all_runs for row in continued_runs(self.whole_positions, runs)
+                          for start in row], default=0)
+        self.plans: dict[Optional[int], EarlierPlan] = {}
+
+    def plan(self, span: Span) -> EarlierPlan:
+        """This rank's exchange for a layer of key span `span`, built once per batch and reach."""
+        window = span if isinstance(span, int) else None  # a window reads its last keys; the rest the prefix
+        if window not in self.plans:
+            self.plans[window] = plan_earlier(self.whole_positions, self.all_runs, self.rank,
+                                              lambda start: reach_back(span, start))
+        return self.plans[window]
 
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
-        width = reach_back(span, self.width)  # a window reads no further back than its span
-        return self.exchange(x, width) if width else x[:, :0]
+        return gather_earlier(x, self.plan(span), self.transport)
 
 
 def document_rows(sp: SPContext, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
-    """This rank's `SequenceParallelDocuments` of the sequence `sp` (contiguous layout), its tables on
-    `device` (the rows'; doc_ids' own by default)."""
-    if sp.layout != "contiguous":
-        raise ValueError(f"document masking under sequence parallelism needs the contiguous layout, got {sp.layout}")
-    documents, width = rank_documents(doc_ids, sp.slices, sp.rank, device)
-    return SequenceParallelDocuments(documents, width, lambda x, w: halo_exchange(x, sp, w))
+    """This rank's `SequenceParallelDocuments` of the sequence `sp` (either layout), its tables on `device`
+    (the rows'; doc_ids' own by default)."""
+    return SequenceParallelDocuments(doc_ids, sp.all_runs, sp.rank, partial(exchange, sp), device)

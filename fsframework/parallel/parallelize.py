@@ -55,17 +55,16 @@ class SequenceParallel:
         return document_rows(sp, doc_ids, device)
 
 
-def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None,
-                documents: bool = False) -> LanguageModel:
+def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGroups] = None) -> LanguageModel:
     """Make `model` (a language model from the registry) sequence parallel over `parallel_cfg.sp` ranks.
 
     groups: the process groups (default: created here; collective over the world).
     The sharding granularity is the model's own `model.cfg.attention.block_size`, which
     FreeSolo needs so that no query block straddles two ranks; the model config is the one
     place it is set (docs/freesolo.md §1.3).
-    documents: packed documents are read apart (`data.document_masking`): the contiguous layout
-    (`fsframework.parallel.documents`; a query's work then grows within its document, not with its
-    position in the row, so the zigzag layout has less to balance).
+    Packed documents read apart (`data.document_masking`) take either layout
+    (`fsframework.parallel.documents`: zigzag cuts a long document into an early and a late run per
+    rank, as it cuts an unmasked row, so the ranks' work stays balanced whatever the documents).
     Returns the same module object; a no-op when `sp == 1`.
     """
     sp_size = parallel_cfg.sp
@@ -81,9 +80,8 @@ def parallelize(model: LanguageModel, parallel_cfg, groups: Optional[ParallelGro
     layout = getattr(parallel_cfg, "sp_layout", "contiguous")
     if layout not in LAYOUTS:
         raise ValueError(f"parallel.sp_layout={layout!r} is not one of {LAYOUTS}")
-    if layout not in model.sequence_layouts() or documents:
-        # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already; documents
-        # read apart: the contiguous layout's halo of earlier tokens (fsframework.parallel.documents)
+    if layout not in model.sequence_layouts():
+        # bounded work per query (SWA, FS-L) or a scan of its own (AR-GRC): balanced already
         layout = "contiguous"
     sp = SPContext(groups=groups, block_size=model.cfg.attention.block_size, layout=layout)
     model.enable_sequence_parallel(SequenceParallel(sp))

@@ -138,7 +138,7 @@ class Trainer:
         if cfg.train.init_from:
             init_from(model, cfg.train.init_from)  # a CheckpointError names every tensor that does not fit
             self.log(f"initialised weights from {cfg.train.init_from} (fresh optimizer and schedule)")
-        model = parallelize(model, cfg.parallel, self.groups, cfg.data.document_masking)  # SP when parallel.sp > 1
+        model = parallelize(model, cfg.parallel, self.groups)  # SP when parallel.sp > 1
         shape = model.shape_summary()
         self.num_parameters = count_parameters(model)  # here: ZeRO-3 partitions the weights once the engine holds them
         self.log(f"model [bold]{cfg.model.name}[/]: {self.num_parameters / 1e6:.2f}M parameters{shape}")

@@ -1,14 +1,16 @@
 """Document masking under sequence parallelism (fsframework/parallel/documents.py), in one process.
 
-Three ranks are simulated in turn with the real per-rank code (`rank_documents`,
-`SequenceParallelDocuments`, every layer's continuation path) and a recorded exchange in place of
-`halo_exchange`: rank `r`'s earlier tokens are the last positions of the earlier ranks' inputs to
-the same layer call, which they computed first (no rank reads a later one). For every kind the
-ranks' logits and the gradients of their summed losses equal the one-process masked forward's, on
-rows whose documents cross the rank boundaries mid-block, one of them spanning all three ranks.
+Three ranks run in threads with the real per-rank code (`SequenceParallelDocuments`, every layer's
+continuation path) and a transport that hands messages through shared memory where the real one sends
+them point to point (the ranks meet at a barrier at every exchange, forward and backward). For every
+kind and both layouts the ranks' logits and the gradients of their summed losses equal the one-process
+masked forward's, on rows whose documents cross the runs' boundaries mid-block, one of them spanning
+every run.
 """
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
@@ -17,20 +19,23 @@ from fsframework.config import ParallelConfig
 from fsframework.config.kinds import KIND_NAMES
 from fsframework.models.documents import Documents
 from fsframework.parallel.batch import shard_batch
-from fsframework.parallel.context import SPContext
-from fsframework.parallel.documents import SequenceParallelDocuments, document_rows, rank_documents
+from fsframework.parallel.documents import (SequenceParallelDocuments, continued_runs, plan_earlier,
+                                            rank_documents)
 from fsframework.parallel.groups import ParallelGroups
 from fsframework.parallel.parallelize import parallelize, sp_context
-from fsframework.parallel.sharding import block_slices
+from fsframework.models.documents import document_positions
+from fsframework.parallel.sharding import document_runs, layout_runs, shard_runs
 from tests.utils import tiny_model
 
 VOCAB = 64
-LENGTH = 60  # blocks of 8: three ranks hold [0, 24), [24, 48), [48, 60)
+LENGTH = 60  # blocks of 8
+# contiguous: three ranks hold [0, 24), [24, 48), [48, 60); zigzag: [0, 16) + [56, 60), [16, 32) + [48, 56),
+# [32, 40) + [40, 48) (the last rank's runs meet: its late run continues its early run's documents)
+RUNS = {layout: layout_runs(LENGTH, 3, 8, layout) for layout in ("contiguous", "zigzag")}
 # row 0: a document over the first boundary at its position 19 and one over the second at 3; row 1: one
 # document over both (positions 21 and 45 at the boundaries, more than the window of 16); row 2: documents
-# that start at both boundaries (nothing continued)
+# that start at both contiguous boundaries (nothing continued there)
 LAYOUT = [[5, 40, 15], [3, 57], [24, 24, 12]]
-SLICES = block_slices(LENGTH, 3, 8)
 
 
 def packed_batch():
@@ -40,72 +45,149 @@ def packed_batch():
     return tokens, doc_ids
 
 
+# what the zigzag layout deals these rows (`document_runs`): [0, 32), [40, 48) + [56, 60), [32, 40) + [48, 56),
+# a late run of rank 1 continuing a document from its own early run and from rank 2
+RUNS["documents"] = document_runs(document_positions(packed_batch()[1]), 3, 8)
+
+
 class SimulatedRanks:
-    """The model's sequence parallelism for ranks run one after another in this process: `sp` is the
-    rank; the exchange hands rank `r` the earlier ranks' inputs to the same layer call."""
+    """The model's sequence parallelism for ranks run in threads of this process: `sp` is the rank; every
+    exchange is a barrier at which each rank leaves its messages and then takes those sent to it."""
 
     context = None
 
-    def __init__(self, slices: list[tuple[int, int]]):
-        self.slices = slices
-        self.inputs: list[list[torch.Tensor]] = [[] for _ in slices]  # per rank, every layer call's input
+    def __init__(self, all_runs: list[list[tuple[int, int]]]):
+        self.all_runs = all_runs
+        self.barrier = threading.Barrier(len(all_runs), timeout=60)
+        self.mail: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.calls = [0] * len(all_runs)  # exchanges each rank took part in, forward and backward
+        self.received = [0] * len(all_runs)  # positions each rank received in forward
         self.widths: set[int] = set()
 
     def sequence(self, sp, model_name):
         return sp
 
     def document_rows(self, rank: int, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
-        documents, width = rank_documents(doc_ids, self.slices, rank, device)
-        return SequenceParallelDocuments(documents, width, lambda x, w: self.exchange(rank, x, w))
+        rows = SequenceParallelDocuments(doc_ids, self.all_runs, rank, lambda out, into: self.move(rank, out, into),
+                                         device)
+        self.widths.add(rows.width)
+        return rows
 
-    def exchange(self, rank: int, x: torch.Tensor, width: int) -> torch.Tensor:
-        call = len(self.inputs[rank])
-        self.inputs[rank].append(x)
-        self.widths.add(width)
-        before = torch.cat([self.inputs[r][call] for r in range(rank)] + [x[:, :0]], dim=1)
-        return before[:, before.shape[1] - min(width, before.shape[1]):]
+    def move(self, rank: int, outgoing: list, incoming: list) -> None:
+        call = self.calls[rank]
+        self.calls[rank] += 1
+        for peer, message in outgoing:
+            self.mail[call, rank, peer] = message.detach().clone()
+        self.barrier.wait()
+        for peer, buffer in incoming:
+            buffer.copy_(self.mail[call, peer, rank])
+            if torch.is_grad_enabled():
+                self.received[rank] += buffer.shape[0]
+
+    def run(self, work) -> list:
+        """`work(rank)` on every rank at once, each in a thread; their results in rank order."""
+        results: list = [None] * len(self.all_runs)
+        errors: list[BaseException] = []
+
+        def one(rank):
+            try:
+                results[rank] = work(rank)
+            except BaseException as error:  # noqa: BLE001 - re-raised below
+                errors.append(error)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=one, args=(rank,)) for rank in range(len(self.all_runs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
 
 
-def test_a_ranks_documents_and_the_width_every_rank_exchanges():
+def test_a_ranks_documents_and_its_continued_runs():
     _, doc_ids = packed_batch()
-    firsts = [rank_documents(doc_ids, SLICES, r) for r in range(3)]
-    assert {width for _, width in firsts} == {45}  # row 1's document, 45 tokens before the last slice
-    documents = firsts[1][0]
+    documents = rank_documents(doc_ids, RUNS["contiguous"], 1)
     assert [(row, start, index.numel()) for row, index, start in documents.continuations] == [(0, 19, 21), (1, 21, 24)]
     assert documents.positions[0].tolist() == list(range(19, 40)) + [0, 1, 2]
     assert documents.positions[2].tolist() == list(range(24))
     with pytest.raises(ValueError, match="map needs continue_piece"):
         documents.map(lambda rows: rows, torch.zeros(3, 24))
     assert not Documents(doc_ids).continuations  # whole rows begin their documents
+    # zigzag, the last rank: [32, 40) + [40, 48), the late run a piece of its own even where the ids run on
+    documents = rank_documents(doc_ids, RUNS["zigzag"], 2)
+    assert [(row, start, index.tolist()) for row, index, start in documents.continuations] == [
+        (0, 27, list(range(8))), (0, 35, list(range(8, 13))), (1, 29, list(range(16, 24))),
+        (1, 37, list(range(24, 32))), (2, 8, list(range(32, 40))), (2, 16, list(range(40, 48)))]
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "documents"])
+def test_each_rank_receives_exactly_what_its_pieces_read(layout):
+    """The plan: a piece reads its document's earlier part (a window its last `w`), split among the
+    positions' owners; what a rank sends a peer is what that peer expects from it, and a rank that
+    continues nothing receives nothing."""
+    _, doc_ids = packed_batch()
+    positions = document_positions(doc_ids)
+    runs = RUNS[layout]
+    for reach in (lambda start: start, lambda start: min(16, start)):
+        plans = [plan_earlier(positions, runs, rank, reach) for rank in range(3)]
+        for rank, plan in enumerate(plans):
+            want = sum(reach(start) for row in continued_runs(positions, runs[rank]) for start in row)
+            got = sum(hi - lo for _, lo, hi, _ in plan.local) + sum(e - s for _, ranges in plan.recvs for s, e in ranges)
+            assert plan.size == got == want
+            for peer, segments in plan.sends:
+                expected = dict(plans[peer].recvs)[rank]
+                assert sum(hi - lo for _, lo, hi in segments) == sum(e - s for s, e in expected)
+    # each row its own document's earlier part (25, 27 and 6 positions), not the widest part for every row
+    assert plan_earlier(positions, [[(0, 30)], [(30, 60)]], 1, lambda s: s).size == 25 + 27 + 6
+    first = torch.zeros_like(doc_ids)
+    first[:, 30:] = 1  # every document starts at the boundary: nothing to read
+    assert plan_earlier(document_positions(first), [[(0, 30)], [(30, 60)]], 1, lambda s: s).size == 0
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "documents"])
 @pytest.mark.parametrize("name", KIND_NAMES)
-def test_ranks_reading_continued_documents_equal_one_process(name):
+def test_ranks_reading_continued_documents_equal_one_process(name, layout):
     model = tiny_model(name, VOCAB).float()
     tokens, doc_ids = packed_batch()
     probe = torch.randn(*tokens.shape, VOCAB) / tokens.numel()**0.5
     trains = name != "fsb"  # FS-B is inference only: no gradients to compare
 
-    def grads(logits):
+    def grads():
+        got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         model.zero_grad()
-        (logits * probe).sum().backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return got
 
     with torch.set_grad_enabled(trains):
         whole = model(tokens, doc_ids=doc_ids)
-        want = grads(whole) if trains else {}
-        ranks = SimulatedRanks(SLICES)
-        model.parallelism = ranks
-        parts = torch.cat([model(tokens[:, a:b], sp=r, doc_ids=doc_ids) for r, (a, b) in enumerate(SLICES)], dim=1)
-        torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
-        # every layer call of every rank exchanged (the same calls on every rank), a window kind its window only
-        assert len({len(calls) for calls in ranks.inputs}) == 1 and ranks.inputs[0]
-        assert ranks.widths == ({16} if name == "swa" else {45})
+    if trains:
+        (whole * probe).sum().backward()
+    want = grads()
+    ranks = SimulatedRanks(RUNS[layout])
+    model.parallelism = ranks
+
+    def rank_step(rank):
+        own = RUNS[layout][rank]
+        with torch.set_grad_enabled(trains):
+            logits = model(shard_runs(tokens, own), sp=rank, doc_ids=doc_ids)
         if trains:
-            got = grads(parts)
-            assert got.keys() == want.keys() and got
-            for key in got:
-                torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
+            (logits * shard_runs(probe, own)).sum().backward()  # each rank's backward meets the others'
+        return logits.detach()
+
+    parts = ranks.run(rank_step)
+    for rank, logits in enumerate(parts):
+        torch.testing.assert_close(logits, shard_runs(whole, RUNS[layout][rank]), rtol=0, atol=1e-5)
+    # every layer call of every rank exchanged (the same calls on every rank)
+    assert len(set(ranks.calls)) == 1 and ranks.calls[0]
+    assert ranks.widths == {45 if layout == "contiguous" else 53}
+    assert ranks.all_runs == [[(0, 24)], [(24, 48)], [(48, 60)]] if layout == "contiguous" else [
+        [(0, 32)], [(40, 48), (56, 60)], [(32, 40), (48, 56)]]
+    if trains:
+        got = grads()
+        assert got.keys() == want.keys() and got
+        for key in got:
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
 
 
 @pytest.mark.parametrize("name", ["argrc", "fs", "tfpp"])
@@ -116,20 +198,22 @@ def test_a_rank_whose_rows_all_continue_documents(name):
     tokens, _ = packed_batch()
     doc_ids = torch.zeros_like(tokens)
     doc_ids[0, 50:] = 1  # a short document at the end of one row: not every rank is continuations only
+    runs = RUNS["contiguous"]
     with torch.no_grad():
         whole = model(tokens, doc_ids=doc_ids)
-        model.parallelism = SimulatedRanks(SLICES)
-        parts = torch.cat([model(tokens[:, a:b], sp=r, doc_ids=doc_ids) for r, (a, b) in enumerate(SLICES)], dim=1)
-    torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
+        model.parallelism = ranks = SimulatedRanks(runs)
+        parts = ranks.run(lambda r: model(shard_runs(tokens, runs[r]), sp=r, doc_ids=doc_ids))
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-5)
 
 
-def test_masked_ranks_take_the_contiguous_layout_and_keep_the_whole_rows_documents():
+def test_masked_ranks_keep_their_layout_and_the_whole_rows_documents():
+    """Masking no longer forces the contiguous layout: a kind whose work grows with position keeps zigzag."""
     groups = ParallelGroups(rank=1, world_size=3, sp=3, sp_group=None, dp_group=None)
     tokens, doc_ids = packed_batch()
-    masked = parallelize(tiny_model("tfpp", VOCAB), ParallelConfig(sp=3, sp_layout="zigzag"), groups, documents=True)
-    assert sp_context(masked).layout == "contiguous"
+    masked = parallelize(tiny_model("tfpp", VOCAB), ParallelConfig(sp=3, sp_layout="zigzag"), groups)
+    assert sp_context(masked).layout == "zigzag"
     mine = shard_batch(sp_context(masked), tokens, tokens, doc_ids=doc_ids)
-    assert mine.inputs.shape[1] == 24 and mine.doc_ids is doc_ids  # a rank's documents may begin before its slice
-    zigzag = SPContext(groups=groups, block_size=8, layout="zigzag").at_length(LENGTH)
-    with pytest.raises(ValueError, match="needs the contiguous layout, got zigzag"):
-        document_rows(zigzag, doc_ids)
+    assert mine.sp.all_runs == RUNS["documents"]  # dealt by the documents' work
+    assert torch.equal(mine.inputs, shard_runs(tokens, RUNS["documents"][1])) and mine.doc_ids is doc_ids
+    window = parallelize(tiny_model("swa", VOCAB), ParallelConfig(sp=3, sp_layout="zigzag"), groups)
+    assert sp_context(window).layout == "contiguous"  # bounded work per query: balanced already

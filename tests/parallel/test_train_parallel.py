@@ -170,7 +170,9 @@ def test_document_masking_on_two_zero3_ranks_equals_one_rank(tmp_path):
     rows hold several; under SP the second rank continues the document over the ranks' boundary (input
     position 32) from the first rank's halo (fsframework/parallel/documents.py), in most rows a document
     that began at the row's start, in about one row of 11 one that began inside the row (micro-batches
-    of 8 rows: the 96 rows read hold some)."""
+    of 8 rows: the 96 rows read hold some). The SP run takes the zigzag layout, which deals each batch's
+    four blocks to the ranks by the documents' work (`document_runs`): a rank's late run continues documents
+    from the other rank's runs and from its own early run, by point-to-point messages both ways."""
     masked = ["data.document_masking=true", "data.embedded_retrieval_docs=400", "data.embedded_python_chars=20000",
               "data.embedded_retrieval_max_fraction=0.6", "data.micro_batch_size=8"]
     one, two, sp, cache = tmp_path / "one", tmp_path / "two", tmp_path / "sp", str(tmp_path / "cache")
@@ -180,7 +182,7 @@ def test_document_masking_on_two_zero3_ranks_equals_one_rank(tmp_path):
     records = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]
     assert max(r["documents_per_row"] for r in records) > 1  # rows that held several documents were read apart
     # FS's layers and the tied head recompute in backward (the halo exchange with them)
-    torchrun(2, *train_args(sp, cache, *SP2_ZERO3, "parallel.grad_accum=2", *masked))
+    torchrun(2, *train_args(sp, cache, *SP2_ZERO3, "parallel.grad_accum=2", "parallel.sp_layout=zigzag", *masked))
     assert_close(losses(sp), losses(one))
     crossing, begun_inside = _rows_crossing(Path(cache), 32)
     assert crossing > 0.9 and begun_inside > 0.05, (crossing, begun_inside)
