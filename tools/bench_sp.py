@@ -38,8 +38,8 @@ Prints, per rank:
    the longest earlier part a piece reads. `one`: every row one document
    (doc_ids all zero, the long-document case); `mix`: each row packs documents of exponential
    lengths with mean N/8 (seeded, the same on every rank), the last cut to fill the row. AR-GRC is
-   counted per forward (no layers): its model's block roots unmasked, the halo of its scan inputs
-   masked;
+   counted per forward (no layers): its model's block roots unmasked, the roots of its continued
+   documents' earlier blocks masked;
 5. (--only work) per-rank work of the layouts: causal score elements (TF++, ALiBi,
    sinusoidal, rewired) and FS routing scores (query x eligible cell) counted over the
    runs each rank holds, max / mean across ranks; with --documents one / mix also masked, in
@@ -252,9 +252,8 @@ def model_counts(kind: str, n: int, masked_documents: list[str], groups, att, ba
                  head_dim: int) -> list[dict]:
     """The bytes this rank receives per forward (and its backward) of a kind that is a language model of its
     own, with no layers (AR-GRC, d_model = heads x head_dim): unmasked, the model's forward (its block roots,
-    docs/argrc.md §6); masked, the exchange its masked forward starts with, the halo of its scan inputs
-    (`leaves`) at the W positions before the slice, as `sequence_parallel_hidden_states` calls it (the scan
-    after it moves nothing)."""
+    docs/argrc.md §6); masked, the model's masked forward (the roots of continued documents' earlier
+    blocks, `fsframework.parallel.document_roots`)."""
     import dataclasses
 
     import torch
@@ -278,11 +277,12 @@ def model_counts(kind: str, n: int, masked_documents: list[str], groups, att, ba
     records = [{"kind": kind, "n": n, "scheme": "unmasked", "layout": "contiguous", "documents": "none",
                 "bytes": sum(counted.values()), "forward": forward, "per": "forward"}]
     for docs in masked_documents:
-        rows = model.parallelism.document_rows(sp, document_ids(docs, batch, n))
+        ids = document_ids(docs, batch, n)
+        rows = model.parallelism.document_rows(sp, ids)
         with CommCounter.counting() as counted:
-            earlier = rows.earlier_tokens(model.leaves(tokens), None)  # on every rank
+            logits = model(tokens, sp=sp, doc_ids=ids)  # the continued documents' roots, on every rank
             forward = sum(counted.values())
-            earlier.sum().backward()
+            logits.sum().backward()
         records.append({"kind": kind, "n": n, "scheme": "masked", "layout": "contiguous", "documents": docs,
                         "bytes": sum(counted.values()), "forward": forward, "width": rows.width, "per": "forward"})
     return records

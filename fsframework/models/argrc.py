@@ -23,7 +23,7 @@ from fsframework.config import ModelConfig
 from fsframework.models.argrc_blocks import continued_inclusive_prefixes, sharded_inclusive_prefixes
 from fsframework.models.argrc_cache import ScanDecodeCache
 from fsframework.models.blocks import dropout
-from fsframework.models.context import DocumentRows, after_earlier, earlier_pieces
+from fsframework.models.context import DocumentRows, after_earlier
 from fsframework.models.documents import Documents
 from fsframework.models.language_model import LanguageModel
 from fsframework.models.recompute import recomputed, wants_recompute
@@ -107,9 +107,9 @@ class TreeScan(nn.Module):
     `forward(h [B, n, D], identity [D]) -> [B, n, D]`: the inclusive prefixes (row `t` covers
     leaves `0..t`); with a `shard`, those of this rank's slice under sequence parallelism; with
     `documents`, of each packed document from its own start (`fsframework.models.documents`: every
-    document's tree in one packed tree, `packed`, inside this one call); `earlier` `[P, D]`: the leaves
-    before this part of the rows, of which a run's first piece that continues a document reads its
-    document's (`continued_inclusive_prefixes`; document masking under sequence parallelism).
+    document's tree in one packed tree, `packed`, inside this one call); `rows` (document masking under
+    sequence parallelism): where a run's first piece that continues a document gets the roots of the
+    document's earlier blocks (`rows.earlier_roots`, `continued_inclusive_prefixes`).
 
     Why one module call: ZeRO-3 gathers a module's parameters at every call of it, with a
     collective over all ranks. The ranks of a sequence-parallel group apply the cell different
@@ -145,15 +145,15 @@ class TreeScan(nn.Module):
         return max(64, CELL_TILE_BYTES // (hidden * itemsize))
 
     def forward(self, h: torch.Tensor, identity: torch.Tensor, shard: Optional[ShardOfSequence] = None,
-                documents: Optional[Documents] = None, earlier: Optional[torch.Tensor] = None) -> torch.Tensor:
+                documents: Optional[Documents] = None, rows: Optional[DocumentRows] = None) -> torch.Tensor:
         if documents is not None:
-            before = [] if earlier is None else earlier_pieces(documents, earlier, None)
+            received, known = (None, []) if rows is None else rows.earlier_roots(h, self.combine())
 
             def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-                return continued_inclusive_prefixes(before[i], piece, self.combine(), identity.to(h.dtype))
+                return continued_inclusive_prefixes(known[i], piece, start, self.combine(), identity.to(h.dtype))
 
             prefixes = documents.map_packed(lambda flat: self.packed(flat, identity, documents), h, continue_piece)
-            return prefixes if earlier is None else after_earlier(prefixes, earlier)
+            return prefixes if received is None else after_earlier(prefixes, received)
         identity = identity.to(h.dtype)
         if shard is not None:
             return sharded_inclusive_prefixes(h, self.combine(), identity, shard.slices, shard.rank,
@@ -310,12 +310,12 @@ class ARGRCLanguageModel(LanguageModel):
         """This rank's slice of the sequence `sp`: its own scan, the block roots of the other ranks
         gathered by the parallelism (`fsframework.parallel.scan`). With `rows` (document masking) each
         document is scanned from its own start: a run's first piece that continues a document reads
-        the document's earlier leaves (`rows.earlier_tokens`), no roots are gathered."""
+        the roots of the document's earlier blocks, reduced by the ranks that hold their leaves
+        (`rows.earlier_roots`, `fsframework.parallel.document_roots`)."""
         if rows is None:
             return self.sharded_hidden_states(tokens, sp.slices, sp.rank, self.parallelism.root_gatherer(sp))
-        h = self.leaves(tokens)
-        earlier = rows.earlier_tokens(h, None)  # on every rank: an exchange with the other ranks
-        return self.readout(self.scan(h, self.identity, documents=rows.documents, earlier=earlier))
+        h = self.leaves(tokens)  # the scan exchanges continued documents' roots on every rank, inside its one call
+        return self.readout(self.scan(h, self.identity, documents=rows.documents, rows=rows))
 
     def sharded_hidden_states(self, tokens: torch.Tensor, slices: list[tuple[int, int]], rank: int,
                               gather_roots: Callable[[torch.Tensor], list[torch.Tensor]]) -> torch.Tensor:

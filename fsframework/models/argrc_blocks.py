@@ -48,16 +48,14 @@ def sharded_inclusive_prefixes(h: torch.Tensor, combine, identity: torch.Tensor,
     return prefixes_of_slice(combine, identity, h.shape[0], start, local, levels, known)[0]
 
 
-def continued_inclusive_prefixes(earlier: torch.Tensor, h: torch.Tensor, combine, identity: torch.Tensor) -> torch.Tensor:
-    """The inclusive prefixes `[B, m, D]` of leaves `h` `[B, m, D]` at positions `[o, o + m)` of a
-    document whose leaves of `[0, o)` are `earlier` `[B, o, D]`: the document's own scan from its start
-    (document masking under sequence parallelism, a piece that continues a document begun on earlier
-    ranks). The roots of the aligned blocks tiling `[0, o)` are reduced here from their leaves (`o - 1`
-    cell calls at most: the up-sweep, not the whole scan of the earlier part), then the piece is the
-    slice `[o, o + m)` of `sharded_inclusive_prefixes`."""
-    start = earlier.shape[1]
-    known = {(first, size): up_sweep(earlier[:, first:first + size], combine)[-1][:, 0]
-             for first, size in aligned_blocks(0, start)}
+def continued_inclusive_prefixes(known: dict[tuple[int, int], torch.Tensor], h: torch.Tensor, start: int, combine,
+                                 identity: torch.Tensor) -> torch.Tensor:
+    """The inclusive prefixes `[B, m, D]` of leaves `h` `[B, m, D]` at positions `[start, start + m)` of a
+    document whose earlier part `[0, start)` is given by `known`: roots `[B, D]` of aligned blocks that tile
+    it, or of their halves (document masking under sequence parallelism: a piece that continues a
+    document begun elsewhere, whose roots other ranks reduced, `fsframework.parallel.document_roots`).
+    The piece is then the slice `[start, start + m)` of `sharded_inclusive_prefixes`."""
+    known = dict(known)
     local = aligned_blocks(start, start + h.shape[1])
     levels = [up_sweep(h[:, first - start:first - start + size], combine) for first, size in local]
     for (first, size), lv in zip(local, levels):

@@ -159,6 +159,14 @@ class DocumentRows(WholeSequence):
         return x.reshape(-1, *x.shape[2:])[:0]
 
 
+    def earlier_roots(self, h: torch.Tensor, combine) -> tuple[torch.Tensor, list[dict]]:
+        """AR-GRC's scan leaves `h` `[B, n, D]` of this part of the rows -> (what the exchange received, for
+        each continuation piece the roots `{(first, size): [1, D]}` of aligned blocks tiling its document's
+        earlier part, or their halves; `fsframework.parallel.document_roots`). Called once per forward, also
+        with no piece of its own (an exchange under sequence parallelism); here nothing is before."""
+        return h.reshape(-1, h.shape[-1])[:0], []
+
+
 class ContinuedDocument(KeySource):
     """A continuation piece's source: queries at `[start, start + n)` of their document, whose keys and
     values of `[start - p, start)` (`p = start`, or at least the window of a window span) the layer

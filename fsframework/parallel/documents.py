@@ -20,22 +20,21 @@ projects the document's earlier inputs itself, at the document's positions (RoPE
 gives exactly the keys and values one process reads. Why inputs: `D` numbers per position where keys
 and values are `2 D`, and an earlier rank holds its keys at its own pieces' positions only inside its
 layer's call. The price is the continuing rank's projection of those positions (`3 D^2` multiply-adds
-each, q included). AR-GRC exchanges its leaves the same way and reduces the roots of the earlier part's
-aligned blocks from them (`continued_inclusive_prefixes`, at most `o - 1` cell calls).
+each, q included). AR-GRC moves the roots of the earlier part's aligned blocks instead, reduced by the
+ranks that hold their leaves (`fsframework.parallel.document_roots`).
 
 Bytes received per layer and direction, per rank: `sum over its pieces of reach D` elements, against
 `(sp - 1) B L 2 D` for the unmasked all-gather of keys and values (`L` the longest slice). FS's
 selected-cell exchange and FS-L's retained cells are not used for continued pieces: their layer reads
 the document's whole earlier part.
 
-Balance: under the zigzag layout (the kinds whose work grows with position: `sequence_layouts`) a long
-document is cut into `2 sp` runs like an unmasked row, each rank an early and a late one, so every
-rank's causal work is the same up to a block whatever the documents (`tools/bench_sp.py --only work`).
+Balance: under the zigzag layout (the kinds whose work grows with position: `sequence_layouts`) the rows
+are cut into `4 sp` chunks dealt to the ranks by the documents' causal work (`document_runs`), so every
+rank's work stays within a few percent of the mean whatever the documents (`tools/bench_sp.py --only work`).
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
@@ -46,9 +45,8 @@ from fsframework.models.context import DocumentRows, Span, reach_back
 from fsframework.models.documents import Documents, document_positions
 from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
-
-# moves the messages of one exchange: (outgoing [(peer, tensor)], incoming [(peer, buffer to fill)])
-Transport = Callable[[list, list], None]
+from fsframework.parallel.document_roots import RootsPlan, continued_roots, plan_roots
+from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
 
 Segment = tuple[int, int, int]  # (row, lo, hi): positions [lo, hi) of a row, global or a rank's own columns
 
@@ -66,36 +64,6 @@ class EarlierPlan:
     local: tuple[tuple[int, int, int, int], ...]
     recvs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
     sends: tuple[tuple[int, tuple[Segment, ...]], ...]
-
-
-class RankLayout:
-    """Which rank holds each position of the rows, and at which of its columns (its runs end to end)."""
-
-    def __init__(self, all_runs: list[list[tuple[int, int]]]):
-        self.all_runs = all_runs
-        owned = []
-        for rank, runs in enumerate(all_runs):
-            column = 0
-            for a, b in runs:
-                owned.append((a, b, rank, column))
-                column += b - a
-        self.owned = sorted(owned)
-        self.starts = [a for a, *_ in self.owned]
-
-    def split(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
-        """`[lo, hi)` cut at the runs: `(rank, column, lo, hi)` for each run it touches, in order."""
-        out, i = [], bisect.bisect_right(self.starts, lo) - 1
-        while lo < hi:
-            a, b, rank, column = self.owned[i]
-            end = min(hi, b)
-            out.append((rank, column + lo - a, lo, end))
-            lo, i = end, i + 1
-        return out
-
-
-def continued_runs(positions: torch.Tensor, runs: list[tuple[int, int]]) -> list[list[int]]:
-    """`[B][runs]`: the position inside its document of each run's first token (0: it starts one)."""
-    return [[int(positions[row, a]) for a, _ in runs] for row in range(positions.shape[0])]
 
 
 def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
@@ -126,42 +94,29 @@ def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]],
                        tuple((p, tuple(s)) for p, s in sorted(sends.items())))
 
 
-class _GatherEarlier(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, plan: EarlierPlan, transport: Transport):
-        ctx.plan, ctx.transport, ctx.shape = plan, transport, x.shape
-        out = x.new_empty((plan.size, *x.shape[2:]))
-        for row, lo, hi, at in plan.local:
-            out[at:at + hi - lo] = x[row, lo:hi]
-        outgoing = [(peer, torch.cat([x[row, lo:hi] for row, lo, hi in segments])) for peer, segments in plan.sends]
-        incoming = [(peer, x.new_empty((sum(e - s for s, e in ranges), *x.shape[2:]))) for peer, ranges in plan.recvs]
-        transport(outgoing, incoming)
-        for (_, ranges), (_, message) in zip(plan.recvs, incoming):
-            out[torch.cat([torch.arange(s, e) for s, e in ranges])] = message
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        plan = ctx.plan
-        grad_x = grad.new_zeros(ctx.shape)
-        for row, lo, hi, at in plan.local:
-            grad_x[row, lo:hi] += grad[at:at + hi - lo]
-        outgoing = [(peer, grad[torch.cat([torch.arange(s, e) for s, e in ranges])]) for peer, ranges in plan.recvs]
-        incoming = [(peer, grad.new_empty((sum(hi - lo for _, lo, hi in segments), *grad.shape[1:])))
-                    for peer, segments in plan.sends]
-        ctx.transport(outgoing, incoming)
-        for (_, segments), (_, message) in zip(plan.sends, incoming):
-            at = 0
-            for row, lo, hi in segments:
-                grad_x[row, lo:hi] += message[at:at + hi - lo]
-                at += hi - lo
-        return grad_x, None, None
+def _flat_index(segments, columns: int) -> torch.Tensor:
+    """The flat indices (`row * columns + column`) of segments `(row, lo, hi)`, in order."""
+    parts = [torch.arange(row * columns + lo, row * columns + hi) for row, lo, hi in segments]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
 
 def gather_earlier(x: torch.Tensor, plan: EarlierPlan, transport: Transport) -> torch.Tensor:
     """This rank's part `x` `[B, n, ...]` -> `[plan.size, ...]`: the inputs each of its continuation pieces
     reads before it, laid end to end (differentiable: backward returns every gradient to its owner)."""
-    return _GatherEarlier.apply(x, plan, transport)
+    flat = x.reshape(-1, *x.shape[2:])
+    columns = x.shape[1]
+    sent = flat[_flat_index([seg for _, segments in plan.sends for seg in segments], columns)]
+    sends = tuple((peer, sum(hi - lo for _, lo, hi in segments)) for peer, segments in plan.sends)
+    recvs = tuple((peer, sum(e - s for s, e in ranges)) for peer, ranges in plan.recvs)
+    received = exchange_rows(sent, sends, recvs, transport)
+    own = flat[_flat_index([(row, lo, hi) for row, lo, hi, _ in plan.local], columns)]
+    # output positions of the own rows, then of the received ones: their inverse orders the output
+    at = [torch.arange(out, out + hi - lo) for _, lo, hi, out in plan.local]
+    at += [torch.arange(s, e) for _, ranges in plan.recvs for s, e in ranges]
+    order = torch.cat(at) if at else torch.zeros(0, dtype=torch.long)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return torch.cat((own, received))[inverse.to(x.device)]
 
 
 def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
@@ -194,6 +149,7 @@ class SequenceParallelDocuments(DocumentRows):
         self.width = max([start for runs in all_runs for row in continued_runs(self.whole_positions, runs)
                           for start in row], default=0)
         self.plans: dict[Optional[int], EarlierPlan] = {}
+        self.roots_plan: Optional[RootsPlan] = None
 
     def plan(self, span: Span) -> EarlierPlan:
         """This rank's exchange for a layer of key span `span`, built once per batch and reach."""
@@ -205,6 +161,11 @@ class SequenceParallelDocuments(DocumentRows):
 
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
         return gather_earlier(x, self.plan(span), self.transport)
+
+    def earlier_roots(self, h: torch.Tensor, combine):
+        if self.roots_plan is None:
+            self.roots_plan = plan_roots(self.whole_positions, self.all_runs, self.rank)
+        return continued_roots(h, self.roots_plan, combine, self.transport)
 
 
 def document_rows(sp: SPContext, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:

@@ -114,10 +114,16 @@ def test_bytes_and_work_tables_with_document_masking(tmp_path):
         assert r["rank"] == 1  # the rank after the boundary receives; rank 0 only the gradient, in backward
         assert 0 < r["halo_width"] <= N // 2  # `one`: the whole first slice
         reach = min(r["halo_width"], WINDOW) if kind == "swa" else r["halo_width"]
-        assert r["forward_bytes_received_per_layer"] == r["bytes_received_per_layer"] == reach * width_bytes
+        if kind == "argrc":  # the roots of the earlier part's aligned blocks (D numbers each), not its leaves
+            root_bytes = width_bytes
+            assert 0 < r["forward_bytes_received_per_layer"] < reach * width_bytes
+            assert r["forward_bytes_received_per_layer"] % root_bytes == 0
+        else:
+            assert r["forward_bytes_received_per_layer"] == r["bytes_received_per_layer"] == reach * width_bytes
         assert r["unmasked_forward_bytes_received_per_layer"] > 0
         assert r["masked_over_unmasked"] == pytest.approx(
             r["forward_bytes_received_per_layer"] / r["unmasked_forward_bytes_received_per_layer"])
+    assert masked["argrc", "one"]["masked_over_unmasked"] == 1  # one document over both slices: one root, as unmasked
     assert masked["tfpp", "one"]["halo_width"] == N // 2
     assert masked["tfpp", "one"]["unmasked_forward_bytes_received_per_layer"] == N // 2 * KV_BYTES_PER_TOKEN
     assert masked["tfpp", "one"]["masked_over_unmasked"] == 0.5  # inputs are half the bytes of keys and values

@@ -217,3 +217,28 @@ def test_masked_ranks_keep_their_layout_and_the_whole_rows_documents():
     assert torch.equal(mine.inputs, shard_runs(tokens, RUNS["documents"][1])) and mine.doc_ids is doc_ids
     window = parallelize(tiny_model("swa", VOCAB), ParallelConfig(sp=3, sp_layout="zigzag"), groups)
     assert sp_context(window).layout == "contiguous"  # bounded work per query: balanced already
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "documents"])
+def test_argrc_pieces_receive_roots_that_tile_their_documents_earlier_part(layout):
+    """AR-GRC's continued pieces read roots, not leaves (`plan_roots`): each piece's blocks tile its
+    document's `[0, o)` left to right (aligned blocks, halved where they cross a rank's boundary), what a
+    rank sends a peer is what the peer expects from it, and a document over whole power-of-two slices moves
+    one root per row, as the unmasked scan does."""
+    from fsframework.parallel.document_roots import plan_roots
+
+    _, doc_ids = packed_batch()
+    positions = document_positions(doc_ids)
+    runs = RUNS[layout]
+    plans = [plan_roots(positions, runs, rank) for rank in range(3)]
+    for rank, plan in enumerate(plans):
+        starts = [start for row in continued_runs(positions, runs[rank]) for start in row if start]
+        assert len(plan.pieces) == len(starts)
+        for blocks, start in zip(plan.pieces, starts):
+            spans = [block for block, _ in blocks]
+            assert spans[0][0] == 0 and sum(size for _, size in spans) == start
+            assert all(a[0] + a[1] == b[0] and a[0] % a[1] == 0 for a, b in zip(spans, spans[1:]))
+        for peer, indices in plan.sends:
+            assert dict(plans[peer].recvs)[rank] == len(indices)
+    whole = plan_roots(document_positions(torch.zeros(3, 64, dtype=torch.long)), [[(0, 32)], [(32, 64)]], 1)
+    assert whole.recvs == ((0, 3),) and [len(blocks) for blocks in whole.pieces] == [1, 1, 1]
