@@ -21,7 +21,8 @@ from fsframework.models.blocks import alibi_slopes
 from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier,
                                        earlier_pieces)
 from fsframework.models.documents import Documents
-from fsframework.ops.document_attention import ChunkMasks, chunk_key_starts, document_attention
+from fsframework.ops.document_attention import (ChunkMasks, chunk_key_starts, document_attention, document_block_mask,
+                                                flex_document_attention, uses_flex)
 from fsframework.ops.local_attention import sliding_window_attention
 from fsframework.ops.offset_attention import alibi_attention_at, causal_attention_at, window_attention_at
 from fsframework.ops.rope import rotate, rotate_at
@@ -135,7 +136,7 @@ class RopeAttention(QKVAttention):
         return rotate_at(q, theta, positions), rotate_at(k, theta, positions), v
 
     def attend_documents(self, q, k, v, documents):
-        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype))
+        return dense_documents(self.cfg.attention.impl, q, k, v, documents)
 
 
 class SlidingWindowAttention(QKVAttention):
@@ -181,7 +182,7 @@ class NoPositionAttention(QKVAttention):
     reads_packed_rows = True
 
     def attend_documents(self, q, k, v, documents):
-        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype))
+        return dense_documents(self.cfg.attention.impl, q, k, v, documents)
 
 
 class AlibiAttention(QKVAttention):
@@ -200,7 +201,18 @@ class AlibiAttention(QKVAttention):
     reads_packed_rows = True
 
     def attend_documents(self, q, k, v, documents):
-        return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype, self.slopes))
+        return dense_documents(self.cfg.attention.impl, q, k, v, documents, self.slopes)
+
+
+def dense_documents(impl: str, q, k, v, documents: Documents, slopes: Optional[torch.Tensor] = None):
+    """A dense kind's packed documents in one call: FlexAttention with the batch's document `BlockMask` on
+    a GPU (`uses_flex`), else fused SDPA per query chunk with the batch's masks
+    (`fsframework.ops.document_attention`; ALiBi's bias with `slopes`). Either table is built once per
+    batch and shared by every layer."""
+    if uses_flex(q, impl):
+        mask = documents.derived("flex_block_mask", lambda: document_block_mask(documents.positions))
+        return flex_document_attention(q, k, v, mask, slopes)
+    return document_attention(q, k, v, documents.positions, masks=_chunk_masks(documents, q.dtype, slopes))
 
 
 def _chunk_masks(documents: Documents, dtype: torch.dtype, slopes: Optional[torch.Tensor] = None) -> ChunkMasks:

@@ -147,3 +147,64 @@ class _CPUChunks(torch.autograd.Function):
             dk[:, :, start:b] += gk
             dv[:, :, start:b] += gv
         return dq, dk, dv, None
+
+
+# --- FlexAttention: every document of a batch in one fused call, on a GPU ---------------------------
+#
+# On CUDA the dense kinds read packed documents through torch's FlexAttention: one compiled kernel per
+# layer and direction whatever the documents, skipping the key blocks outside each query block's
+# documents (a `BlockMask` built once per batch from the document positions, on the device). On the CPU
+# FlexAttention has no backward, and its forward compiles for every new shape, so training and reading
+# there stay on the chunks above (`uses_flex`).
+
+
+def uses_flex(q: torch.Tensor, impl: str) -> bool:
+    """Whether a dense kind reads packed documents through FlexAttention: on CUDA, unless
+    `model.attention.impl=reference` asks for the plain chunked form."""
+    return q.is_cuda and impl != "reference"
+
+
+def document_ids_of(positions: torch.Tensor) -> torch.Tensor:
+    """`[B, T]`: which document of its row each token belongs to (a new one wherever a position is 0)."""
+    return (positions == 0).long().cumsum(1)
+
+
+def document_block_mask(positions: torch.Tensor, heads: int | None = None):
+    """The FlexAttention `BlockMask` of rows with document positions `positions` `[B, T]`: query `i` reads
+    key `j` of its own document at or before it. Built once per batch on the rows' device, shared by every
+    layer (the mask does not depend on the head: `heads` None broadcasts it)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    documents = document_ids_of(positions)
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        return (documents[b, q_idx] == documents[b, kv_idx]) & (q_idx >= kv_idx)
+
+    bsz, length = positions.shape
+    return create_block_mask(same_document_causal, bsz, heads, length, length, device=positions.device)
+
+
+_compiled_flex = None
+
+
+def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask,
+                            slopes: torch.Tensor | None = None, compiled: bool = True) -> torch.Tensor:
+    """`document_attention` through FlexAttention: q, k, v `[B, T, H, d]` (rotated where the kind
+    rotates), `block_mask` from `document_block_mask`, `slopes` `[H]` ALiBi's `-slope_h (i - j)` (a score
+    modification: inside a document `i - j` is the document's own distance). `compiled`: the fused kernel
+    (`torch.compile`, as FlexAttention is meant to run); False runs its unfused reference (tests)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    score_mod = None
+    if slopes is not None:
+        slopes = slopes.to(q.dtype)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx)
+
+    if compiled and _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    attend = _compiled_flex if compiled else flex_attention
+    out = attend(*(x.transpose(1, 2) for x in (q, k, v)), score_mod=score_mod, block_mask=block_mask)
+    return out.transpose(1, 2)

@@ -21,9 +21,10 @@ def _model(name: str):
     return build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=2, attention=att))
 
 
-@pytest.mark.parametrize("name", ["fs", "fsl", "swa", "rewired", "argrc"])
+@pytest.mark.parametrize("name", ["fs", "fsl", "swa", "rewired", "argrc", "tfpp", "alibi", "sinusoidal"])
 def test_packed_documents_through_the_kernels(name, device):
-    """On a GPU (tools/gpu_check.sh) the compiled kernels, doc_ids on the host as the trainer keeps them."""
+    """On a GPU (tools/gpu_check.sh) the compiled kernels, doc_ids on the host as the trainer keeps them; the
+    dense kinds there through FlexAttention with the batch's document BlockMask (on the CPU: their chunks)."""
     model = _model(name).to(device)
     tokens = torch.randint(0, VOCAB, (1, sum(SIZES)), generator=torch.Generator().manual_seed(1)).to(device)
     doc_ids = torch.tensor([[d for d, size in enumerate(SIZES) for _ in range(size)]])

@@ -95,3 +95,25 @@ def test_bad_shapes_are_refused():
         document_attention(q, q, q, torch.zeros(2, 9, dtype=torch.long))
     with pytest.raises(ValueError, match="one start per chunk"):
         ChunkMasks(torch.zeros(2, 10, dtype=torch.long), [0, 0], None, torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("alibi", [False, True])
+def test_flex_attention_with_the_document_block_mask_equals_each_document_alone(alibi):
+    """The GPU path (`flex_document_attention`) in FlexAttention's unfused form, which runs on the CPU
+    without gradients: the same numbers as each document alone, and its block mask skips the key blocks
+    of other documents (work that does not grow with the row for short documents)."""
+    from fsframework.ops.document_attention import document_block_mask, flex_document_attention
+
+    gen = torch.Generator().manual_seed(2)
+    sizes = [[120, 8, 3, 1, 100, 24], [256]]  # row 0: no document crosses position 128
+    q, k, v = (torch.randn(2, 256, H, D, dtype=torch.float64, generator=gen) for _ in range(3))
+    slopes = SLOPES if alibi else None
+    positions = positions_of(sizes)
+    mask = document_block_mask(positions)
+    with torch.no_grad():
+        got = flex_document_attention(q, k, v, mask, slopes, compiled=False)
+    torch.testing.assert_close(got, _alone(q, k, v, sizes, slopes), rtol=0, atol=1e-12)
+    # blocks of 128: row 0's second query block reads its own key block only, row 1's the causal two
+    blocks = mask.kv_num_blocks[:, 0] + (mask.full_kv_num_blocks[:, 0] if mask.full_kv_num_blocks is not None else 0)
+    assert blocks.tolist() == [[1, 1], [1, 2]]
