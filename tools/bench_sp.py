@@ -232,16 +232,19 @@ def keys_worker(spec: dict) -> None:
                 del fetched, k, v
             for docs in masked_documents:
                 # masking: the layer's input [B, n, D] at the positions the continued pieces read (a window
-                # kind: at most its window), by the exchange every rank takes part in
+                # kind: at most its window; FS-L: the region before the piece, its retained cells' keys and
+                # values), by the exchanges every rank takes part in
                 ids = document_ids(docs, batch, n)  # zigzag: the runs dealt by the documents' work, as shard_batch
                 sp = SPContext(groups=groups, block_size=att.block_size, layout=kind_layout).at_documents(ids)
                 rows = document_rows(sp, ids)
                 gen = torch.Generator().manual_seed(n)
                 x = shard_runs(torch.randn(batch, n, heads * head_dim, generator=gen), sp.runs).requires_grad_(True)
+                layer = routing_layer(kind, att, heads, head_dim) if entry.freesolo else None
+                project = layer.project if layer else lambda t, start: (t, t, t)  # what the exchange moves is the count
                 with CommCounter.counting() as counted:
-                    earlier = rows.earlier_tokens(x, entry.key_span(att))
+                    exchanged, keys = rows.continued_keys(x, entry.key_span(att), project)
                     forward = sum(counted.values())
-                    earlier.sum().backward()
+                    sum(t.sum() for t in exchanged + [kv for pair in keys for kv in pair]).backward()
                 records.append({"kind": kind, "n": n, "scheme": "masked", "layout": kind_layout, "documents": docs,
                                 "bytes": sum(counted.values()), "forward": forward, "width": rows.width})
     print(json.dumps({"rank": dist.get_rank(), "records": records}))

@@ -18,8 +18,7 @@ from torch import nn
 
 from fsframework.config import ModelConfig
 from fsframework.models.blocks import alibi_slopes
-from fsframework.models.context import (WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier,
-                                       earlier_pieces)
+from fsframework.models.context import WHOLE_SEQUENCE, ContinuedDocument, DocumentRows, KeySource, after_earlier
 from fsframework.models.documents import Documents
 from fsframework.ops.document_attention import (ChunkMasks, chunk_key_starts, document_attention, document_block_mask,
                                                 flex_document_attention, uses_flex)
@@ -72,18 +71,18 @@ class QKVAttention(nn.Module):
         sequence-parallel rank's) in the offset form at its position in the document, over the keys
         this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
-        earlier = source.earlier_tokens(x, self.key_span)  # on every rank, whatever its rows hold
+        # on every rank, whatever its rows hold: under sequence parallelism these are exchanges
+        exchanged, keys = source.continued_keys(x, self.key_span, self.project)
         if self.reads_packed_rows and not source.documents.continuations and not source.documents.whole_rows:
-            return after_earlier(self.forward_packed_rows(x, source.documents), earlier)
+            y = self.forward_packed_rows(x, source.documents)
+        else:
+            def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+                return self.forward_run(piece, ContinuedDocument(start, *keys[i]))
 
-        before = earlier_pieces(source.documents, earlier, self.key_span)
-
-        def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-            _, k, v = self.project(before[i], start - before[i].shape[1])
-            return self.forward_run(piece, ContinuedDocument(start, k, v))
-
-        y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
-        return after_earlier(y, earlier)
+            y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
+        for earlier in exchanged:
+            y = after_earlier(y, earlier)
+        return y
 
     # the kind reads packed rows in one call (`attend_documents`, every document at once); otherwise
     # `Documents.map` runs its whole-sequence form once per distinct document length

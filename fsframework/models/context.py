@@ -159,6 +159,20 @@ class DocumentRows(WholeSequence):
         return x.reshape(-1, *x.shape[2:])[:0]
 
 
+    def continued_keys(self, x: torch.Tensor, span: Span, project) -> tuple[list[torch.Tensor], list[tuple]]:
+        """A layer's input `x` `[B, n, D]` -> (the exchanges' outputs, which the layer's output is tied to
+        with `after_earlier`; for each continuation piece the keys and values `[1, p, H, d]` of the `p`
+        positions before it that its offset form reads). Here its document's earlier part (a window span:
+        its window) from `earlier_tokens`, projected by `project(x, start) -> q, k, v` at the document's
+        positions; a sequence-parallel source may hand FS-L's zero prefix with only what its cells read
+        (`fsframework.parallel.document_retained`). Called once per layer call on every rank."""
+        earlier = self.earlier_tokens(x, span)
+        keys = []
+        for before, (_, _, start) in zip(earlier_pieces(self.documents, earlier, span), self.documents.continuations):
+            _, k, v = project(before, start - before.shape[1])
+            keys.append((k, v))
+        return [earlier], keys
+
     def earlier_roots(self, h: torch.Tensor, combine) -> tuple[torch.Tensor, list[dict]]:
         """AR-GRC's scan leaves `h` `[B, n, D]` of this part of the rows -> (what the exchange received, for
         each continuation piece the roots `{(first, size): [1, D]}` of aligned blocks tiling its document's

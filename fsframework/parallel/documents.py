@@ -25,8 +25,9 @@ ranks that hold their leaves (`fsframework.parallel.document_roots`).
 
 Bytes received per layer and direction, per rank: `sum over its pieces of reach D` elements, against
 `(sp - 1) B L 2 D` for the unmasked all-gather of keys and values (`L` the longest slice). FS's
-selected-cell exchange and FS-L's retained cells are not used for continued pieces: their layer reads
-the document's whole earlier part.
+selected-cell exchange is not used for continued pieces: its layer reads the document's whole earlier
+part. FS-L's pieces receive the region before them and each holding rank's top cells only
+(`continued_keys` with its span, `fsframework.parallel.document_retained`).
 
 Balance: under the zigzag layout (the kinds whose work grows with position: `sequence_layouts`) the rows
 are cut into `4 sp` chunks dealt to the ranks by the documents' causal work (`document_runs`), so every
@@ -41,10 +42,11 @@ from typing import Callable, Optional
 
 import torch
 
-from fsframework.models.context import DocumentRows, Span, reach_back
+from fsframework.models.context import DocumentRows, RetainedCells, Span, reach_back
 from fsframework.models.documents import Documents, document_positions
 from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
+from fsframework.parallel.document_retained import piece_cells, plan_retained, retained_keys
 from fsframework.parallel.document_roots import RootsPlan, continued_roots, plan_roots
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
 
@@ -72,6 +74,14 @@ def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]],
     pieces that continue a document (row by row, runs in order: `Documents.continuations`' order), the
     `reach(start)` positions before the piece. `positions` `[B, N]`: each token's place in its document,
     of the whole rows (the same on every rank)."""
+    return plan_reads(positions, all_runs, rank, lambda dst, row, a, start: [(start - reach(start), start)])
+
+
+def plan_reads(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
+               reads: Callable[[int, int, int, int], list[tuple[int, int]]]) -> EarlierPlan:
+    """`plan_earlier` for any positions of the earlier part: `reads(dst, row, a, start)` gives, for rank
+    `dst`'s piece of `row` whose run starts at row position `a` at position `start` of its document, the
+    ranges `[lo, hi)` of the document (`hi <= start`, in order) whose inputs it receives, end to end."""
     layout = RankLayout(all_runs)
     local, recvs, sends = [], {}, {}
     size = 0
@@ -79,15 +89,15 @@ def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]],
         out = 0
         for row, starts in enumerate(continued_runs(positions, runs)):
             for (a, _), start in zip(runs, starts):
-                width = reach(start) if start else 0
-                for src, column, lo, hi in layout.split(a - width, a):
-                    if dst == rank == src:
-                        local.append((row, column, column + hi - lo, out))
-                    elif dst == rank:
-                        recvs.setdefault(src, []).append((out, out + hi - lo))
-                    elif src == rank:
-                        sends.setdefault(dst, []).append((row, column, column + hi - lo))
-                    out += hi - lo
+                for lo_doc, hi_doc in reads(dst, row, a, start) if start else []:
+                    for src, column, lo, hi in layout.split(a - start + lo_doc, a - start + hi_doc):
+                        if dst == rank == src:
+                            local.append((row, column, column + hi - lo, out))
+                        elif dst == rank:
+                            recvs.setdefault(src, []).append((out, out + hi - lo))
+                        elif src == rank:
+                            sends.setdefault(dst, []).append((row, column, column + hi - lo))
+                        out += hi - lo
         if dst == rank:
             size = out
     return EarlierPlan(size, tuple(local), tuple((p, tuple(r)) for p, r in sorted(recvs.items())),
@@ -141,14 +151,15 @@ class SequenceParallelDocuments(DocumentRows):
     `transport` (point-to-point messages over the group; a test hands in another)."""
 
     def __init__(self, doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
-                 transport: Transport, device=None):
+                 transport: Transport, device=None, block_size: Optional[int] = None):
         super().__init__(rank_documents(doc_ids, all_runs, rank, device))
         self.all_runs, self.rank, self.transport = all_runs, rank, transport
+        self.block_size = block_size  # FS-L's query block: its continued pieces receive retained cells only
         self.whole_positions = document_positions(doc_ids.cpu())
         # the longest earlier part a piece reads on any rank (a window kind reads at most its window)
         self.width = max([start for runs in all_runs for row in continued_runs(self.whole_positions, runs)
                           for start in row], default=0)
-        self.plans: dict[Optional[int], EarlierPlan] = {}
+        self.plans: dict = {}  # per key span: the exchanges' plans, built once per batch
         self.roots_plan: Optional[RootsPlan] = None
 
     def plan(self, span: Span) -> EarlierPlan:
@@ -162,6 +173,24 @@ class SequenceParallelDocuments(DocumentRows):
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
         return gather_earlier(x, self.plan(span), self.transport)
 
+    def continued_keys(self, x: torch.Tensor, span: Span, project):
+        if not isinstance(span, RetainedCells) or self.block_size is None:
+            return super().continued_keys(x, span, project)
+        key = ("retained", span)
+        if key not in self.plans:
+            layout = RankLayout(self.all_runs)
+            reads = plan_reads(self.whole_positions, self.all_runs, self.rank, lambda dst, row, a, start: piece_cells(
+                layout, span, self.block_size, row, a, start, dst).reads)
+            self.plans[key] = (reads, plan_retained(self.whole_positions, self.all_runs, self.rank, span,
+                                                    self.block_size))
+        reads, plan = self.plans[key]
+        earlier = gather_earlier(x, reads, self.transport)
+        sizes = [sum(hi - lo for lo, hi in piece.reads) for piece in plan.own]
+        before = [part[None] for part in earlier.split(sizes)]
+        starts = [start for _, _, start in self.documents.continuations]
+        exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport)
+        return [earlier, *exchanged], keys
+
     def earlier_roots(self, h: torch.Tensor, combine):
         if self.roots_plan is None:
             self.roots_plan = plan_roots(self.whole_positions, self.all_runs, self.rank)
@@ -171,4 +200,4 @@ class SequenceParallelDocuments(DocumentRows):
 def document_rows(sp: SPContext, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
     """This rank's `SequenceParallelDocuments` of the sequence `sp` (either layout), its tables on `device`
     (the rows'; doc_ids' own by default)."""
-    return SequenceParallelDocuments(doc_ids, sp.all_runs, sp.rank, partial(exchange, sp), device)
+    return SequenceParallelDocuments(doc_ids, sp.all_runs, sp.rank, partial(exchange, sp), device, sp.block_size)

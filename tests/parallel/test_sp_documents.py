@@ -69,7 +69,7 @@ class SimulatedRanks:
 
     def document_rows(self, rank: int, doc_ids: torch.Tensor, device=None) -> SequenceParallelDocuments:
         rows = SequenceParallelDocuments(doc_ids, self.all_runs, rank, lambda out, into: self.move(rank, out, into),
-                                         device)
+                                         device, block_size=8)
         self.widths.add(rows.width)
         return rows
 
@@ -242,3 +242,33 @@ def test_argrc_pieces_receive_roots_that_tile_their_documents_earlier_part(layou
             assert dict(plans[peer].recvs)[rank] == len(indices)
     whole = plan_roots(document_positions(torch.zeros(3, 64, dtype=torch.long)), [[(0, 32)], [(32, 64)]], 1)
     assert whole.recvs == ((0, 3),) and [len(blocks) for blocks in whole.pieces] == [1, 1, 1]
+
+
+def test_fsl_pieces_receive_the_region_and_each_ranks_top_cells_only():
+    """FS-L's continued pieces (`plan_retained`): the inputs of the region before the piece (recent cells,
+    window, the first block's part before it) and of cells a boundary cuts; of every other earlier cell only
+    each holding rank's top `P` per head, so what a piece receives does not grow with its document."""
+    from fsframework.models.context import RetainedCells
+    from fsframework.parallel.document_retained import plan_retained
+
+    span = RetainedCells(cell_size=4, recent_cells=2, retained_cells=3, window=16)
+    n = 512
+    doc_ids = torch.zeros(1, n, dtype=torch.long)
+    doc_ids[0, :5] = 1  # the long document starts at 5: its cells straddle the ranks' boundaries
+    positions = document_positions(doc_ids)
+    runs = layout_runs(n, 4, 8, "contiguous")
+    plan = plan_retained(positions, runs, 3, span, 8)
+    (piece,) = plan.own
+    start = 384 - 5
+    region = min(start // 8 * 8 - 2 * 4, start - 16) // 4 * 4  # the recent cells before its block, its window
+    assert piece.reads[-1] == (region, start)
+    assert piece.reads[:-1] == ((120, 124), (248, 252))  # the cells rows 128 and 256 cut (document start 5)
+    assert [rank for rank, _ in piece.candidates] == [0, 1, 2]
+    held = sum(len(cells) for _, cells in piece.candidates)
+    assert held + len(piece.reads) - 1 == region // 4  # every earlier cell is a candidate or read whole
+    assert [(peer, pieces) for peer, pieces in plan.recvs] == [(0, ((0, 3),)), (1, ((0, 3),)), (2, ((0, 3),))]
+    # the owners' side: rank 1 sends its 3 best for rank 3's piece, from the cells it holds whole
+    owner = plan_retained(positions, runs, 1, span, 8)
+    assert [(peer, [len(cells) for cells in pieces]) for peer, pieces in owner.jobs] == [
+        (2, [len(dict(plan_retained(positions, runs, 2, span, 8).own[0].candidates)[1])]),
+        (3, [len(dict(piece.candidates)[1])])]
