@@ -11,19 +11,20 @@ document's earlier part `[0, o)` they read:
 1. the region `[r, o)`, `r = max(0, min(b0 - W s, o - w))` down to a cell: the recent cells, the window
    and the part of the piece's first block before `o`; its inputs travel (`plan_reads`), and the piece
    projects them itself, as for every kind;
-2. of the complete cells before `r`, only those in the top `P` of `[0, r)` for some head: a cell that
-   `P` cells of `[0, r)` outrank is outranked by them in every longer prefix too (ties go to the earlier
-   cell, as FS-L orders them). So each rank that holds such cells (whole, in one of its runs) projects
-   them, takes its own top `min(P, its cells)` per head and sends their keys and values with their cell
-   indices: the union holds the top `P` of `[0, r)`. A cell that a rank's boundary cuts in two travels
-   as inputs with the region.
+2. of the complete cells before `r`, only the top `P` of `[0, r)` per head: a cell that `P` cells of
+   `[0, r)` outrank is outranked by them in every longer prefix too (ties go to the earlier cell, as FS-L
+   orders them). Each rank that holds such cells (whole, in one of its runs) projects them and sends its
+   own best `min(P, its cells)` per head, their `a_c` and cell indices only, to the piece's rank and to
+   the piece's other holders; all of them merge those tables alike into the top `P` of `[0, r)`, and
+   each holder sends the keys and values of its cells among them. A cell that a rank's boundary cuts
+   in two travels as inputs with the region.
 
 The piece's keys are then a zero prefix `[1, o, H, d]` holding those positions (per head for the sent
 cells): a zero cell has `a_c = 0`, below every sent one, so FS-L's pruning keeps the single-process cells
 and reads nothing else (the argument of `fsframework.parallel.retained`, whose unmasked exchange this
-mirrors). What travels per piece: the region's inputs (`D` numbers a position) and at most `P` cells
-per head from each rank holding a part of the document, whatever its length; backward returns each
-gradient to the rank whose inputs made it.
+mirrors). What travels per piece: the region's inputs (`D` numbers a position), `P` pairs per head from
+each holder, and `P` cells per head, whatever the document's length; backward returns each gradient to
+the rank whose inputs made it.
 """
 
 from __future__ import annotations
@@ -68,111 +69,172 @@ def piece_cells(layout: RankLayout, span: RetainedCells, block_size: int, row: i
 
 
 @dataclass(frozen=True)
+class Piece:
+    """A continued piece of rank `dst` (its `index`-th continuation) and what it reads (`PieceCells`)."""
+
+    dst: int
+    index: int
+    cells: PieceCells
+
+    def holders(self) -> list[int]:
+        return [rank for rank, _ in self.cells.candidates]
+
+
+@dataclass(frozen=True)
 class RetainedPlan:
-    """One rank's part of the exchange of continued documents' retained cells (`plan_retained`).
+    """One rank's part of the exchange of continued documents' retained cells (`plan_retained`): every
+    continued piece it reads or holds candidate cells of, in one order all ranks share."""
 
-    `own`: this rank's pieces' `PieceCells`, in `continuations` order; `jobs[peer]`: the pieces of `peer`
-    for which this rank holds candidate cells, each its cells (this rank sends `min(P, len)` per head for
-    each); `recvs[peer]`: how many cells per head `peer` sends this rank for each of its pieces, in order
-    (`(piece index, count)`)."""
+    rank: int
+    pieces: tuple[Piece, ...]
 
-    own: tuple[PieceCells, ...]
-    jobs: tuple[tuple[int, tuple[tuple[Cell, ...], ...]], ...]
-    recvs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    @property
+    def own(self) -> tuple[PieceCells, ...]:
+        """This rank's pieces' `PieceCells`, in its `continuations` order."""
+        return tuple(piece.cells for piece in self.pieces if piece.dst == self.rank)
 
 
 def plan_retained(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int, span: RetainedCells,
                   block_size: int) -> RetainedPlan:
     """Rank `rank`'s part, planned alike on every rank from the whole rows' document `positions` `[B, N]`."""
     layout = RankLayout(all_runs)
-    own, jobs, recvs = [], {}, {}
+    pieces = []
     for dst, runs in enumerate(all_runs):
         index = 0
         for row, starts in enumerate(continued_runs(positions, runs)):
             for (a, _), start in zip(runs, starts):
                 if not start:
                     continue
-                cells = piece_cells(layout, span, block_size, row, a, start, dst)
-                if dst == rank:
-                    own.append(cells)
-                for src, held in cells.candidates:
-                    if src == rank:
-                        jobs.setdefault(dst, []).append(held)
-                    elif dst == rank:
-                        recvs.setdefault(src, []).append((index, min(span.retained_cells, len(held))))
+                piece = Piece(dst, index, piece_cells(layout, span, block_size, row, a, start, dst))
+                if dst == rank or rank in piece.holders():
+                    pieces.append(piece)
                 index += 1
-    return RetainedPlan(tuple(own), tuple((p, tuple(j)) for p, j in sorted(jobs.items())),
-                        tuple((p, tuple(r)) for p, r in sorted(recvs.items())))
+    return RetainedPlan(rank, tuple(pieces))
 
 
-def _top_cells(k: torch.Tensor, top: int) -> torch.Tensor:
-    """Indices `[top, H]` of the `top` cells of keys `k` `[C, s, H, d]` (cells in document order) with the
-    largest `a_c` per head, the earlier cell first on ties (FS-L's order)."""
-    priority = torch.linalg.vector_norm(k.float() if k.dtype in (torch.float16, torch.bfloat16) else k,
-                                        dim=-1).amax(dim=1)  # [C, H]
-    return priority.argsort(dim=0, descending=True, stable=True)[:top]
+def _best(priority: torch.Tensor, cells: torch.Tensor, top: int) -> torch.Tensor:
+    """Indices `[top', H]` (`top' = min(top, M)`) of the `top` best of `priority`, `cells` `[M, H]` per head:
+    `a_c` descending, the earlier cell first on ties (FS-L's order)."""
+    by_cell = cells.argsort(dim=0, stable=True)
+    by_priority = priority.gather(0, by_cell).argsort(dim=0, descending=True, stable=True)
+    return by_cell.gather(0, by_priority)[:top]
 
 
-def send_cells(x: torch.Tensor, plan: RetainedPlan, span: RetainedCells, project) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                          list[tuple[int, int]]]:
-    """This rank's top cells for its peers' pieces: (keys and values `[M, s, 2d]` rows of one cell and head,
-    their document cell indices `[M]`, `(peer, rows)` per peer in order). `project(x, start) -> q, k, v`."""
-    s = span.cell_size
-    cells = [cell for _, pieces in plan.jobs for held in pieces for cell in held]
-    if not cells:  # nothing to send: still a slice of `x`, so that the exchange's backward runs here too
-        _, probe, _ = project(x[:1, :0], 0)
-        return x.reshape(-1)[:0].view(0, s, 2 * probe.shape[-1]), torch.zeros(0, dtype=torch.long), []
-    inputs = torch.stack([x[row, column:column + s] for _, row, column in cells])  # [C, s, D]
-    _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
-    k, v = (t.reshape(len(cells), s, *t.shape[2:]) for t in (k, v))  # [C, s, H, d]
-    heads = torch.arange(k.shape[2], device=k.device)
-    values, indices, sends, at = [], [], [], 0
-    for peer, pieces in plan.jobs:
-        rows = 0
-        for held in pieces:
-            top = min(span.retained_cells, len(held))
-            best = _top_cells(k[at:at + len(held)], top) + at  # [top, H] into the stacked cells
-            kv = torch.cat((k[best, :, heads], v[best, :, heads]), dim=-1)  # [top, H, s, 2d]
-            values.append(kv.reshape(-1, s, kv.shape[-1]))
-            document_cells = torch.tensor([cell for cell, _, _ in held], device=best.device)
-            indices.append(document_cells[best - at].reshape(-1))
-            rows += top * k.shape[2]
-            at += len(held)
-        sends.append((peer, rows))
-    return torch.cat(values), torch.cat(indices).cpu(), sends
+class _Candidates:
+    """What a rank holds for the pieces of `plan`: each piece's cells projected (keys, values `[C, s, H, d]`)
+    and its own best `min(P, C)` per head as a table `[P', H, 2]` (a_c, document cell; float64)."""
+
+    def __init__(self, x: torch.Tensor, plan: RetainedPlan, span: RetainedCells, project):
+        s, top = span.cell_size, span.retained_cells
+        self.held = {i: dict(piece.cells.candidates)[plan.rank] for i, piece in enumerate(plan.pieces)
+                     if plan.rank in piece.holders()}
+        cells = [cell for held in self.held.values() for cell in held]
+        self.kv, self.tables, self.offsets = None, {}, {}
+        if not cells:
+            return
+        inputs = torch.stack([x[row, column:column + s] for _, row, column in cells])  # [C, s, D]
+        _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
+        k, v = (t.reshape(len(cells), s, *t.shape[2:]) for t in (k, v))
+        self.kv = torch.cat((k, v), dim=-1)  # [C, s, H, 2d]
+        at = 0
+        with torch.no_grad():
+            priority = torch.linalg.vector_norm(k.double(), dim=-1).amax(dim=1)  # [C, H]
+            for i, held in self.held.items():
+                ids = torch.tensor([cell for cell, _, _ in held], device=k.device)[:, None].expand(-1, k.shape[2])
+                best = _best(priority[at:at + len(held)], ids, top)
+                self.tables[i] = torch.stack((priority[at:at + len(held)].gather(0, best), ids.gather(0, best).double()),
+                                             dim=-1)  # [P', H, 2]
+                self.offsets[i] = at
+                at += len(held)
+
+    def rows_of(self, i: int, cells: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Keys and values `[n, s, 2d]` of this rank's document cells `cells` `[n]` of piece `i`, heads `[n]`."""
+        held = self.held[i]
+        first = held[0][0]  # a rank's cells of a piece are consecutive document cells
+        local = cells - first + self.offsets[i]
+        return self.kv[local, :, heads]
 
 
 def retained_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tensor], starts: list[int],
                   span: RetainedCells, project, transport: Transport
                   ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
     """For each of this rank's continued pieces (`earlier[i]`: the inputs of its `reads`, `starts[i]` its
-    position) its FS-L keys and values `[1, start, H, d]`: zero but the region, the cut cells and the cells
-    the peers sent (module docstring). Returns (the exchanged values, to tie the layer's output to; keys)."""
-    s = span.cell_size
-    heads = project(x[:1, :0], 0)[1].shape[2]
-    values, indices, sends = send_cells(x, plan, span, project)
-    recvs = tuple((peer, sum(count for _, count in pieces) * heads) for peer, pieces in plan.recvs)
-    received = exchange_rows(values, tuple(sends), recvs, transport)
+    position) its FS-L keys and values `[1, start, H, d]`: zero but the region, the cut cells and the
+    document's top `P` cells of the rest per head. Two exchanges: each holder's best `P` per head (a_c and
+    cell) to the piece's reader and other holders, which all merge them alike; then each holder's cells
+    of the merged top `P`, keys and values, to the reader. Returns (what to tie the layer's output to;
+    the keys)."""
+    s, top, rank = span.cell_size, span.retained_cells, plan.rank
+    _, probe, _ = project(x[:1, :0], 0)
+    heads, width = probe.shape[2], 2 * probe.shape[3]
+    held = _Candidates(x, plan, span, project)
+    # 1. the candidate tables: from each holder to every other participant of the piece
+    sends, recvs = {}, {}
+    for i, piece in enumerate(plan.pieces):
+        participants = [piece.dst, *piece.holders()]
+        for holder, cells in piece.cells.candidates:
+            rows = min(top, len(cells))
+            for peer in participants:
+                if holder == rank and peer != rank:
+                    sends.setdefault(peer, []).append(i)
+                elif peer == rank and holder != rank:
+                    recvs.setdefault(holder, []).append((i, rows))
     with torch.no_grad():
-        cells = exchange_rows(indices, tuple(sends), recvs, transport)
-    # the received rows of each piece: (first row, cells per head), peers in order, each peer's pieces in order
-    parts: dict[int, list[tuple[int, int]]] = {}
+        outgoing = [held.tables[i] for peer in sorted(sends) for i in sends[peer]]
+        table = exchange_rows(torch.cat(outgoing) if outgoing else x.new_zeros(0, heads, 2, dtype=torch.float64),
+                              tuple((peer, sum(held.tables[i].shape[0] for i in sends[peer])) for peer in sorted(sends)),
+                              tuple((peer, sum(rows for _, rows in recvs[peer])) for peer in sorted(recvs)), transport)
+    tables: dict[int, dict[int, torch.Tensor]] = {i: {} for i in range(len(plan.pieces))}
     at = 0
-    for _, pieces in plan.recvs:
-        for piece, count in pieces:
-            parts.setdefault(piece, []).append((at, count))
-            at += count * heads
+    for peer in sorted(recvs):
+        for i, rows in recvs[peer]:
+            tables[i][peer], at = table[at:at + rows], at + rows
+    for i, t in held.tables.items():
+        tables[i][rank] = t
+    # 2. every participant merges a piece's tables alike: the document's top P per head, (holder, cell) pairs
+    merged = {}
+    for i, piece in enumerate(plan.pieces):
+        holders = piece.holders()
+        if not holders:
+            continue
+        both = torch.cat([tables[i][h] for h in holders])  # [M, H, 2]
+        owner = torch.cat([torch.full((tables[i][h].shape[0],), h) for h in holders]).to(both.device)
+        best = _best(both[..., 0], both[..., 1].long(), top)  # [P, H]
+        head = torch.arange(heads, device=both.device).expand_as(best)
+        # pairs in one order every rank takes: head by head, best first
+        merged[i] = (owner[best].T.reshape(-1), both[..., 1].long().gather(0, best).T.reshape(-1), head.T.reshape(-1))
+    # 3. the keys and values of the merged pairs, from their holders to the reader
+    out_rows, send_counts, recv_counts = [], [], []
+    for peer in range(max([p.dst for p in plan.pieces], default=-1) + 1):
+        mine = [(i, (merged[i][0] == rank)) for i, piece in enumerate(plan.pieces)
+                if piece.dst == peer and peer != rank and i in merged]
+        rows = [held.rows_of(i, merged[i][1][pick], merged[i][2][pick]) for i, pick in mine if pick.any()]
+        if mine:
+            out_rows += rows
+            send_counts.append((peer, sum(r.shape[0] for r in rows)))
+    for holder in sorted({h for piece in plan.pieces if piece.dst == rank for h in piece.holders()}):
+        recv_counts.append((holder, sum(int((merged[i][0] == holder).sum()) for i, piece in enumerate(plan.pieces)
+                                        if piece.dst == rank and i in merged)))
+    outgoing = torch.cat(out_rows) if out_rows else x.reshape(-1)[:0].view(0, s, width)
+    received = exchange_rows(outgoing, tuple(send_counts), tuple(recv_counts), transport)
+    # 4. each own piece: a zero prefix holding its region, cut cells and merged cells
+    at_holder = {holder: sum(count for h, count in recv_counts if h < holder) for holder, _ in recv_counts}
     keys = []
-    for i, (piece, before, start) in enumerate(zip(plan.own, earlier, starts)):
+    own = [i for i, piece in enumerate(plan.pieces) if piece.dst == rank]
+    for i, before, start in zip(own, earlier, starts):
+        piece = plan.pieces[i]
         _, k_in, v_in = project(before, 0)  # FS-L's keys are unrotated: the position does not matter
-        at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.reads]).to(x.device)
-        kv = torch.zeros(start, heads, 2 * k_in.shape[-1], dtype=k_in.dtype, device=x.device)
+        at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
+        kv = torch.zeros(start, heads, width, dtype=k_in.dtype, device=x.device)
         kv = kv.index_put((at_positions,), torch.cat((k_in[0], v_in[0]), dim=-1))
-        for first, count in parts.get(i, []):
-            rows = received[first:first + count * heads].view(count, heads, s, -1)
-            cell = cells[first:first + count * heads].view(count, heads).to(x.device)
-            position = cell[..., None] * s + torch.arange(s, device=x.device)  # [count, H, s]
-            head = torch.arange(heads, device=x.device)[None, :, None].expand_as(position)
-            kv = kv.index_put((position, head), rows)
-        keys.append((kv[None, ..., :k_in.shape[-1]], kv[None, ..., k_in.shape[-1]:]))
+        if i in merged:
+            owner, cell, head = merged[i]
+            for holder in piece.holders():
+                pick = owner == holder
+                count = int(pick.sum())
+                rows = received[at_holder[holder]:at_holder[holder] + count]  # [n, s, 2d]
+                at_holder[holder] += count
+                position = cell[pick][:, None] * s + torch.arange(s, device=x.device)  # [n, s]
+                kv = kv.index_put((position, head[pick][:, None].expand_as(position)), rows)
+        keys.append((kv[None, ..., :width // 2], kv[None, ..., width // 2:]))
     return [received], keys

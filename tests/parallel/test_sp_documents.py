@@ -246,8 +246,9 @@ def test_argrc_pieces_receive_roots_that_tile_their_documents_earlier_part(layou
 
 def test_fsl_pieces_receive_the_region_and_each_ranks_top_cells_only():
     """FS-L's continued pieces (`plan_retained`): the inputs of the region before the piece (recent cells,
-    window, the first block's part before it) and of cells a boundary cuts; of every other earlier cell only
-    each holding rank's top `P` per head, so what a piece receives does not grow with its document."""
+    window, the first block's part before it) and of cells a boundary cuts; every other earlier cell is held
+    whole by one rank, whose best `P` per head the piece's holders and reader merge to the document's top
+    `P`, so what a piece receives does not grow with its document."""
     from fsframework.models.context import RetainedCells
     from fsframework.parallel.document_retained import plan_retained
 
@@ -266,9 +267,7 @@ def test_fsl_pieces_receive_the_region_and_each_ranks_top_cells_only():
     assert [rank for rank, _ in piece.candidates] == [0, 1, 2]
     held = sum(len(cells) for _, cells in piece.candidates)
     assert held + len(piece.reads) - 1 == region // 4  # every earlier cell is a candidate or read whole
-    assert [(peer, pieces) for peer, pieces in plan.recvs] == [(0, ((0, 3),)), (1, ((0, 3),)), (2, ((0, 3),))]
-    # the owners' side: rank 1 sends its 3 best for rank 3's piece, from the cells it holds whole
-    owner = plan_retained(positions, runs, 1, span, 8)
-    assert [(peer, [len(cells) for cells in pieces]) for peer, pieces in owner.jobs] == [
-        (2, [len(dict(plan_retained(positions, runs, 2, span, 8).own[0].candidates)[1])]),
-        (3, [len(dict(piece.candidates)[1])])]
+    # rank 1 reads its own piece (rank 0 holds its cells) and holds cells of rank 2's and rank 3's: it takes
+    # part in the three merges
+    holder = plan_retained(positions, runs, 1, span, 8)
+    assert [(piece.dst, piece.holders()) for piece in holder.pieces] == [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]
