@@ -196,12 +196,12 @@ def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    score_mod = None
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
+
     if slopes is not None:
         slopes = slopes.to(q.dtype)
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (q_idx - kv_idx)
+    score_mod = None if slopes is None else alibi
 
     if compiled and _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention)
