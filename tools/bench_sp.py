@@ -242,7 +242,7 @@ def keys_worker(spec: dict) -> None:
                 layer = routing_layer(kind, att, heads, head_dim) if entry.freesolo else None
                 project = layer.project if layer else lambda t, start: (t, t, t)  # what the exchange moves is the count
                 with CommCounter.counting() as counted:
-                    exchanged, keys = rows.continued_keys(x, entry.key_span(att), project)
+                    exchanged, keys = rows.continued_keys(x, entry.key_span(att), project, layer)
                     forward = sum(counted.values())
                     sum(t.sum() for t in exchanged + [kv for pair in keys for kv in pair]).backward()
                 records.append({"kind": kind, "n": n, "scheme": "masked", "layout": kind_layout, "documents": docs,

@@ -72,12 +72,12 @@ class QKVAttention(nn.Module):
         this layer projects from the document's earlier tokens (`earlier_tokens`: the same projection,
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
         # on every rank, whatever its rows hold: under sequence parallelism these are exchanges
-        exchanged, keys = source.continued_keys(x, self.key_span, self.project)
+        exchanged, keys = source.continued_keys(x, self.key_span, self.project, self)
         if self.reads_packed_rows and not source.documents.continuations and not source.documents.whole_rows:
             y = self.forward_packed_rows(x, source.documents)
         else:
             def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-                return self.forward_run(piece, ContinuedDocument(start, *keys[i]))
+                return self.forward_run(piece, ContinuedDocument(start, *keys[i]))  # FS routed: (k, v, cells)
 
             y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
         for earlier in exchanged:

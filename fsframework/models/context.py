@@ -159,13 +159,15 @@ class DocumentRows(WholeSequence):
         return x.reshape(-1, *x.shape[2:])[:0]
 
 
-    def continued_keys(self, x: torch.Tensor, span: Span, project) -> tuple[list[torch.Tensor], list[tuple]]:
+    def continued_keys(self, x: torch.Tensor, span: Span, project,
+                       layer: Optional["CellRouter"] = None) -> tuple[list[torch.Tensor], list[tuple]]:
         """A layer's input `x` `[B, n, D]` -> (the exchanges' outputs, which the layer's output is tied to
         with `after_earlier`; for each continuation piece the keys and values `[1, p, H, d]` of the `p`
         positions before it that its offset form reads). Here its document's earlier part (a window span:
         its window) from `earlier_tokens`, projected by `project(x, start) -> q, k, v` at the document's
-        positions; a sequence-parallel source may hand FS-L's zero prefix with only what its cells read
-        (`fsframework.parallel.document_retained`). Called once per layer call on every rank."""
+        positions; a sequence-parallel source may hand a zero prefix with only what FreeSolo's cells read
+        (FS-L: `fsframework.parallel.document_retained`; FS routed here for `layer`, its cells a third entry:
+        `document_selected`). Called once per layer call on every rank."""
         earlier = self.earlier_tokens(x, span)
         keys = []
         for before, (_, _, start) in zip(earlier_pieces(self.documents, earlier, span), self.documents.continuations):
@@ -186,12 +188,21 @@ class ContinuedDocument(KeySource):
     values of `[start - p, start)` (`p = start`, or at least the window of a window span) the layer
     computed from `DocumentRows.earlier_tokens`; `keys` puts them before the piece's own."""
 
-    def __init__(self, start: int, k: torch.Tensor, v: torch.Tensor):
+    def __init__(self, start: int, k: torch.Tensor, v: torch.Tensor, cells: Optional[torch.Tensor] = None):
         self.start, self.k, self.v = start, k, v
+        # a FreeSolo piece routed by the source (`fsframework.parallel.document_selected`): its cells, and
+        # earlier keys that hold only what they read
+        self.cells = cells
 
     def keys(self, layer: int, k: torch.Tensor, v: torch.Tensor,
              span: Span) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1)
+
+    def freesolo_state(self, layer, q, k, v, span, routed):
+        if self.cells is None:
+            return super().freesolo_state(layer, q, k, v, span, routed)
+        k, v = self.keys(layer, k, v, span)
+        return k, v, PrefixKeys(self.start, self.cells, None)
 
 
 class _AfterEarlier(torch.autograd.Function):

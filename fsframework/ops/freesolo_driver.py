@@ -47,7 +47,8 @@ Router = Callable[..., torch.Tensor]
 class PrefixKeys:
     """The state of queries at `[start, start + n)` that are handed the keys of their prefix (module
     docstring); `cells` `[B, n, H, K]`: routed by whoever gathered the keys (None: route here, with
-    `router`, `select_cells` unless a diagnostic replaces it: experiments/routing.py's ablations)."""
+    `router`, `select_cells` unless a diagnostic replaces it: experiments/routing.py's ablations); from a
+    `start` inside a query block, `[B, pad + n, H, K]`, the block's front-padded queries' too."""
 
     start: int = 0
     cells: Optional[torch.Tensor] = None
@@ -94,8 +95,9 @@ def _prefix(q, k, v, state: PrefixKeys, cfg: FreeSoloConfig, prior: RoutingPrior
     # every query of that block, and their outputs are dropped
     pad = start % cfg.block_size
     if pad:
-        if cells is not None:
-            raise ValueError(f"routed cells need queries from a block boundary, got start={start}")
+        if cells is not None and cells.shape[1] != pad + n:
+            raise ValueError(f"routed cells of queries from mid-block (start={start}) must cover the {pad} "
+                             f"front-padded queries too: {pad + n}, got {cells.shape[1]}")
         q = torch.cat((q.new_zeros((q.shape[0], pad, *q.shape[2:])), q), dim=1)
     if cells is None:
         cells = (state.router or select_cells)(q, k, cfg, prior, q_start=start - pad)

@@ -149,9 +149,8 @@ class _Candidates:
 
     def rows_of(self, i: int, cells: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
         """Keys and values `[n, s, 2d]` of this rank's document cells `cells` `[n]` of piece `i`, heads `[n]`."""
-        held = self.held[i]
-        first = held[0][0]  # a rank's cells of a piece are consecutive document cells
-        local = cells - first + self.offsets[i]
+        ids = torch.tensor([cell for cell, _, _ in self.held[i]], device=cells.device)  # ascending
+        local = torch.searchsorted(ids, cells) + self.offsets[i]
         return self.kv[local, :, heads]
 
 

@@ -24,10 +24,10 @@ each, q included). AR-GRC moves the roots of the earlier part's aligned blocks i
 ranks that hold their leaves (`fsframework.parallel.document_roots`).
 
 Bytes received per layer and direction, per rank: `sum over its pieces of reach D` elements, against
-`(sp - 1) B L 2 D` for the unmasked all-gather of keys and values (`L` the longest slice). FS's
-selected-cell exchange is not used for continued pieces: its layer reads the document's whole earlier
-part. FS-L's pieces receive the region before them and each holding rank's top cells only
-(`continued_keys` with its span, `fsframework.parallel.document_retained`).
+`(sp - 1) B L 2 D` for the unmasked all-gather of keys and values (`L` the longest slice). FreeSolo's
+pieces receive what they read (`continued_keys`): FS routes from the holders' summaries and receives its
+selected cells (`fsframework.parallel.document_selected`), FS-L the document's top cells
+(`document_retained`); both with the inputs of the region before the piece.
 
 Balance: under the zigzag layout (the kinds whose work grows with position: `sequence_layouts`) the rows
 are cut into `4 sp` chunks dealt to the ranks by the documents' causal work (`document_runs`), so every
@@ -48,6 +48,7 @@ from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.document_retained import piece_cells, plan_retained, retained_keys
 from fsframework.parallel.document_roots import RootsPlan, continued_roots, plan_roots
+from fsframework.parallel.document_selected import plan_selected, region_span, selected_keys
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
 
 Segment = tuple[int, int, int]  # (row, lo, hi): positions [lo, hi) of a row, global or a rank's own columns
@@ -173,9 +174,11 @@ class SequenceParallelDocuments(DocumentRows):
     def earlier_tokens(self, x: torch.Tensor, span: Span) -> torch.Tensor:
         return gather_earlier(x, self.plan(span), self.transport)
 
-    def continued_keys(self, x: torch.Tensor, span: Span, project):
+    def continued_keys(self, x: torch.Tensor, span: Span, project, layer=None):
+        if span is None and getattr(layer, "routes_from_summaries", False) and self.block_size is not None:
+            return self._selected_keys(x, project, layer)
         if not isinstance(span, RetainedCells) or self.block_size is None:
-            return super().continued_keys(x, span, project)
+            return super().continued_keys(x, span, project, layer)
         key = ("retained", span)
         if key not in self.plans:
             layout = RankLayout(self.all_runs)
@@ -189,6 +192,23 @@ class SequenceParallelDocuments(DocumentRows):
         before = [part[None] for part in earlier.split(sizes)]
         starts = [start for _, _, start in self.documents.continuations]
         exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport)
+        return [earlier, *exchanged], keys
+
+    def _selected_keys(self, x: torch.Tensor, project, layer):
+        """FS's continued pieces: routed here from the holders' summaries, their selected cells only
+        (`fsframework.parallel.document_selected`)."""
+        cfg = layer.settings
+        key = ("selected", cfg.block_size, cfg.cell_size, cfg.window)
+        if key not in self.plans:
+            layout, span = RankLayout(self.all_runs), region_span(cfg)
+            reads = plan_reads(self.whole_positions, self.all_runs, self.rank, lambda dst, row, a, start: piece_cells(
+                layout, span, cfg.block_size, row, a, start, dst).reads)
+            self.plans[key] = (reads, plan_selected(self.whole_positions, self.all_runs, self.rank, cfg))
+        reads, plan = self.plans[key]
+        earlier = gather_earlier(x, reads, self.transport)
+        sizes = [sum(hi - lo for lo, hi in piece.reads) for piece in plan.own]
+        before = [part[None] for part in earlier.split(sizes)]
+        exchanged, keys = selected_keys(x, plan, before, self.documents, layer, project, self.transport)
         return [earlier, *exchanged], keys
 
     def earlier_roots(self, h: torch.Tensor, combine):

@@ -271,3 +271,22 @@ def test_fsl_pieces_receive_the_region_and_each_ranks_top_cells_only():
     # part in the three merges
     holder = plan_retained(positions, runs, 1, span, 8)
     assert [(piece.dst, piece.holders()) for piece in holder.pieces] == [(1, [0]), (2, [0, 1]), (3, [0, 1, 2])]
+
+
+def test_fs_pieces_read_their_region_and_route_from_the_holders_summaries():
+    """FS's continued pieces (`plan_selected`): the inputs of the window and the first block's part before
+    the piece, and of the cells a boundary cuts; every other earlier cell lies whole on a holder, which
+    sends its summaries (and, on request, the cells routing selected)."""
+    from types import SimpleNamespace
+
+    from fsframework.parallel.document_selected import plan_selected
+
+    cfg = SimpleNamespace(cell_size=4, block_size=8, window=16)  # the settings the plan reads
+    doc_ids = torch.zeros(1, 512, dtype=torch.long)
+    doc_ids[0, :5] = 1  # the long document starts at 5: its cells straddle the ranks' boundaries
+    plan = plan_selected(document_positions(doc_ids), layout_runs(512, 4, 8, "contiguous"), 3, cfg)
+    (piece,) = plan.own
+    start = 384 - 5
+    assert piece.reads == ((120, 124), (248, 252), (min(start // 8 * 8, start - 16) // 4 * 4, start))
+    assert [rank for rank, _ in piece.candidates] == [0, 1, 2]
+    assert sum(len(cells) for _, cells in piece.candidates) + 2 == piece.reads[-1][0] // 4
