@@ -174,7 +174,10 @@ def test_document_masking_on_two_zero3_ranks_equals_one_rank(tmp_path):
     four blocks to the ranks by the documents' work (`document_runs`): a rank's late run continues documents
     from the other rank's runs and from its own early run, by point-to-point messages both ways."""
     masked = ["data.document_masking=true", "data.embedded_retrieval_docs=400", "data.embedded_python_chars=20000",
-              "data.embedded_retrieval_max_fraction=0.6", "data.micro_batch_size=8"]
+              "data.embedded_retrieval_max_fraction=0.6", "data.micro_batch_size=8",
+              # a window and cells small enough that a continued piece routes over other ranks' cells from
+              # their summaries and receives the selected ones (fsframework/parallel/document_selected.py)
+              "model.attention.window=16", "model.attention.cell_size=4"]
     one, two, sp, cache = tmp_path / "one", tmp_path / "two", tmp_path / "sp", str(tmp_path / "cache")
     run_fsf(*train_args(one, cache, "parallel.grad_accum=2", *masked))
     torchrun(2, *train_args(two, cache, "parallel.zero_stage=3", "train.activation_checkpointing=true", *masked))
