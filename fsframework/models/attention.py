@@ -73,13 +73,18 @@ class QKVAttention(nn.Module):
         RoPE at the document's positions `[0, start)`, so the same keys as one process's)."""
         # on every rank, whatever its rows hold: under sequence parallelism these are exchanges
         exchanged, keys = source.continued_keys(x, self.key_span, self.project, self)
-        if self.reads_packed_rows and not source.documents.continuations and not source.documents.whole_rows:
-            y = self.forward_packed_rows(x, source.documents)
-        else:
-            def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
-                return self.forward_run(piece, ContinuedDocument(start, *keys[i]))  # FS routed: (k, v, cells)
+        documents = source.documents
 
-            y = source.documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
+        def continue_piece(i: int, piece: torch.Tensor, start: int) -> torch.Tensor:
+            return self.forward_run(piece, ContinuedDocument(start, *keys[i]))  # FS routed: (k, v, cells)
+
+        if not self.reads_packed_rows or documents.whole_rows:
+            y = documents.map(lambda rows: self.forward_run(rows, WHOLE_SEQUENCE), x, continue_piece)
+        elif not documents.continuations:
+            y = self.forward_packed_rows(x, documents)
+        else:  # the documents that start here in one call, laid end to end; each continued piece on its own
+            y = documents.map_packed(lambda flat: self.forward_packed_rows(flat[None], documents.plain_documents)[0],
+                                     x, continue_piece)
         for earlier in exchanged:
             y = after_earlier(y, earlier)
         return y

@@ -120,6 +120,17 @@ class Documents:
         return self.derived("groups_by_length", build)
 
     @property
+    def plain_documents(self) -> "Documents":
+        """The documents that start in these rows laid end to end in one row `[1, P]` (`map_packed`'s order,
+        `plain_lengths`): what a kind's one-call form reads beside the continuation pieces, so that a part
+        with continuations still reads its other documents in one call. Built once per batch."""
+        def build() -> Documents:
+            ids = torch.repeat_interleave(torch.arange(len(self.plain_lengths)), torch.tensor(self.plain_lengths))
+            return Documents(ids[None], device=self.device)
+
+        return self.derived("plain_documents", build)
+
+    @property
     def whole_rows(self) -> bool:
         """Every row is one document that starts with it: `map` is `fn` itself."""
         return self.count == self.shape[0] and not self.continuations

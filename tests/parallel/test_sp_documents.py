@@ -290,3 +290,38 @@ def test_fs_pieces_read_their_region_and_route_from_the_holders_summaries():
     assert piece.reads == ((120, 124), (248, 252), (min(start // 8 * 8, start - 16) // 4 * 4, start))
     assert [rank for rank, _ in piece.candidates] == [0, 1, 2]
     assert sum(len(cells) for _, cells in piece.candidates) + 2 == piece.reads[-1][0] // 4
+
+
+@pytest.mark.parametrize("name", ["tfpp", "fs"])
+def test_a_rank_with_continued_pieces_reads_its_other_documents_in_one_call(name, monkeypatch):
+    """A rank whose part continues documents still reads every document that starts on it in one call of
+    its kind's one-call form (laid end to end: `Documents.plain_documents`), the continued pieces each in
+    the offset form, not one call per distinct document length."""
+    from fsframework.models.attention import QKVAttention
+
+    calls = {"packed": 0, "run": 0}
+    for method, key in (("forward_packed_rows", "packed"), ("forward_run", "run")):
+        for cls in {QKVAttention, *QKVAttention.__subclasses__(), type(tiny_model(name, VOCAB).layers[0].attn)}:
+            if method in vars(cls):
+                original = vars(cls)[method]
+
+                def counted(self, *args, _original=original, _key=key, **kwargs):
+                    calls[_key] += 1
+                    return _original(self, *args, **kwargs)
+
+                monkeypatch.setattr(cls, method, counted)
+    model = tiny_model(name, VOCAB).float()
+    tokens, _ = packed_batch()
+    sizes = [[5, 40, 3, 4, 2, 6], [3, 7, 1, 2, 30, 17], [20, 5, 6, 7, 6, 16]]  # distinct lengths in every part
+    doc_ids = torch.tensor([[d for d, size in enumerate(row) for _ in range(size)] for row in sizes])
+    runs = RUNS["contiguous"]
+    with torch.no_grad():
+        whole = model(tokens, doc_ids=doc_ids)
+        calls.update(packed=0, run=0)
+        model.parallelism = ranks = SimulatedRanks(runs)
+        parts = ranks.run(lambda r: model(shard_runs(tokens, runs[r]), sp=r, doc_ids=doc_ids))
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-5)
+    continued = sum(len(rank_documents(doc_ids, runs, r).continuations) for r in range(3))
+    assert continued == 5  # every row over the first boundary, rows 1 and 2 over the second
+    layers = len(model.layers)
+    assert calls == {"packed": 3 * layers, "run": continued * layers}
