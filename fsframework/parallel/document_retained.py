@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from fsframework.models.context import RetainedCells
-from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
+from fsframework.parallel.rank_layout import RankLayout, Transport, cell_inputs, continued_runs, exchange_rows
 
 Cell = tuple[int, int, int]  # (document cell index, row, first column on the rank that holds it)
 
@@ -132,7 +132,7 @@ class _Candidates:
         self.kv, self.tables, self.offsets = None, {}, {}
         if not cells:
             return
-        inputs = torch.stack([x[row, column:column + s] for _, row, column in cells])  # [C, s, D]
+        inputs = cell_inputs(x, cells, s)  # [C, s, D]
         _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
         k, v = (t.reshape(len(cells), s, *t.shape[2:]) for t in (k, v))
         self.kv = torch.cat((k, v), dim=-1)  # [C, s, H, 2d]

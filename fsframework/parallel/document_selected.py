@@ -32,7 +32,7 @@ import torch
 from fsframework.models.context import RetainedCells
 from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.document_retained import RetainedPlan, plan_retained
-from fsframework.parallel.rank_layout import Transport, exchange_rows
+from fsframework.parallel.rank_layout import Transport, cell_inputs, exchange_rows
 
 
 def region_span(cfg) -> RetainedCells:
@@ -48,7 +48,7 @@ def plan_selected(positions: torch.Tensor, all_runs, rank: int, cfg) -> Retained
 
 def _held_cells(x: torch.Tensor, cells, project, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values `[C, s, H, d]` of a rank's cells `(cell, row, column)` of a piece, from its inputs."""
-    inputs = torch.stack([x[row, column:column + s] for _, row, column in cells])  # [C, s, D]
+    inputs = cell_inputs(x, cells, s)  # [C, s, D]
     _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
     return k.reshape(len(cells), s, *k.shape[2:]), v.reshape(len(cells), s, *v.shape[2:])
 

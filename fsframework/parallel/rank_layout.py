@@ -71,3 +71,11 @@ class _Exchange(torch.autograd.Function):
 def exchange_rows(outgoing: torch.Tensor, sends: tuple, recvs: tuple, transport: Transport) -> torch.Tensor:
     """`_Exchange` (differentiable): `outgoing` rows to `sends`' peers -> the rows `recvs`' peers sent."""
     return _Exchange.apply(outgoing, sends, recvs, transport)
+
+
+def cell_inputs(x: torch.Tensor, cells, cell_size: int) -> torch.Tensor:
+    """The inputs `[C, s, D]` of a rank's cells `(cell, row, first column)` in its part `x` `[B, n, D]`, in
+    one gather (an index built on the host, not a slice per cell)."""
+    firsts = torch.tensor([row * x.shape[1] + column for _, row, column in cells], dtype=torch.long)
+    index = (firsts[:, None] + torch.arange(cell_size)).to(x.device)
+    return x.reshape(-1, x.shape[-1])[index]
