@@ -75,6 +75,7 @@ class Piece:
     dst: int
     index: int
     cells: PieceCells
+    document: tuple[int, int] = (0, 0)  # (row, the document's first row position): pieces of one document
 
     def holders(self) -> list[int]:
         return [rank for rank, _ in self.cells.candidates]
@@ -105,7 +106,7 @@ def plan_retained(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]]
             for (a, _), start in zip(runs, starts):
                 if not start:
                     continue
-                piece = Piece(dst, index, piece_cells(layout, span, block_size, row, a, start, dst))
+                piece = Piece(dst, index, piece_cells(layout, span, block_size, row, a, start, dst), (row, a - start))
                 if dst == rank or rank in piece.holders():
                     pieces.append(piece)
                 index += 1

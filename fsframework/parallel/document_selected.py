@@ -53,87 +53,115 @@ def _held_cells(x: torch.Tensor, cells, project, s: int) -> tuple[torch.Tensor, 
     return k.reshape(len(cells), s, *k.shape[2:]), v.reshape(len(cells), s, *v.shape[2:])
 
 
+def _groups(plan: RetainedPlan) -> list[list[int]]:
+    """The pieces of `plan` grouped by reader and document, each group in position order: a rank's later
+    piece of a document reads every earlier cell its earlier pieces read (each holder's cells of an earlier
+    piece are the first of the later one's), so a group's cells travel once, as its last piece's."""
+    groups: dict[tuple, list[int]] = {}
+    for i, piece in enumerate(plan.pieces):
+        groups.setdefault((piece.dst, piece.document), []).append(i)
+    return list(groups.values())
+
+
 def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tensor], documents, layer, project,
                   transport: Transport) -> tuple[list[torch.Tensor], list[tuple]]:
     """For each of this rank's continued pieces (`earlier[i]`: the inputs of its `reads`) its FS keys and
     values `[1, o, H, d]` (zero but what its cells read) and its routed cells `[1, pad + m, H, K]` (module
     docstring). `documents`: this rank's (`continuations`: the pieces' tokens and positions); `layer` the
-    FS layer (settings, prior). Returns (what to tie the layer's output to; (k, v, cells) per piece)."""
+    FS layer (settings, prior). The pieces of one document on this rank share one exchange (`_groups`).
+    Returns (what to tie the layer's output to; (k, v, cells) per piece)."""
     cfg, rank = layer.settings, plan.rank
     s, block = cfg.cell_size, cfg.block_size
     _, probe, _ = project(x[:1, :0], 0)
     heads, dim = probe.shape[2], probe.shape[3]
-    held = {i: dict(piece.cells.candidates)[rank] for i, piece in enumerate(plan.pieces)
-            if rank in piece.holders()}
-    projected = {i: _held_cells(x, cells, project, s) for i, cells in held.items()}
-    # 1. the holders' summaries of their cells, to the piece's rank: kbar and a per cell and head
+    groups = _groups(plan)
+    last = {tuple(g): plan.pieces[g[-1]] for g in groups}
+    # the groups this rank holds cells of (for another rank) and the groups it reads with their holders
+    held = {tuple(g): dict(last[tuple(g)].cells.candidates)[rank] for g in groups
+            if rank in last[tuple(g)].holders() and last[tuple(g)].dst != rank}
+    reading = [(tuple(g), last[tuple(g)].cells.candidates) for g in groups if last[tuple(g)].dst == rank]
+    projected = {g: _held_cells(x, cells, project, s) for g, cells in held.items()}
+    # 1. the holders' summaries of their cells, to the reader: kbar and a per cell and head
+    sends = _by_reader(held, last)
+    recvs = _by_holder(reading)
+    sizes = dict(_reading_cells(reading))
     with torch.no_grad():
         summaries = {}
-        for i, (k, _) in projected.items():
+        for g, (k, _) in projected.items():
             kbar, a = summarize_cells(k.reshape(1, -1, heads, dim), cfg)  # [1, H, C, d], [1, H, C]
-            summaries[i] = torch.cat((kbar[0], a[0, ..., None].to(kbar.dtype)), dim=-1).transpose(0, 1)  # [C, H, d+1]
-        sends = _by_reader(plan, rank, held)
-        recvs = _by_holder(plan, rank, lambda piece, cells: len(cells))
+            summaries[g] = torch.cat((kbar[0], a[0, ..., None].to(kbar.dtype)), dim=-1).transpose(0, 1)  # [C, H, d+1]
         like = torch.empty(0, heads, dim + 1, dtype=_summary_dtype(probe), device=x.device)
-        gathered = exchange_rows(_cat([summaries[i] for _, pieces in sends for i in pieces], like),
-                                 _counts(sends, lambda i: summaries[i].shape[0]), _recv_counts(recvs), transport)
+        gathered = exchange_rows(_cat([summaries[g] for _, gs in sends for g in gs], like),
+                                 _held_counts(sends, held), _read_counts(recvs, sizes), transport)
+    offsets = _offsets(recvs, sizes)
     # 2. each own piece routes over every cell before its blocks: the holders', the region's and its own
     own = [i for i, piece in enumerate(plan.pieces) if piece.dst == rank]
-    routed, flags, at = [], {}, _recv_offsets(recvs)
-    for n, (i, before) in enumerate(zip(own, earlier)):
-        piece = plan.pieces[i]
-        _, index, start = documents.continuations[n]
-        q, k_own, _ = project(x.reshape(-1, x.shape[-1])[index][None], start)
-        _, k_in, v_in = project(before, 0)  # FS's keys are unrotated: the position does not matter
-        at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
-        kv = x.new_zeros(start, heads, 2 * dim, dtype=k_in.dtype).index_put(
-            (at_positions,), torch.cat((k_in[0], v_in[0]), dim=-1))
-        with torch.no_grad():
-            kbar, a = summarize_cells(torch.cat((kv[None, ..., :dim], k_own), dim=1), cfg)  # [1, H, C, d]
-            for holder, cells in piece.cells.candidates:
-                ids, count = _ids(cells, x.device), len(cells)
-                rows = gathered[at[holder]:at[holder] + count]  # [C, H, d+1]
-                at[holder] += count
-                kbar[0, :, ids] = rows[..., :dim].transpose(0, 1).to(kbar.dtype)
-                a[0, :, ids] = rows[..., dim].transpose(0, 1).to(a.dtype)
-            pad = start % block
-            q_pad = torch.cat((q.new_zeros(1, pad, heads, dim), q), dim=1)
-            cells = select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
-            # which of each holder's cells (and heads) some query selected: [C, H] flags
-            picked = torch.zeros(a.shape[-1], heads, dtype=torch.bool, device=x.device)
-            chosen = cells[0].permute(1, 0, 2).reshape(heads, -1)  # [H, queries K]
-            valid = chosen >= 0
-            picked[chosen[valid], torch.arange(heads, device=x.device)[:, None].expand_as(chosen)[valid]] = True
-            for holder, held_cells in piece.cells.candidates:
-                flags[i, holder] = picked[_ids(held_cells, x.device)]
-        routed.append((kv, cells))
-    # 3. the flags to the holders, then the selected cells' keys and values back
+    slot = {i: n for n, i in enumerate(own)}
+    routed, flags = {}, {}
+    for g, candidates in reading:
+        union = {holder: torch.zeros(len(cells), heads, dtype=torch.bool, device=x.device) for holder, cells in candidates}
+        for i in g:
+            piece, before = plan.pieces[i], earlier[slot[i]]
+            _, index, start = documents.continuations[slot[i]]
+            q, k_own, _ = project(x.reshape(-1, x.shape[-1])[index][None], start)
+            _, k_in, v_in = project(before, 0)  # FS's keys are unrotated: the position does not matter
+            at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
+            kv = x.new_zeros(start, heads, 2 * dim, dtype=k_in.dtype).index_put(
+                (at_positions,), torch.cat((k_in[0], v_in[0]), dim=-1))
+            with torch.no_grad():
+                kbar, a = summarize_cells(torch.cat((kv[None, ..., :dim], k_own), dim=1), cfg)  # [1, H, C, d]
+                for holder, cells in piece.cells.candidates:  # the first cells of the group's holder's
+                    rows = gathered[offsets[g, holder]:offsets[g, holder] + len(cells)]  # [C, H, d+1]
+                    ids = _ids(cells, x.device)
+                    kbar[0, :, ids] = rows[..., :dim].transpose(0, 1).to(kbar.dtype)
+                    a[0, :, ids] = rows[..., dim].transpose(0, 1).to(a.dtype)
+                pad = start % block
+                q_pad = torch.cat((q.new_zeros(1, pad, heads, dim), q), dim=1)
+                cells = select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
+                # which of each holder's cells (and heads) some query selected: [C, H] flags
+                picked = torch.zeros(a.shape[-1], heads, dtype=torch.bool, device=x.device)
+                chosen = cells[0].permute(1, 0, 2).reshape(heads, -1)  # [H, queries K]
+                valid = chosen >= 0
+                picked[chosen[valid], torch.arange(heads, device=x.device)[:, None].expand_as(chosen)[valid]] = True
+                for holder, held_cells in piece.cells.candidates:
+                    flags[i, holder] = picked[_ids(held_cells, x.device)]
+                    union[holder][:len(held_cells)] |= flags[i, holder]
+            routed[i] = (kv, cells)
+        for holder, _ in candidates:
+            flags[g, holder] = union[holder]
+    # 3. each group's flags (the union of its pieces') to the holders, then those cells' keys and values back
     with torch.no_grad():
-        flag_sends = _by_holder(plan, rank, lambda piece, cells: len(cells))  # reader -> holder: one row a cell
-        asked = exchange_rows(_cat([flags[i, holder].to(torch.uint8) for holder, pieces in flag_sends
-                                    for i, _ in pieces], torch.empty(0, heads, dtype=torch.uint8, device=x.device)),
-                              _recv_counts(flag_sends), _counts(sends, lambda i: len(held[i])), transport).bool()
-    outgoing, counts, at_flag = [], [], 0
-    for peer, pieces in sends:
+        asked = exchange_rows(_cat([flags[g, holder].to(torch.uint8) for holder, gs in recvs for g in gs],
+                                   torch.empty(0, heads, dtype=torch.uint8, device=x.device)),
+                              _read_counts(recvs, sizes), _held_counts(sends, held), transport).bool()
+    outgoing, counts, at = [], [], 0
+    for peer, gs in sends:
         total = 0
-        for i in pieces:
-            mine = asked[at_flag:at_flag + len(held[i])]  # [C, H]
-            at_flag += len(held[i])
+        for g in gs:
+            mine = asked[at:at + len(held[g])]  # [C, H]
+            at += len(held[g])
             cell, head = mine.nonzero(as_tuple=True)
-            k, v = projected[i]
+            k, v = projected[g]
             outgoing.append(torch.cat((k[cell, :, head], v[cell, :, head]), dim=-1))  # [n, s, 2d]
             total += cell.numel()
         counts.append((peer, total))
-    expected = [(holder, sum(int(flags[i, holder].sum()) for i, _ in pieces)) for holder, pieces in flag_sends]
+    expected = [(holder, sum(int(flags[g, holder].sum()) for g in gs)) for holder, gs in recvs]
     received = exchange_rows(_cat(outgoing, x.reshape(-1)[:0].view(0, s, 2 * dim)), tuple(counts), tuple(expected),
                              transport)
-    # 4. the selected cells in each piece's zero prefix
-    keys, at_cell = [], {holder: sum(c for h, c in expected if h < holder) for holder, _ in expected}
-    for i, (kv, cells) in zip(own, routed):
+    # 4. each piece's selected cells in its zero prefix, from its group's rows
+    first_row, at = {}, 0
+    for holder, gs in recvs:
+        for g in gs:
+            first_row[g, holder], at = at, at + int(flags[g, holder].sum())
+    keys = []
+    for i in own:
+        kv, cells = routed[i]
+        g = next(g for g, _ in reading if i in g)
         for holder, held_cells in plan.pieces[i].cells.candidates:
+            union = flags[g, holder]
+            order = union.reshape(-1).long().cumsum(0).view(union.shape) - 1  # a flagged pair's row in the message
             cell, head = flags[i, holder].nonzero(as_tuple=True)
-            rows = received[at_cell[holder]:at_cell[holder] + cell.numel()]
-            at_cell[holder] += cell.numel()
+            rows = received[first_row[g, holder] + order[cell, head]]
             position = _ids(held_cells, x.device)[cell][:, None] * s + torch.arange(s, device=x.device)
             kv = kv.index_put((position, head[:, None].expand_as(position)), rows)
         keys.append((kv[None, ..., :dim], kv[None, ..., dim:], cells))
@@ -153,39 +181,42 @@ def _cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts) if parts else empty
 
 
-def _by_reader(plan: RetainedPlan, rank: int, held: dict) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """The pieces this rank holds cells of (`held`), grouped by their reader (readers in order, pieces in order)."""
-    out: dict[int, list[int]] = {}
-    for i, piece in enumerate(plan.pieces):
-        if i in held and piece.dst != rank:
-            out.setdefault(piece.dst, []).append(i)
-    return tuple((p, tuple(pieces)) for p, pieces in sorted(out.items()))
+def _by_reader(held: dict, last: dict) -> tuple[tuple[int, tuple[tuple, ...]], ...]:
+    """The groups this rank holds cells of, by their reader (readers in order, groups in plan order)."""
+    out: dict[int, list[tuple]] = {}
+    for g in held:
+        out.setdefault(last[g].dst, []).append(g)
+    return tuple((peer, tuple(gs)) for peer, gs in sorted(out.items()))
 
 
-def _by_holder(plan: RetainedPlan, rank: int, size) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-    """This rank's pieces grouped by the ranks holding their cells: `(holder, ((piece, rows), ...))`."""
-    out: dict[int, list[tuple[int, int]]] = {}
-    for i, piece in enumerate(plan.pieces):
-        if piece.dst != rank:
-            continue
-        for holder, cells in piece.cells.candidates:
-            out.setdefault(holder, []).append((i, size(piece, cells)))
-    return tuple((h, tuple(pieces)) for h, pieces in sorted(out.items()))
+def _by_holder(reading) -> tuple[tuple[int, tuple[tuple, ...]], ...]:
+    """The groups this rank reads, by the ranks holding their cells (holders in order, groups in plan order)."""
+    out: dict[int, list[tuple]] = {}
+    for g, candidates in reading:
+        for holder, _ in candidates:
+            out.setdefault(holder, []).append(g)
+    return tuple((h, tuple(gs)) for h, gs in sorted(out.items()))
 
 
-def _counts(sends, size) -> tuple[tuple[int, int], ...]:
-    return tuple((peer, sum(size(i) for i in pieces)) for peer, pieces in sends)
+def _reading_cells(reading):
+    """`((group, holder), cell count)` of the groups this rank reads."""
+    return [((g, holder), len(cells)) for g, candidates in reading for holder, cells in candidates]
 
 
-def _recv_counts(recvs) -> tuple[tuple[int, int], ...]:
-    return tuple((holder, sum(rows for _, rows in pieces)) for holder, pieces in recvs)
+def _held_counts(sends, held: dict) -> tuple[tuple[int, int], ...]:
+    """Rows per reader of the groups this rank holds cells of: one per cell."""
+    return tuple((peer, sum(len(held[g]) for g in gs)) for peer, gs in sends)
 
 
-def _recv_offsets(recvs) -> dict[int, int]:
-    """Where each holder's rows begin in a message laid out holder by holder."""
+def _read_counts(recvs, sizes: dict) -> tuple[tuple[int, int], ...]:
+    """Rows per holder of the groups this rank reads: `sizes[group, holder]`, one per cell."""
+    return tuple((holder, sum(sizes[g, holder] for g in gs)) for holder, gs in recvs)
+
+
+def _offsets(recvs, sizes: dict) -> dict:
+    """Where each (group, holder)'s rows begin in a message laid out holder by holder, groups in order."""
     offsets, at = {}, 0
-    for holder, pieces in recvs:
-        offsets[holder] = at
-        at += sum(rows for _, rows in pieces)
+    for holder, gs in recvs:
+        for g in gs:
+            offsets[g, holder], at = at, at + sizes[g, holder]
     return offsets
-
