@@ -93,6 +93,10 @@ class QKVAttention(nn.Module):
     # `Documents.map` runs its whole-sequence form once per distinct document length
     reads_packed_rows = False
 
+    # the kind routes from cells' summaries alone (FS), so a source may route its continued pieces from
+    # summaries another rank sends (`fsframework.parallel.document_selected`)
+    routes_from_summaries = False
+
     def forward_packed_rows(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
         """x `[B, T, D]` of packed rows that each begin a document -> `[B, T, D]`, every document read as a
         row of its own (queries, keys and positions its own) in one `attend_documents` call."""

@@ -175,7 +175,7 @@ class SequenceParallelDocuments(DocumentRows):
         return gather_earlier(x, self.plan(span), self.transport)
 
     def continued_keys(self, x: torch.Tensor, span: Span, project, layer=None):
-        if span is None and getattr(layer, "routes_from_summaries", False) and self.block_size is not None:
+        if span is None and layer is not None and layer.routes_from_summaries and self.block_size is not None:
             return self._selected_keys(x, project, layer)
         if not isinstance(span, RetainedCells) or self.block_size is None:
             return super().continued_keys(x, span, project, layer)
