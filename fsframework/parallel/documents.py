@@ -58,14 +58,15 @@ Segment = tuple[int, int, int]  # (row, lo, hi): positions [lo, hi) of a row, gl
 class EarlierPlan:
     """One rank's part of an exchange of continuation pieces' earlier inputs (`plan_earlier`).
 
-    `size`: positions it receives in all (its pieces' reaches added up, in its `continuations` order);
-    `local`: `(row, lo, hi, out)` own columns copied to output position `out`; `recvs[peer]`: output
-    ranges `(out, out_end)` filled from `peer`'s message in order; `sends[peer]`: own segments
+    `size`: positions its pieces read in all (their reaches added up, in its `continuations` order);
+    `local`: `(row, lo, hi, out)` own columns copied to output position `out`; `recvs[peer]`: `(rows,
+    ranges)`, the message's length and the output ranges `(out, out_end, at)` filled from its rows `at`
+    on (pieces of one document may read the same rows: each moves once); `sends[peer]`: own segments
     `(row, lo, hi)` whose inputs make up the message to `peer`, in order."""
 
     size: int
     local: tuple[tuple[int, int, int, int], ...]
-    recvs: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+    recvs: tuple[tuple[int, int, tuple[tuple[int, int, int], ...]], ...]
     sends: tuple[tuple[int, tuple[Segment, ...]], ...]
 
 
@@ -82,10 +83,10 @@ def plan_reads(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], r
                reads: Callable[[int, int, int, int], list[tuple[int, int]]]) -> EarlierPlan:
     """`plan_earlier` for any positions of the earlier part: `reads(dst, row, a, start)` gives, for rank
     `dst`'s piece of `row` whose run starts at row position `a` at position `start` of its document, the
-    ranges `[lo, hi)` of the document (`hi <= start`, in order) whose inputs it receives, end to end."""
+    ranges `[lo, hi)` of the document (`hi <= start`, in order) whose inputs it receives, end to end. A
+    position two pieces of a rank read travels once."""
     layout = RankLayout(all_runs)
-    local, recvs, sends = [], {}, {}
-    size = 0
+    local, wanted, size = [], {}, 0
     for dst, runs in enumerate(all_runs):
         out = 0
         for row, starts in enumerate(continued_runs(positions, runs)):
@@ -94,15 +95,39 @@ def plan_reads(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], r
                     for src, column, lo, hi in layout.split(a - start + lo_doc, a - start + hi_doc):
                         if dst == rank == src:
                             local.append((row, column, column + hi - lo, out))
-                        elif dst == rank:
-                            recvs.setdefault(src, []).append((out, out + hi - lo))
-                        elif src == rank:
-                            sends.setdefault(dst, []).append((row, column, column + hi - lo))
+                        elif rank in (src, dst):
+                            wanted.setdefault((src, dst), []).append((row, lo, hi, column, out))
                         out += hi - lo
         if dst == rank:
             size = out
-    return EarlierPlan(size, tuple(local), tuple((p, tuple(r)) for p, r in sorted(recvs.items())),
-                       tuple((p, tuple(s)) for p, s in sorted(sends.items())))
+    recvs, sends = [], []
+    for (src, dst), parts in sorted(wanted.items()):
+        unique = _merged([(row, lo, hi, column) for row, lo, hi, column, _ in parts])
+        if src == rank:
+            sends.append((dst, tuple((row, column, column + hi - lo) for row, lo, hi, column in unique)))
+        else:
+            firsts, at = [], 0
+            for row, lo, hi, _ in unique:
+                firsts.append(at)
+                at += hi - lo
+            ranges = []
+            for row, lo, hi, _, out in parts:
+                u = next(j for j, (r, ulo, uhi, _) in enumerate(unique) if r == row and ulo <= lo and hi <= uhi)
+                ranges.append((out, out + hi - lo, firsts[u] + lo - unique[u][1]))
+            recvs.append((src, at, tuple(ranges)))
+    return EarlierPlan(size, tuple(local), tuple(recvs), tuple(sends))
+
+
+def _merged(parts: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """Segments `(row, lo, hi, column)` of one rank's positions (global `[lo, hi)` at its column `column`),
+    sorted and merged where they overlap or touch in both the row and the rank's columns."""
+    merged: list[list[int]] = []
+    for row, lo, hi, column in sorted(parts):
+        if merged and merged[-1][0] == row and lo <= merged[-1][2] and column - lo == merged[-1][3] - merged[-1][1]:
+            merged[-1][2] = max(merged[-1][2], hi)
+        else:
+            merged.append([row, lo, hi, column])
+    return [tuple(m) for m in merged]
 
 
 def _flat_index(segments, columns: int) -> torch.Tensor:
@@ -116,18 +141,21 @@ def gather_earlier(x: torch.Tensor, plan: EarlierPlan, transport: Transport) -> 
     reads before it, laid end to end (differentiable: backward returns every gradient to its owner)."""
     flat = x.reshape(-1, *x.shape[2:])
     columns = x.shape[1]
-    sent = flat[_flat_index([seg for _, segments in plan.sends for seg in segments], columns)]
+    sent = flat[_flat_index([seg for _, segments in plan.sends for seg in segments], columns).to(x.device)]
     sends = tuple((peer, sum(hi - lo for _, lo, hi in segments)) for peer, segments in plan.sends)
-    recvs = tuple((peer, sum(e - s for s, e in ranges)) for peer, ranges in plan.recvs)
-    received = exchange_rows(sent, sends, recvs, transport)
-    own = flat[_flat_index([(row, lo, hi) for row, lo, hi, _ in plan.local], columns)]
-    # output positions of the own rows, then of the received ones: their inverse orders the output
-    at = [torch.arange(out, out + hi - lo) for _, lo, hi, out in plan.local]
-    at += [torch.arange(s, e) for _, ranges in plan.recvs for s, e in ranges]
-    order = torch.cat(at) if at else torch.zeros(0, dtype=torch.long)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel())
-    return torch.cat((own, received))[inverse.to(x.device)]
+    received = exchange_rows(sent, sends, tuple((peer, rows) for peer, rows, _ in plan.recvs), transport)
+    own = flat[_flat_index([(row, lo, hi) for row, lo, hi, _ in plan.local], columns).to(x.device)]
+    # each output position's row of (own rows, then the received ones); a received row may serve several
+    index = torch.empty(plan.size, dtype=torch.long)
+    at = 0
+    for _, lo, hi, out in plan.local:
+        index[out:out + hi - lo] = torch.arange(at, at + hi - lo)
+        at += hi - lo
+    for _, rows, ranges in plan.recvs:
+        for out, end, first in ranges:
+            index[out:end] = torch.arange(at + first, at + first + end - out)
+        at += rows
+    return torch.cat((own, received))[index.to(x.device)]
 
 
 def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
