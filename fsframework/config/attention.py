@@ -13,6 +13,7 @@ from fsframework.ops.impls import IMPLS
 COMBINE_MODES = ("sum", "gate", "separate_wo")
 READOUT_GAIN_PARAMS = ("log", "linear")  # model.attention.readout_gain_param
 READOUT_BACKWARDS = ("unit", "gain")  # model.attention.readout_backward
+ROUTE_SCORES = ("mean", "tokens")  # model.attention.route_score
 
 
 @dataclass
@@ -40,6 +41,10 @@ class AttentionConfig:
     # the gradient the long-range branch learns from: "gain" (the true one) or "unit" (as if the
     # read had gain 1 while the forward keeps g; measured: it spoils text, kept as an option)
     readout_backward: str = "gain"
+    # routing's content term (FS, FS-L): "mean", the paper's q . kbar_c / sqrt(d) (Eq. 7), or "tokens",
+    # log sum_{j in c} exp(q . k_j / sqrt(d)) over the cell's token keys (Eq. 12's content term, FS-B's
+    # rescoring): a departure (docs/freesolo.md "Departures"), s times the routing's work, no Triton kernel
+    route_score: str = "mean"
     fsb: FsbConfig = field(default_factory=FsbConfig)  # FS-B's read path (model.name=fsb)
     rewired: RewiredConfig = field(default_factory=RewiredConfig)  # model.name=rewired
 
@@ -49,6 +54,7 @@ def check_attention(a: AttentionConfig, *, freesolo: bool, n_heads: int) -> None
     choice("model.attention.combine", a.combine, COMBINE_MODES)
     choice("model.attention.readout_gain_param", a.readout_gain_param, READOUT_GAIN_PARAMS)
     choice("model.attention.readout_backward", a.readout_backward, READOUT_BACKWARDS)
+    choice("model.attention.route_score", a.route_score, ROUTE_SCORES)
     if a.readout_gain_param == "log" and not a.readout_gain > 0:
         raise ConfigError(f"model.attention.readout_gain={a.readout_gain} must be > 0 with "
                           "model.attention.readout_gain_param=log (it learns log g); set readout_gain_param=linear "

@@ -81,13 +81,21 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior
         if first_cells is not None:
             raise ValueError("FS-B's search reads packed documents one length at a time, not by first_cells")
         return select_cells_fsb(q, k, config, prior, q_start=q_start)
-    kernel = kernel_for("cell_routing", "select_cells", config.impl, q,
-                        routing_unsupported(q.dtype, q.shape[-1], config))
+    kernel = kernel_for("cell_routing", "select_cells", config.impl, q, _routing_unsupported(q, config))
     documents = {} if first_cells is None else {"first_cells": first_cells}
     if kernel is not None:
         # the kernel scores only the given queries (their blocks), over the summaries of every key
         return kernel(q.detach(), k.detach(), config, prior, q_start=q_start, **documents)
     return select_cells_reference(q.detach(), k.detach(), config, prior, q_start=q_start, **documents)
+
+
+def _routing_unsupported(q: torch.Tensor, config: FreeSoloConfig) -> str | None:
+    """Why the routing kernel cannot run this call (None: it can): `routing_unsupported`, and the content
+    term `route_score="tokens"`, which only the reference computes."""
+    if config.route_score != "mean":
+        return (f"model.attention.route_score={config.route_score!r} (the kernel scores cells by their mean key "
+                "only)")
+    return routing_unsupported(q.dtype, q.shape[-1], config)
 
 
 def summarize_cells(k: torch.Tensor, config: FreeSoloConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,6 +120,9 @@ def select_cells_from_summaries(q: torch.Tensor, kbar: torch.Tensor, a: torch.Te
     `[Bt, n, H, top_k]`, no gradient."""
     if config.variant not in ("fs", "fsl"):
         raise ValueError(f"routing from summaries serves the variants 'fs' and 'fsl', got {config.variant!r}")
+    if config.route_score != "mean":
+        raise ValueError(f"model.attention.route_score={config.route_score!r} scores cells by their token keys, "
+                         "which the summaries do not hold: route with select_cells")
     if q.dim() != 4 or q_start < 0 or q_start % config.block_size:
         raise ValueError(f"q must be [Bt, n, H, d] at a q_start that is a multiple of "
                          f"block_size={config.block_size}, got {tuple(q.shape)} at q_start={q_start}")

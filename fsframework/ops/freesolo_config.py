@@ -34,6 +34,7 @@ class FreeSoloConfig:
     retained_cells: int  # P (FS-L)
     impl: str  # auto | reference | triton (`fsframework.ops.dispatch`)
     readout_backward: str  # "gain" (the true gradient) or "unit" (as if the read had gain 1)
+    route_score: str  # routing's content term: "mean" (q . kbar, Eq. 7) or "tokens" (log-sum-exp of the token logits)
     beam_width: int  # FS-B: Wb per forest
     bound_c: float  # FS-B: c of the node bound U_v
     forests: str  # FS-B: both | f0 | ftau
@@ -47,7 +48,8 @@ class FreeSoloConfig:
                    cell_size=attention.cell_size, block_size=attention.block_size,
                    top_k=fsb.top_k if variant == "fsb" else attention.top_k, recent_cells=attention.recent_cells,
                    retained_cells=attention.retained_cells, impl=attention.impl,
-                   readout_backward=attention.readout_backward, beam_width=fsb.beam_width, bound_c=fsb.bound_c,
+                   readout_backward=attention.readout_backward, route_score=attention.route_score,
+                   beam_width=fsb.beam_width, bound_c=fsb.bound_c,
                    forests=fsb.forests)
 
     def replace(self, **changes) -> "FreeSoloConfig":

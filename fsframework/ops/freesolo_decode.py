@@ -136,7 +136,9 @@ class FSDecodeState(FreeSoloDecodeState):
             kbar, a = self.summaries.view()
             a = a.transpose(1, 2)  # B H C
             centers = self.centers(torch.arange(self.num_cells, device=a.device), a, cfg)
-            self.candidates = block_candidates(kbar.transpose(1, 2), a, centers, None, prior)
+            tokens = self.cells(self.archive.tensors[0], cfg)[:, :, :self.num_cells] \
+                if cfg.route_score == "tokens" else None
+            self.candidates = block_candidates(kbar.transpose(1, 2), a, centers, None, prior, tokens)
         keys, values = self.archive.tensors
         return self.candidates.route(q, start, cfg.top_k), self.cells(keys, cfg), self.cells(values, cfg), None
 
@@ -194,7 +196,8 @@ class FSLDecodeState(FreeSoloDecodeState):
         st = self.state
         if self.candidates is None:
             self.candidates = block_candidates(st.kbar, st.a, self.centers(st.cells, st.a, cfg),
-                                               st.valid(self.num_cells, cfg.recent_cells), prior)
+                                               st.valid(self.num_cells, cfg.recent_cells), prior,
+                                               st.keys if cfg.route_score == "tokens" else None)
         return self.candidates.route(q, start, cfg.top_k), st.keys, st.values, st.cells
 
     @property

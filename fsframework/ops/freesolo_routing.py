@@ -34,9 +34,10 @@ from fsf_kernels.common.args import (VARIANTS, check_first_cells, check_query_of
                                     check_summaries, prior_per_head)
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
 
-__all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_summaries",
-           "check_query_offset", "check_routing_args", "prior_per_head", "query_blocks", "route_candidates",
-           "select_cells_from_summaries_reference", "select_cells_reference", "summaries_by_head", "top_k_earliest"]
+__all__ = ["BlockCandidates", "FSLState", "VARIANTS", "admit_fsl", "block_candidates", "cell_keys_by_head",
+           "cell_summaries", "check_query_offset", "check_routing_args", "prior_per_head", "query_blocks",
+           "route_candidates", "select_cells_from_summaries_reference", "select_cells_reference",
+           "summaries_by_head", "token_score", "top_k_earliest"]
 
 
 def cell_summaries(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +119,18 @@ def select_cells_reference(q: torch.Tensor, k: torch.Tensor, config: FreeSoloCon
     """
     check_routing_args(q, k, config, q_start=q_start)
     kbar, a = summaries_by_head(k, config.cell_size)
-    return select_cells_from_summaries_reference(q, kbar, a, config, prior, q_start=q_start, first_cells=first_cells)
+    keys = cell_keys_by_head(k, config.cell_size, kbar.dtype) if config.route_score == "tokens" else None
+    return select_cells_from_summaries_reference(q, kbar, a, config, prior, q_start=q_start, first_cells=first_cells,
+                                                 keys=keys)
+
+
+def cell_keys_by_head(k: torch.Tensor, cell_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The complete cells' token keys head-major `[Bt, H, C, s, d]` in `dtype` (no gradient), for
+    `route_score="tokens"`."""
+    bsz, seq, heads, dim = k.shape
+    num_cells = seq // cell_size
+    cells = k.detach()[:, : num_cells * cell_size].to(dtype).view(bsz, num_cells, cell_size, heads, dim)
+    return cells.permute(0, 3, 1, 2, 4)
 
 
 def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,11 +142,16 @@ def summaries_by_head(k: torch.Tensor, cell_size: int) -> tuple[torch.Tensor, to
 
 def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, config: FreeSoloConfig,
                                           prior: RoutingPrior, *, q_start: int = 0,
-                                          first_cells: torch.Tensor | None = None) -> torch.Tensor:
+                                          first_cells: torch.Tensor | None = None,
+                                          keys: torch.Tensor | None = None) -> torch.Tensor:
     """`select_cells_reference` from the keys' summaries (`summaries_by_head`): q `[Bt, n, H, d]` at
     positions `[q_start, q_start + n)`, kbar `[Bt, H, C, d]` and a `[Bt, H, C]` of the complete cells of
     `[0, q_start + n)` -> `[Bt, n, H, top_k]`. The summaries' dtype is the score dtype. `first_cells`:
-    `check_first_cells`."""
+    `check_first_cells`. `config.route_score="tokens"` also reads the cells' token keys `keys`
+    `[Bt, H, C, s, d]` (`cell_keys_by_head`); the summaries alone do not say it."""
+    if (config.route_score == "tokens") != (keys is not None):
+        raise ValueError(f"model.attention.route_score={config.route_score!r} routes "
+                         + ("from the cells' token keys: pass keys" if keys is None else "from the summaries alone"))
     bsz, seq, heads, dim = q.shape
     cell_size = config.cell_size
     check_summaries(q, kbar, a, cell_size=cell_size, q_start=q_start)
@@ -147,7 +164,7 @@ def select_cells_from_summaries_reference(q: torch.Tensor, kbar: torch.Tensor, a
     with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
         centers = (torch.arange(num_cells, device=q.device, dtype=acc) + 0.5) * cell_size
         route = _route_fs if config.variant == "fs" else _route_fsl
-        route(q, kbar, a, centers, out, config, prior_h, q_start, firsts)
+        route(q, kbar, a, centers, out, config, prior_h, q_start, firsts, keys)
     return out
 
 
@@ -162,51 +179,71 @@ class BlockCandidates:
     centers: torch.Tensor  # [Bt, 1, H, M] p_c = (c + 1/2) s
     width: torch.Tensor  # [H, 1] 2 sigma_h
     valid: torch.Tensor | None  # [Bt, 1, H, M] bool, or None (all valid)
+    # [Bt, H, M, s, d] the candidates' token keys: the content term is then the log-sum-exp of the
+    # cell's token logits (`route_score="tokens"`, docs/freesolo.md "Departures"); None: q . kbar (Eq. 7)
+    keys: torch.Tensor | None = None
 
     def route(self, q: torch.Tensor, q_start: int, top_k: int) -> torch.Tensor:
         """Eq. 7 and top-K for queries q `[Bt, n, H, d]` (unrotated) at positions `[q_start, q_start + n)`,
         inside the block -> `[Bt, n, H, K]` positions into M, best first, -1 where fewer are valid."""
         num, dim = q.shape[1], q.shape[3]
         with torch.no_grad():  # hard selections receive no gradient (docs/freesolo.md §1.6)
-            content = torch.einsum("bqhd,bhmd->bqhm", q.detach().to(self.kbar.dtype), self.kbar)
-            content = content * (1.0 / math.sqrt(dim))
+            q = q.detach().to(self.kbar.dtype)
+            if self.keys is None:
+                content = torch.einsum("bqhd,bhmd->bqhm", q, self.kbar) * (1.0 / math.sqrt(dim))
+            else:
+                content = token_score(q, self.keys)
             pos = torch.arange(q_start, q_start + num, device=q.device).to(self.amplitude.dtype)
             prior = self.amplitude * torch.erf((pos[None, :, None, None] - self.centers) / self.width)
             return top_k_earliest(content + prior, self.valid, top_k)
 
 
+def token_score(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The content term of `route_score="tokens"`: per query and candidate cell, the log-sum-exp of the
+    cell's token logits, `log sum_{j in c} exp(q_i . k_j / sqrt(d))` (Eq. 12's content term, FS-B's
+    rescoring, docs/freesolo.md §1.8). q `[Bt, n, H, d]`, keys `[Bt, H, M, s, d]` -> `[Bt, n, H, M]` in
+    keys' dtype."""
+    logits = torch.einsum("bqhd,bhmsd->bqhms", q.to(keys.dtype), keys) * (1.0 / math.sqrt(q.shape[-1]))
+    return logits.logsumexp(dim=-1)
+
+
 def block_candidates(kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor, valid: torch.Tensor | None,
-                     prior: RoutingPrior) -> BlockCandidates:
+                     prior: RoutingPrior, keys: torch.Tensor | None = None) -> BlockCandidates:
     """A block's `BlockCandidates` from its candidates' summaries: kbar `[Bt, H, M, d]`, a `[Bt, H, M]`,
     centers `(c + 1/2) s` broadcastable to `[Bt, H, M]`, valid bool `[Bt, H, M]` or None; the prior's
     sigma (> 0) and lam (>= 0) floats or `[H]` tensors. Candidates are listed in cell order among the
-    valid ones, so ties go to the earlier cell."""
+    valid ones, so ties go to the earlier cell. keys `[Bt, H, M, s, d]` (route_score="tokens"): the
+    candidates' token keys, scored by `token_score` instead of `q . kbar`."""
     like = torch.empty((), dtype=kbar.dtype, device=kbar.device)
     sigma_h, lam_h = prior.per_head(kbar.shape[1], like=like)
     return BlockCandidates(kbar=kbar, amplitude=(lam_h[:, None] * a)[:, None],
                            centers=centers.expand_as(a)[:, None], width=(2.0 * sigma_h)[:, None],
-                           valid=None if valid is None else valid[:, None])
+                           valid=None if valid is None else valid[:, None],
+                           keys=None if keys is None else keys.to(kbar.dtype))
 
 
 def route_candidates(q: torch.Tensor, q_start: int, kbar: torch.Tensor, a: torch.Tensor, centers: torch.Tensor,
-                     valid: torch.Tensor | None, prior: RoutingPrior, top_k: int) -> torch.Tensor:
+                     valid: torch.Tensor | None, prior: RoutingPrior, top_k: int,
+                     keys: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 7 and top-K for the queries of one query block over its available cells -> `[Bt, n, H, K]`
     positions into M, best first, -1 where fewer are valid: `block_candidates(...).route(q, q_start, top_k)`.
 
     q: unrotated `[Bt, n, H, d]` at positions `[q_start, q_start + n)` (inside one block); kbar
     `[Bt, H, M, d]`, a `[Bt, H, M]` (the summaries' dtype is the score dtype); centers `(c + 1/2) s`,
     broadcastable to `[Bt, H, M]`; valid: bool `[Bt, H, M]` or None. Candidates are listed in cell
-    order among the valid ones, so ties go to the earlier cell.
+    order among the valid ones, so ties go to the earlier cell. keys `[Bt, H, M, s, d]`: score the content
+    by the candidates' token keys (`route_score="tokens"`, `token_score`).
     """
-    return block_candidates(kbar, a, centers, valid, prior).route(q, q_start, top_k)
+    return block_candidates(kbar, a, centers, valid, prior, keys).route(q, q_start, top_k)
 
 
 @dataclass(frozen=True)
 class FSLState:
     """FS-L's candidate cells of one query block (docs/freesolo.md §1.5), per batch row and head: the
     retained cells (the first `num_kept`, ascending) then the recent ones (ascending). Every tensor is
-    `[Bt, H, M, ...]`, one entry per candidate; `keys`/`values` are carried by a decode cache only
-    (its readout reads the candidates' raw keys), None in whole-sequence routing."""
+    `[Bt, H, M, ...]`, one entry per candidate; `keys`/`values` are carried by a decode cache (its
+    readout reads the candidates' raw keys), and `keys` by whole-sequence routing with
+    `route_score="tokens"` (it scores them); None otherwise."""
 
     cells: torch.Tensor  # [Bt, H, M] cell ids
     a: torch.Tensor  # [Bt, H, M] priority: the cell's largest key norm
@@ -269,7 +306,7 @@ def query_blocks(block_size: int, begin: int, end: int) -> Iterator[tuple[int, i
 
 
 def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int,
-              firsts: list[int] | None = None):
+              firsts: list[int] | None = None, keys: torch.Tensor | None = None):
     """FS: `A_i = C_i`; one `[Bt, block, H, |C_i|]` score tile per query block (with `firsts`, only the
     block's own document's cells, `[first, b / s)`)."""
     cell_size, block_size = config.cell_size, config.block_size
@@ -281,12 +318,12 @@ def _route_fs(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: Routi
             continue
         rows = slice(start - q_start, end - q_start)
         choice = route_candidates(q[:, rows], start, kbar_h[:, :, lo:num], a_h[:, :, lo:num], centers[lo:num], None,
-                                  prior, config.top_k)
+                                  prior, config.top_k, None if keys is None else keys[:, :, lo:num])
         out[:, rows] = choice if lo == 0 else torch.where(choice >= 0, choice + lo, -1)  # position + lo == cell
 
 
 def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: RoutingPrior, q_start: int,
-               firsts: list[int] | None = None):
+               firsts: list[int] | None = None, keys: torch.Tensor | None = None):
     """FS-L: per head `A_i = Recent_W(C_i) ∪ TopP(C_i by a_c)`, the candidates kept by `admit_fsl`.
 
     The retained set is built from the first block on even when queries start at
@@ -305,7 +342,8 @@ def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: Rout
         if num <= lo:  # the document's first block: nothing eligible yet
             continue
         new = FSLState(cells=torch.arange(num_seen, num, device=q.device).expand(bsz, heads, -1),
-                       a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num])
+                       a=a_h[:, :, num_seen:num], kbar=kbar_h[:, :, num_seen:num],
+                       keys=None if keys is None else keys[:, :, num_seen:num])
         state = admit_fsl(state, new, retained=config.retained_cells, recent=recent)
         num_seen = num
         if start < q_start:
@@ -313,6 +351,6 @@ def _route_fsl(q, kbar_h, a_h, centers, out, config: FreeSoloConfig, prior: Rout
         rows = slice(start - q_start, end - q_start)
         cells = state.cells
         choice = route_candidates(q[:, rows], start, state.kbar, state.a, centers[cells], state.valid(num, recent),
-                                  prior, config.top_k)
+                                  prior, config.top_k, state.keys)
         chosen = cells[:, None].expand(-1, end - start, -1, -1).gather(-1, choice.clamp_min(0))
         out[:, rows] = torch.where(choice >= 0, chosen, -1)
