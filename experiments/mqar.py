@@ -15,6 +15,17 @@ and reports the first step at 95%.
     .venv/bin/python experiments/mqar.py --jobs 2 --seeds 0,1 --curve --out runs/mqar
     .venv/bin/python experiments/mqar.py --seeds 0,1 --curve --variants tfpp-nowarm,fs-nowarm
 
+The recipe routes by the cells' token keys (`model.attention.route_score: tokens`, docs/freesolo.md
+§1.13); `fs-mean` / `fsl-mean` train the paper's mean-key routing, and the `*-of-mean` / `fs-mean-*`
+read paths score that checkpoint with the candidates of experiments/README.md, "Routing that holds
+as cells multiply" (FS-B and its one-forest ablations, FS-B's norm filter or a row's own inside FS's
+exact top-K, a prior growing with the eligible cells, the token-key score at read time only):
+
+    .venv/bin/python experiments/mqar.py --jobs 2 --seeds 0,1,2 --curve --variants fs,fsl,fsb --out runs/mqar-tok
+    .venv/bin/python experiments/mqar.py --jobs 2 --seeds 1,2 --factors 1,16,64 --out runs/mqar-base \
+        --variants fs-mean,fs-mean-read-tokens,fsb-of-mean,fsb-f0-of-mean,fsb-ftau-of-mean,fs-mean-norm-tau,\
+fs-mean-norm-row-median,fs-mean-lam-log
+
 Writes `<out>/results.json` and prints a markdown table.
 """
 
@@ -49,13 +60,39 @@ VARIANTS = {
     # without the induction warm-up: the floor's control
     "tfpp-nowarm": ["model.name=tfpp", "data.warmup.steps=0"],
     "fs-nowarm": ["model.name=fs", "data.warmup.steps=0"],
+    # the recipe before route_score=tokens: routing by the cells' mean keys (Eq. 7, the paper's)
+    "fs-mean": ["model.name=fs", "model.attention.route_score=mean"],
+    "fsl-mean": ["model.name=fsl", "model.attention.route_score=mean"],
+    # FS-L retaining 12 cells by key norm (the recipe: 6, fewer than a row's 8 pairs)
+    "fsl-p12": ["model.name=fsl", "model.attention.retained_cells=12"],
+    # routing among more cells per training row (experiments/README.md, "Routing that holds as cells
+    # multiply"): cells of 4 tokens (32 a row, against 16 of 8), or rows of 512 tokens (64 cells of 8;
+    # 8 rows a step, the same tokens per step)
+    "fs-c4": ["model.name=fs", "model.attention.cell_size=4"],
+    "fsl-c4": ["model.name=fsl", "model.attention.cell_size=4", "model.attention.retained_cells=12",
+               "model.attention.recent_cells=4"],
+    "fs-len512": ["model.name=fs", "data.seq_len=512", "data.micro_batch_size=8"],
 }
-# read paths scored from another variant's checkpoint: variant -> (trained, overrides, calibrated first)
+# read paths scored from another variant's checkpoint: variant -> (trained, overrides, calibrated first,
+# a candidate routing of experiments/routing.py or None)
 READS = {
-    "fsb": ("fs", ["model.name=fsb"], True),
+    "fsb": ("fs", ["model.name=fsb"], True, None),
     # FS's own whole-prefix routing read with 8 cells and the norm prior at 4x its training weight:
     # content scores against more cells at longer lengths, the prior holds out cells without a key
-    "fs-k8-lam4": ("fs", ["model.attention.top_k=8", "model.attention.lam=4"], False),
+    "fs-k8-lam4": ("fs", ["model.attention.top_k=8", "model.attention.lam=4"], False, None),
+    # the recipe's FS read with the paper's mean-key routing score
+    "fs-read-mean": ("fs", ["model.attention.route_score=mean"], False, None),
+    # FS trained with mean-key routing (the recipe before) read: with the token-key score; with FS-B and
+    # its ablations (one forest of the two); with FS-B's norm filter, a row's own median filter or a
+    # prior growing with the eligible cells inside FS's exact top-K (experiments/routing.py)
+    "fs-mean-read-tokens": ("fs-mean", ["model.attention.route_score=tokens"], False, None),
+    "fsb-of-mean": ("fs-mean", ["model.name=fsb"], True, None),
+    "fsb-f0-of-mean": ("fs-mean", ["model.name=fsb", "model.attention.fsb.forests=f0"], True, None),
+    "fsb-ftau-of-mean": ("fs-mean", ["model.name=fsb", "model.attention.fsb.forests=ftau"], True, None),
+    "fs-mean-norm-tau": ("fs-mean", [], True, "norm-tau"),
+    "fs-mean-norm-row-median": ("fs-mean", [], False, "norm-row-median"),
+    "fs-mean-lam-log": ("fs-mean", [], False, "lam-log"),
+    "fsb-of-fsl": ("fsl", ["model.name=fsb"], True, None),
 }
 
 
@@ -100,29 +137,37 @@ def steps_to(args, run: Path, target: float) -> int | None:
     for ckpt in _checkpoints(run):
         model, cfg = load_model(ckpt, torch.device("cpu"), [])
         reach = cfg.model.n_layers * cfg.model.attention.window
-        found = mqar_scores(model, cfg.data.mqar, cfg.data.seq_len, args.samples, 10_000, args.eval_batch, reach, "cpu")
+        found = mqar_scores(model, cfg.data.mqar, args.base_len, args.samples, 10_000, args.eval_batch, reach, "cpu")
         if found["score"] >= target:
             return int(ckpt.name.split("_")[1])
     return None
 
 
-def score(args, run: Path, overrides: list[str], routing: bool = True) -> dict:
+def score(args, run: Path, overrides: list[str], routing: bool = True, router: str | None = None) -> dict:
     """Accuracy, floor and in-row rate per length; routing recall of whole-prefix routing (not FS-B's
-    search) where `routing`."""
+    search) where `routing`; `router`: a candidate routing (experiments/routing.py) replacing FS's."""
     import torch
 
-    from experiments.routing import freesolo_layers, routing_recall
-    from fsframework.checkpoints import load_model
+    from experiments.routing import candidate_router, freesolo_layers, routing_recall
+    from fsframework.checkpoints import CALIBRATION_FILE, Checkpoint, load_model
     from fsframework.data.mqar import recall_rows
     from fsframework.eval.mqar import mqar_scores
 
     torch.set_num_threads(1)
     model, cfg = load_model(run, torch.device("cpu"), overrides)
     model.eval()
+    if router:
+        if router == "norm-tau":
+            from fsframework.models.freesolo_attention import set_fsb_thresholds
+
+            file = Checkpoint.open(run).path / CALIBRATION_FILE
+            set_fsb_thresholds(model, json.loads(file.read_text())["tau"], str(file))
+        for layer in freesolo_layers(model):
+            layer.router = candidate_router(layer, router)
     reach = cfg.model.n_layers * cfg.model.attention.window
     out = {}
     for factor in args.factors:
-        length = factor * cfg.data.seq_len
+        length = factor * args.base_len
         found = mqar_scores(model, cfg.data.mqar, length, args.samples, 10_000, args.eval_batch, reach, "cpu")
         if freesolo_layers(model) and routing:
             rows = recall_rows(torch.Generator().manual_seed(20_000 + length), cfg.data.mqar, args.routing_rows, length)
@@ -143,14 +188,15 @@ def one(args, variant: str, seed: int) -> list[dict]:
     trained = time.time() - start
     results = [{"variant": variant, "seed": seed, "train_s": trained, **score(args, run, []),
                 "steps_to_95": steps_to(args, run, 95.0) if args.curve else None}]
-    for read, (source, overrides, calibrated) in READS.items():
+    for read, (source, overrides, calibrated, router) in READS.items():
         if source == variant and read in args.variants:
             from fsframework.eval.calibrate import calibrate
 
             if calibrated:
                 calibrate(run, seed=0, progress=False)
+            fsb = "model.name=fsb" in overrides
             results.append({"variant": read, "seed": seed, "train_s": 0.0,
-                            **score(args, run, overrides, routing=not calibrated)})
+                            **score(args, run, overrides, routing=not fsb, router=router)})
     print(f"{variant} seed {seed}: trained in {trained:.0f} s, scored in {time.time() - start - trained:.0f} s",
           flush=True)
     return results
@@ -195,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--curve", action="store_true", help="score every checkpoint at 1x: steps to 95%%")
     parser.add_argument("override", nargs="*", help="config overrides for every run (key=value)")
     parser.add_argument("--factors", default="1,4,16,64")
+    parser.add_argument("--base-len", type=int, default=128,
+                        help="the length of 1x: the recipe's data.seq_len, whatever a variant trains at")
     parser.add_argument("--samples", type=int, default=32, help="rows per length (8 queries each)")
     parser.add_argument("--eval-batch", type=int, default=8)
     parser.add_argument("--routing-rows", type=int, default=4)
@@ -205,7 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join([*VARIANTS, *READS])}")
     trained = [v for v in args.variants if v in VARIANTS]
-    trained += [READS[v][0] for v in args.variants if v in READS and READS[v][0] not in trained]
+    for v in args.variants:  # each checkpoint a read path needs, once
+        if v in READS and READS[v][0] not in trained:
+            trained.append(READS[v][0])
     jobs = [(v, int(s)) for s in args.seeds.split(",") for v in trained]
     start = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -237,3 +237,55 @@ def routing_ablation(model: torch.nn.Module, mode: str, seed: int = 0) -> Iterat
     finally:
         for layer in layers:
             layer.router = None
+
+
+# read-time routings screened against FS's own (experiments/README.md, "Routing that holds as cells
+# multiply"); each replaces a layer's routing like the ablations above (`FreeSoloAttention.router`)
+CANDIDATE_ROUTINGS = ("norm-tau", "norm-row-median", "lam-log")
+
+
+def candidate_router(layer, kind: str):
+    """A whole-sequence router for `layer` (`select_cells`' signature) that routes FS's way, by
+    `q . kbar / sqrt(d) + lam * a * erf(D / 2 sigma)` over every eligible cell, with one change:
+
+    - "norm-tau": only cells with `a_c >= tau_h` compete, tau_h the layer's calibrated FS-B threshold
+      (`fsf calibrate`, set on the layer by `fsframework.models.freesolo_attention.set_fsb_thresholds`):
+      FS-B's norm filter inside FS's exact top-K;
+    - "norm-row-median": only cells with `a_c` at least the median of the row's eligible cells (the
+      same filter with a threshold of the row's own, no calibration);
+    - "lam-log": the prior's weight grows with the number E of eligible cells, `lam * max(1, ln E / ln 15)`
+      (15: the most cells a query of a 128-token training row sees).
+    Fewer than K cells passing a filter leave the remaining slots at -1 (nothing read)."""
+    import math
+
+    from fsframework.ops.freesolo_routing import query_blocks, summaries_by_head, top_k_earliest
+
+    if kind not in CANDIDATE_ROUTINGS:
+        raise ValueError(f"candidate routing must be one of {CANDIDATE_ROUTINGS}, got {kind!r}")
+    if kind == "norm-tau" and not bool(torch.isfinite(layer.tau).all()):
+        raise ValueError("norm-tau needs the layer's calibrated thresholds: run `fsf calibrate` and set them")
+
+    def route(q, k, cfg, prior, q_start=0):
+        if q_start:
+            raise ValueError("candidate routings replace the routing of whole-sequence forward passes only")
+        bsz, seq, heads, dim = q.shape
+        s = cfg.cell_size
+        kbar, a = summaries_by_head(k, s)  # [B, H, C, d], [B, H, C]
+        sigma, lam = prior.per_head(heads, like=kbar)
+        centers = (torch.arange(seq // s, dtype=kbar.dtype) + 0.5) * s
+        out = torch.full((bsz, seq, heads, cfg.top_k), -1, dtype=torch.long, device=q.device)
+        for start, end in query_blocks(cfg.block_size, cfg.block_size, seq):
+            num = start // s
+            content = torch.einsum("bqhd,bhmd->bqhm", q[:, start:end].to(kbar.dtype), kbar[:, :, :num]) / math.sqrt(dim)
+            weight = lam * max(1.0, math.log(num) / math.log(15)) if kind == "lam-log" else lam
+            pos = torch.arange(start, end, dtype=kbar.dtype)
+            prior_score = (weight[:, None] * a[:, :, :num])[:, None] * torch.erf(
+                (pos[None, :, None, None] - centers[:num]) / (2 * sigma[:, None]))
+            valid = None
+            if kind == "norm-tau":
+                valid = (a[:, :, :num] >= layer.tau.to(a.dtype)[None, :, None])[:, None]
+            elif kind == "norm-row-median":
+                valid = (a[:, :, :num] >= a[:, :, :num].median(dim=-1, keepdim=True).values)[:, None]
+            out[:, start:end] = top_k_earliest(content + prior_score, valid, cfg.top_k)
+        return out
+    return route
