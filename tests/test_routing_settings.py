@@ -63,6 +63,7 @@ def test_the_schema_default_is_the_papers_and_a_wrong_value_fails():
 def test_the_mqar_recipe_ships_token_scores_and_they_round_trip(tmp_path):
     cfg = load_config(REPO / "yamls" / "mqar-cpu.yaml")
     assert cfg.model.attention.route_score == "tokens"
+    assert cfg.model.attention.retained_cells == 12  # FS-L keeps more cells than a row's 8 pairs
     saved = tmp_path / "config.yaml"
     saved.write_text(to_yaml(cfg))
     assert load_run_config(saved).model.attention.route_score == "tokens"
