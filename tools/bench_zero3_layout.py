@@ -12,7 +12,7 @@ parameter elements DeepSpeed's ZeRO-3 coordinator all-gathers in one training st
 and backward, the third step, after DeepSpeed has traced the module order) and the number of
 gather calls, for the contiguous layout, the zigzag layout as fsframework configures it (its
 attention modules ZeRO-3 leaves, `parallel/deepspeed_config.py`) and zigzag without leaves,
-side by side (d_model 512, 8 heads,
+side by side (d_model 512 unless `--d-model`, 8 heads,
 2 layers, fp32, DeepSpeed's default `stage3_param_persistence_threshold`, so every projection
 is partitioned). Printed: per-rank maxima and their ratio to contiguous.
 """
@@ -69,7 +69,8 @@ def worker(spec: dict) -> None:
     settings = {name: SETTINGS[name] for name in spec.get("settings", SETTINGS)}
     for (setting, zero), kind, (layout, leaf) in itertools.product(settings.items(), spec["kinds"], LAYOUTS):
         att = AttentionConfig(window=256, block_size=128, cell_size=32, impl="reference")
-        cfg = ModelConfig(name=kind, vocab_size=256, d_model=512, n_layers=2, n_heads=8, attention=att)
+        cfg = ModelConfig(name=kind, vocab_size=256, d_model=spec.get("d_model", 512), n_layers=2, n_heads=8,
+                          attention=att)
         torch.manual_seed(0)
         model = parallelize(build_model(cfg), ParallelConfig(sp=sp, sp_layout=layout))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -97,6 +98,9 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["tfpp", "fs"])
     parser.add_argument("--sp", type=int, nargs="+", default=[2])
     parser.add_argument("--n", type=int, default=2048)
+    parser.add_argument("--d-model", type=int, default=512,
+                        help="the models' width (8 heads); under 317 the projections stay below DeepSpeed's default "
+                             "persistence threshold (1e5 elements) and are never gathered")
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
                         help="DeepSpeed's ZeRO-3 settings to count under (comments at SETTINGS)")
     parser.add_argument("--json", help="write the per-rank records to this file")
@@ -110,7 +114,8 @@ def main() -> None:
           + "  calls (same order)")
     records = []
     for sp in args.sp:
-        ranks = launch(sp, {"kinds": args.kinds, "n": args.n, "settings": args.settings}, __file__)
+        ranks = launch(sp, {"kinds": args.kinds, "n": args.n, "settings": args.settings, "d_model": args.d_model},
+                       __file__)
         records += [r for rank in ranks for r in rank["records"]]
         for setting, kind in itertools.product(args.settings, args.kinds):
             rows = [[r for r in records if (r["kind"], r["layout"], r["setting"], r["sp"]) == (kind, name, setting, sp)]

@@ -19,7 +19,7 @@ LAYOUTS = ("contiguous", "zigzag", "zigzag without leaves")
 def test_gathers_per_layout(tmp_path):
     out = tmp_path / "records.json"
     proc = run_tool("bench_zero3_layout.py", "--kinds", "tfpp", "--sp", "2", "--n", "512", "--settings", "tight",
-                    "--json", str(out))
+                    "--d-model", "384", "--json", str(out))
     records = json.loads(out.read_text())
     assert sorted((r["layout"], r["setting"], r["kind"], r["sp"], r["n"]) for r in records) == sorted(
         (layout, "tight", "tfpp", 2, 512) for layout in LAYOUTS for _rank in range(2))
