@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from fsframework.models.context import RetainedCells
-from fsframework.parallel.rank_layout import RankLayout, Transport, cell_inputs, continued_runs, exchange_rows
+from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows, held_cells
 
 Cell = tuple[int, int, int]  # (document cell index, row, first column on the rank that holds it)
 
@@ -96,9 +96,12 @@ class RetainedPlan:
 
 
 def plan_retained(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int, span: RetainedCells,
-                  block_size: int) -> RetainedPlan:
-    """Rank `rank`'s part, planned alike on every rank from the whole rows' document `positions` `[B, N]`."""
+                  block_size: int, cells_of=None) -> RetainedPlan:
+    """Rank `rank`'s part, planned alike on every rank from the whole rows' document `positions` `[B, N]`.
+    `cells_of(dst, row, a, start)`: the `piece_cells` of a piece, where a caller keeps them for its
+    input plan too (`fsframework.parallel.documents`); by default computed here."""
     layout = RankLayout(all_runs)
+    cells_of = cells_of or (lambda dst, row, a, start: piece_cells(layout, span, block_size, row, a, start, dst))
     pieces = []
     for dst, runs in enumerate(all_runs):
         index = 0
@@ -106,7 +109,7 @@ def plan_retained(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]]
             for (a, _), start in zip(runs, starts):
                 if not start:
                     continue
-                piece = Piece(dst, index, piece_cells(layout, span, block_size, row, a, start, dst), (row, a - start))
+                piece = Piece(dst, index, cells_of(dst, row, a, start), (row, a - start))
                 if dst == rank or rank in piece.holders():
                     pieces.append(piece)
                 index += 1
@@ -133,9 +136,7 @@ class _Candidates:
         self.kv, self.tables, self.offsets = None, {}, {}
         if not cells:
             return
-        inputs = cell_inputs(x, cells, s)  # [C, s, D]
-        _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
-        k, v = (t.reshape(len(cells), s, *t.shape[2:]) for t in (k, v))
+        k, v = held_cells(x, cells, s, project)
         self.kv = torch.cat((k, v), dim=-1)  # [C, s, H, 2d]
         at = 0
         with torch.no_grad():

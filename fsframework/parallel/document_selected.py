@@ -32,7 +32,7 @@ import torch
 from fsframework.models.context import RetainedCells
 from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.document_retained import RetainedPlan, plan_retained
-from fsframework.parallel.rank_layout import Transport, cell_inputs, exchange_rows
+from fsframework.parallel.rank_layout import Transport, exchange_rows, held_cells
 
 
 def region_span(cfg) -> RetainedCells:
@@ -41,16 +41,9 @@ def region_span(cfg) -> RetainedCells:
     return RetainedCells(cell_size=cfg.cell_size, recent_cells=0, retained_cells=0, window=cfg.window)
 
 
-def plan_selected(positions: torch.Tensor, all_runs, rank: int, cfg) -> RetainedPlan:
+def plan_selected(positions: torch.Tensor, all_runs, rank: int, cfg, cells_of=None) -> RetainedPlan:
     """The pieces rank `rank` reads or holds earlier cells of (`plan_retained` with FS's region)."""
-    return plan_retained(positions, all_runs, rank, region_span(cfg), cfg.block_size)
-
-
-def _held_cells(x: torch.Tensor, cells, project, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values `[C, s, H, d]` of a rank's cells `(cell, row, column)` of a piece, from its inputs."""
-    inputs = cell_inputs(x, cells, s)  # [C, s, D]
-    _, k, v = project(inputs.reshape(1, -1, x.shape[-1]), 0)
-    return k.reshape(len(cells), s, *k.shape[2:]), v.reshape(len(cells), s, *v.shape[2:])
+    return plan_retained(positions, all_runs, rank, region_span(cfg), cfg.block_size, cells_of)
 
 
 def _groups(plan: RetainedPlan) -> list[list[int]]:
@@ -80,7 +73,7 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
     held = {tuple(g): dict(last[tuple(g)].cells.candidates)[rank] for g in groups
             if rank in last[tuple(g)].holders() and last[tuple(g)].dst != rank}
     reading = [(tuple(g), last[tuple(g)].cells.candidates) for g in groups if last[tuple(g)].dst == rank]
-    projected = {g: _held_cells(x, cells, project, s) for g, cells in held.items()}
+    projected = {g: held_cells(x, cells, s, project) for g, cells in held.items()}
     # 1. the holders' summaries of their cells, to the reader: kbar and a per cell and head
     sends = _by_reader(held, last)
     recvs = _by_holder(reading)
@@ -123,9 +116,9 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
                 chosen = cells[0].permute(1, 0, 2).reshape(heads, -1)  # [H, queries K]
                 valid = chosen >= 0
                 picked[chosen[valid], torch.arange(heads, device=x.device)[:, None].expand_as(chosen)[valid]] = True
-                for holder, held_cells in piece.cells.candidates:
-                    flags[i, holder] = picked[_ids(held_cells, x.device)]
-                    union[holder][:len(held_cells)] |= flags[i, holder]
+                for holder, holder_cells in piece.cells.candidates:
+                    flags[i, holder] = picked[_ids(holder_cells, x.device)]
+                    union[holder][:len(holder_cells)] |= flags[i, holder]
             routed[i] = (kv, cells)
         for holder, _ in candidates:
             flags[g, holder] = union[holder]
@@ -157,12 +150,12 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
     for i in own:
         kv, cells = routed[i]
         g = next(g for g, _ in reading if i in g)
-        for holder, held_cells in plan.pieces[i].cells.candidates:
+        for holder, holder_cells in plan.pieces[i].cells.candidates:
             union = flags[g, holder]
             order = union.reshape(-1).long().cumsum(0).view(union.shape) - 1  # a flagged pair's row in the message
             cell, head = flags[i, holder].nonzero(as_tuple=True)
             rows = received[first_row[g, holder] + order[cell, head]]
-            position = _ids(held_cells, x.device)[cell][:, None] * s + torch.arange(s, device=x.device)
+            position = _ids(holder_cells, x.device)[cell][:, None] * s + torch.arange(s, device=x.device)
             kv = kv.index_put((position, head[:, None].expand_as(position)), rows)
         keys.append((kv[None, ..., :dim], kv[None, ..., dim:], cells))
     return [gathered, received], keys

@@ -37,7 +37,7 @@ rank's work stays within a few percent of the mean whatever the documents (`tool
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Callable, Optional
 
 import torch
@@ -48,7 +48,7 @@ from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
 from fsframework.parallel.document_retained import piece_cells, plan_retained, retained_keys
 from fsframework.parallel.document_roots import RootsPlan, continued_roots, plan_roots
-from fsframework.parallel.document_selected import plan_selected, region_span, selected_keys
+from fsframework.parallel.document_selected import region_span, selected_keys
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
 
 Segment = tuple[int, int, int]  # (row, lo, hi): positions [lo, hi) of a row, global or a rank's own columns
@@ -68,6 +68,25 @@ class EarlierPlan:
     local: tuple[tuple[int, int, int, int], ...]
     recvs: tuple[tuple[int, int, tuple[tuple[int, int, int], ...]], ...]
     sends: tuple[tuple[int, tuple[Segment, ...]], ...]
+    columns: int = 0  # the rank's part's length (its runs end to end): what the flat indices count in
+
+    @cached_property
+    def indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host index tensors, built once per plan (every layer call reuses them): the flat rows of the
+        segments sent, of the own rows copied, and each output position's row of (own rows, then the
+        received ones; a received row may serve several)."""
+        sent = _flat_index([seg for _, segments in self.sends for seg in segments], self.columns)
+        own = _flat_index([(row, lo, hi) for row, lo, hi, _ in self.local], self.columns)
+        index = torch.empty(self.size, dtype=torch.long)
+        at = 0
+        for _, lo, hi, out in self.local:
+            index[out:out + hi - lo] = torch.arange(at, at + hi - lo)
+            at += hi - lo
+        for _, rows, ranges in self.recvs:
+            for out, end, first in ranges:
+                index[out:end] = torch.arange(at + first, at + first + end - out)
+            at += rows
+        return sent, own, index
 
 
 def plan_earlier(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
@@ -115,7 +134,7 @@ def plan_reads(positions: torch.Tensor, all_runs: list[list[tuple[int, int]]], r
                 u = next(j for j, (r, ulo, uhi, _) in enumerate(unique) if r == row and ulo <= lo and hi <= uhi)
                 ranges.append((out, out + hi - lo, firsts[u] + lo - unique[u][1]))
             recvs.append((src, at, tuple(ranges)))
-    return EarlierPlan(size, tuple(local), tuple(recvs), tuple(sends))
+    return EarlierPlan(size, tuple(local), tuple(recvs), tuple(sends), sum(b - a for a, b in all_runs[rank]))
 
 
 def _merged(parts: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
@@ -139,23 +158,13 @@ def _flat_index(segments, columns: int) -> torch.Tensor:
 def gather_earlier(x: torch.Tensor, plan: EarlierPlan, transport: Transport) -> torch.Tensor:
     """This rank's part `x` `[B, n, ...]` -> `[plan.size, ...]`: the inputs each of its continuation pieces
     reads before it, laid end to end (differentiable: backward returns every gradient to its owner)."""
+    if x.shape[1] != plan.columns:
+        raise ValueError(f"gather_earlier got a part of {x.shape[1]} positions, the plan's rank holds {plan.columns}")
     flat = x.reshape(-1, *x.shape[2:])
-    columns = x.shape[1]
-    sent = flat[_flat_index([seg for _, segments in plan.sends for seg in segments], columns).to(x.device)]
+    sent, own, index = (t.to(x.device, non_blocking=True) for t in plan.indices)
     sends = tuple((peer, sum(hi - lo for _, lo, hi in segments)) for peer, segments in plan.sends)
-    received = exchange_rows(sent, sends, tuple((peer, rows) for peer, rows, _ in plan.recvs), transport)
-    own = flat[_flat_index([(row, lo, hi) for row, lo, hi, _ in plan.local], columns).to(x.device)]
-    # each output position's row of (own rows, then the received ones); a received row may serve several
-    index = torch.empty(plan.size, dtype=torch.long)
-    at = 0
-    for _, lo, hi, out in plan.local:
-        index[out:out + hi - lo] = torch.arange(at, at + hi - lo)
-        at += hi - lo
-    for _, rows, ranges in plan.recvs:
-        for out, end, first in ranges:
-            index[out:end] = torch.arange(at + first, at + first + end - out)
-        at += rows
-    return torch.cat((own, received))[index.to(x.device)]
+    received = exchange_rows(flat[sent], sends, tuple((peer, rows) for peer, rows, _ in plan.recvs), transport)
+    return torch.cat((flat[own], received))[index]
 
 
 def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
@@ -207,17 +216,7 @@ class SequenceParallelDocuments(DocumentRows):
             return self._selected_keys(x, project, layer)
         if not isinstance(span, RetainedCells) or self.block_size is None:
             return super().continued_keys(x, span, project, layer)
-        key = ("retained", span)
-        if key not in self.plans:
-            layout = RankLayout(self.all_runs)
-            reads = plan_reads(self.whole_positions, self.all_runs, self.rank, lambda dst, row, a, start: piece_cells(
-                layout, span, self.block_size, row, a, start, dst).reads)
-            self.plans[key] = (reads, plan_retained(self.whole_positions, self.all_runs, self.rank, span,
-                                                    self.block_size))
-        reads, plan = self.plans[key]
-        earlier = gather_earlier(x, reads, self.transport)
-        sizes = [sum(hi - lo for lo, hi in piece.reads) for piece in plan.own]
-        before = [part[None] for part in earlier.split(sizes)]
+        earlier, before, plan = self._region_inputs(x, ("retained", span), span, self.block_size)
         starts = [start for _, _, start in self.documents.continuations]
         exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport)
         return [earlier, *exchanged], keys
@@ -227,17 +226,29 @@ class SequenceParallelDocuments(DocumentRows):
         (`fsframework.parallel.document_selected`)."""
         cfg = layer.settings
         key = ("selected", cfg.block_size, cfg.cell_size, cfg.window)
+        earlier, before, plan = self._region_inputs(x, key, region_span(cfg), cfg.block_size)
+        exchanged, keys = selected_keys(x, plan, before, self.documents, layer, project, self.transport)
+        return [earlier, *exchanged], keys
+
+    def _region_inputs(self, x: torch.Tensor, key, span: RetainedCells, block_size: int):
+        """A FreeSolo kind's continued pieces (`piece_cells` with `span`'s region): their region's and cut
+        cells' inputs `[P, D]`, those cut per piece `[1, p, D]`, and the cells' plan, planned once per batch."""
         if key not in self.plans:
-            layout, span = RankLayout(self.all_runs), region_span(cfg)
-            reads = plan_reads(self.whole_positions, self.all_runs, self.rank, lambda dst, row, a, start: piece_cells(
-                layout, span, cfg.block_size, row, a, start, dst).reads)
-            self.plans[key] = (reads, plan_selected(self.whole_positions, self.all_runs, self.rank, cfg))
+            layout, cells = RankLayout(self.all_runs), {}
+
+            def cells_of(dst: int, row: int, a: int, start: int):  # each piece's cells, for both plans
+                if (dst, row, a) not in cells:
+                    cells[dst, row, a] = piece_cells(layout, span, block_size, row, a, start, dst)
+                return cells[dst, row, a]
+
+            reads = plan_reads(self.whole_positions, self.all_runs, self.rank,
+                               lambda dst, row, a, start: cells_of(dst, row, a, start).reads)
+            self.plans[key] = (reads, plan_retained(self.whole_positions, self.all_runs, self.rank, span,
+                                                    block_size, cells_of))
         reads, plan = self.plans[key]
         earlier = gather_earlier(x, reads, self.transport)
         sizes = [sum(hi - lo for lo, hi in piece.reads) for piece in plan.own]
-        before = [part[None] for part in earlier.split(sizes)]
-        exchanged, keys = selected_keys(x, plan, before, self.documents, layer, project, self.transport)
-        return [earlier, *exchanged], keys
+        return earlier, [part[None] for part in earlier.split(sizes)], plan
 
     def earlier_roots(self, h: torch.Tensor, combine):
         if self.roots_plan is None:

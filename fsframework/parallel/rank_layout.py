@@ -79,3 +79,10 @@ def cell_inputs(x: torch.Tensor, cells, cell_size: int) -> torch.Tensor:
     firsts = torch.tensor([row * x.shape[1] + column for _, row, column in cells], dtype=torch.long)
     index = (firsts[:, None] + torch.arange(cell_size)).to(x.device)
     return x.reshape(-1, x.shape[-1])[index]
+
+
+def held_cells(x: torch.Tensor, cells, cell_size: int, project) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values `[C, s, H, d]` of a rank's cells `(cell, row, first column)` in its part `x`, projected
+    by `project(x, start) -> q, k, v` (FreeSolo's keys are unrotated: the position does not matter)."""
+    _, k, v = project(cell_inputs(x, cells, cell_size).reshape(1, -1, x.shape[-1]), 0)
+    return k.reshape(len(cells), cell_size, *k.shape[2:]), v.reshape(len(cells), cell_size, *v.shape[2:])
