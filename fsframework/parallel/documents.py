@@ -168,9 +168,10 @@ def gather_earlier(x: torch.Tensor, plan: EarlierPlan, transport: Transport) -> 
 
 
 def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
-                   device=None) -> Documents:
+                   device=None, positions: Optional[torch.Tensor] = None) -> Documents:
     """The `Documents` of rank `rank`'s runs of rows whose documents are `doc_ids` `[B, N]`, each run's first
-    piece continued at its document's position (the runs laid end to end, each a piece of its own)."""
+    piece continued at its document's position (the runs laid end to end, each a piece of its own).
+    `positions`: `document_positions(doc_ids)`, where the caller has them."""
     seq_len = max(b for runs in all_runs for _, b in runs)
     if doc_ids.dim() != 2 or doc_ids.shape[1] != seq_len:
         raise ValueError(f"doc_ids must be the whole rows [B, {seq_len}], got shape {tuple(doc_ids.shape)}")
@@ -180,8 +181,8 @@ def rank_documents(doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]],
     for a, b in runs[:-1]:
         columns.append(columns[-1] + b - a)
     part = torch.cat([doc_ids[:, a:b] for a, b in runs], dim=1)
-    return Documents(part, continued=continued_runs(document_positions(doc_ids), runs), device=device,
-                     run_starts=columns)
+    positions = document_positions(doc_ids) if positions is None else positions
+    return Documents(part, continued=continued_runs(positions, runs), device=device, run_starts=columns)
 
 
 class SequenceParallelDocuments(DocumentRows):
@@ -190,10 +191,11 @@ class SequenceParallelDocuments(DocumentRows):
 
     def __init__(self, doc_ids: torch.Tensor, all_runs: list[list[tuple[int, int]]], rank: int,
                  transport: Transport, device=None, block_size: Optional[int] = None):
-        super().__init__(rank_documents(doc_ids, all_runs, rank, device))
+        whole_positions = document_positions(doc_ids.cpu())
+        super().__init__(rank_documents(doc_ids, all_runs, rank, device, whole_positions))
         self.all_runs, self.rank, self.transport = all_runs, rank, transport
-        self.block_size = block_size  # FS-L's query block: its continued pieces receive retained cells only
-        self.whole_positions = document_positions(doc_ids.cpu())
+        self.block_size = block_size  # FreeSolo's query block: its continued pieces receive their cells only
+        self.whole_positions = whole_positions
         # the longest earlier part a piece reads on any rank (a window kind reads at most its window)
         self.width = max([start for runs in all_runs for row in continued_runs(self.whole_positions, runs)
                           for start in row], default=0)
