@@ -158,7 +158,6 @@ class DocumentRows(WholeSequence):
         an exchange that every rank takes part in. Here (whole rows) there is nothing before."""
         return x.reshape(-1, *x.shape[2:])[:0]
 
-
     def continued_keys(self, x: torch.Tensor, span: Span, project,
                        layer: Optional["CellRouter"] = None) -> tuple[list[torch.Tensor], list[tuple]]:
         """A layer's input `x` `[B, n, D]` -> (the exchanges' outputs, which the layer's output is tied to

@@ -154,7 +154,6 @@ class Documents:
         packed = torch.cat([out.reshape(-1, *out.shape[2:]) for out in outs])
         return packed[inverse].view(*self.shape, *packed.shape[1:])
 
-
     def map_packed(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
                    continue_piece: Optional[Callable[[int, torch.Tensor, int], torch.Tensor]] = None) -> torch.Tensor:
         """`map` through a layer's one-call (varlen) form: `fn` takes the tokens of every document that
