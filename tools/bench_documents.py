@@ -4,6 +4,7 @@
     python tools/bench_documents.py --kinds tfpp,swa,fs,argrc --docs 8,64 --json documents.json
     python tools/bench_documents.py --launches                        # Triton launches, every kind with a kernel
     python tools/bench_documents.py --launches --kinds swa,fs --launch-docs 1,8,64 --json launches.json
+    python tools/bench_documents.py --launches --kinds fsb --set model.attention.fsb.beam_width=8
 
 With document masking (`model(tokens, doc_ids=doc_ids)`, docs/training.md "Documents") every
 sequence-mixing layer reads each document of a packed row as a row of its own
@@ -23,7 +24,8 @@ per length), the median s/step of each way and their ratio, and the aten ops tha
 dispatches (no_grad, counted with a TorchDispatchMode: machine-independent, so a change to the
 masking is compared exactly), masked and unmasked.
 
-`--launches` mode: the Triton kernel launches of one layer's forward + backward
+`--launches` mode: the Triton kernel launches of one layer's forward + backward (an inference-only
+kind, FS-B: its forward, with thresholds tau = 0; `--kinds fsb`)
 (`model.n_layers=1`, `model.attention.impl=triton`, batch 1, fp32), run by Triton's interpreter on
 the CPU (the script sets TRITON_INTERPRET=1 itself before it imports Triton), on a row of
 `--launch-seq-len` tokens packed with each of `--launch-docs` documents (1: the whole row as one
@@ -63,6 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from fsframework.config import load_config  # noqa: E402
 from fsframework.config.kinds import KIND_FACTS  # noqa: E402
+from fsframework.models.freesolo_attention import set_fsb_thresholds  # noqa: E402
 from fsframework.models.registry import build_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,7 +197,7 @@ def step_time_rows(args, kinds: list[str], docs_list: list[int]) -> list[dict]:
     print("-" * len(head), flush=True)
     rows = []
     for kind in kinds:
-        model, vocab = make_model(kind, args.seq_len, args.seed, [])
+        model, vocab = make_model(kind, args.seq_len, args.seed, args.set)
         tokens = torch.randint(0, vocab, (args.batch, args.seq_len + 1),  # the same tokens for every kind
                                generator=torch.Generator().manual_seed(args.seed))
         for docs in docs_list:
@@ -241,8 +244,11 @@ def launch_rows(args, kinds: list[str], docs_list: list[int]) -> list[dict]:
                "distinct_lengths": {str(d): len(set(layouts[d])) for d in docs_list}}
         try:
             model, vocab = make_model(kind, args.launch_seq_len, args.seed,
-                                      ["model.n_layers=1", "model.attention.impl=triton"])
+                                      ["model.n_layers=1", "model.attention.impl=triton", *args.set])
             model = model.float()
+            if not KIND_FACTS[kind].trainable:  # FS-B: a forward; tau 0 (the launches do not depend on it)
+                model.eval()
+                set_fsb_thresholds(model, [[0.0] * model.cfg.n_heads], source="bench_documents")
             tokens = torch.randint(0, vocab, (1, args.launch_seq_len + 1),
                                    generator=torch.Generator().manual_seed(args.seed))
         except Exception as exc:  # a kind whose config or model refuses impl=triton
@@ -251,7 +257,11 @@ def launch_rows(args, kinds: list[str], docs_list: list[int]) -> list[dict]:
             doc_ids = run_ids([layouts[docs]])  # 1 document too: the masked path, on a whole row
             try:
                 with Launches() as launches:
-                    train_step(model, tokens, doc_ids)
+                    if KIND_FACTS[kind].trainable:
+                        train_step(model, tokens, doc_ids)
+                    else:
+                        with torch.no_grad():
+                            model(tokens[:, :-1], doc_ids=doc_ids)
             except Exception as exc:
                 row["error"] = f"{docs} docs: {type(exc).__name__}: {exc}"
                 print(f"  {kind} at {docs} documents failed: {row['error']}", file=sys.stderr, flush=True)
@@ -306,6 +316,8 @@ def main() -> int:
     parser.add_argument("--launch-docs", default="1,8,64",
                         help="--launches: comma list of documents in the row, the first the baseline (1: whole row)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, tokens and document lengths")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the model (yamls/quickstart.yaml), e.g. model.n_heads=2; repeatable")
     # one thread by default: timings on a shared machine are stable only when no thread waits for a core
     parser.add_argument("--threads", type=int, default=1, help="torch threads (torch.set_num_threads)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the rows to this JSON file (a list)")
@@ -315,7 +327,7 @@ def main() -> int:
     if unknown or not kinds:
         parser.error(f"--kinds: unknown kind(s) {unknown}; choose from {', '.join(KIND_FACTS)}")
     read_only = [k for k in kinds if not KIND_FACTS[k].trainable]
-    if read_only:
+    if read_only and not args.launches:
         parser.error(f"--kinds: {', '.join(read_only)} is inference-only (no training step): use "
                      + ", ".join(KIND_FACTS[k].trained_as for k in read_only))
     if min(args.seq_len, args.batch, args.steps, args.rounds, args.launch_seq_len, args.threads) < 1:

@@ -156,9 +156,9 @@ class FreeSoloAttention(QKVAttention):
 
     @property
     def reads_packed_rows(self) -> bool:
-        """FS and FS-L read packed rows in one call (`forward_packed_rows`); FS-B's forests (inference only)
-        and a diagnostic `router` read each document length apart (`Documents.map`)."""
-        return self.routing in ("fs", "fsl") and self.router is None
+        """FS, FS-L and FS-B read packed rows in one call (`forward_packed_rows`); a diagnostic `router`
+        reads each document length apart (`Documents.map`)."""
+        return self.router is None
 
     def forward_packed_rows(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:
         """x `[B, T, D]` of packed rows that each begin a document -> `[B, T, D]`, every document read as a

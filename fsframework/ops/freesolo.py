@@ -71,16 +71,14 @@ def select_cells(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior
     sequence-parallel rank); the result is `[Bt, n, H, top_k]`, equal to rows
     `[q_start, q_start + n)` of the call on the whole sequence.
 
-    first_cells (variants "fs", "fsl"; packed documents laid from query-block boundaries,
+    first_cells (packed documents laid from query-block boundaries,
     `fsframework.ops.freesolo_documents`): a CPU LongTensor `[NB]`, the first cell of each query
     block's document (`fsf_kernels.common.args.check_first_cells`): a block reads only its own
-    document's cells, and FS-L's history restarts at each document, so every document routes as if
-    it were a row of its own.
+    document's cells, FS-L's history and FS-B's forests restart at each document, so every document
+    routes as if it were a row of its own.
     """
     if config.variant == "fsb":
-        if first_cells is not None:
-            raise ValueError("FS-B's search reads packed documents one length at a time, not by first_cells")
-        return select_cells_fsb(q, k, config, prior, q_start=q_start)
+        return select_cells_fsb(q, k, config, prior, q_start=q_start, first_cells=first_cells)
     kernel = kernel_for("cell_routing", "select_cells", config.impl, q, _routing_unsupported(q, config))
     documents = {} if first_cells is None else {"first_cells": first_cells}
     if kernel is not None:

@@ -241,8 +241,8 @@ class Forests:
         # every size's trees in one build (`build_trees`)
         bits = build.any(dim=0).nonzero().flatten().tolist()
         rows = [build[:, bit].nonzero().squeeze(1) for bit in bits]
-        trees = build_trees([chunk_inputs(self.kbar, self.a, self.p, self.ids, at, new[at] >> (bit + 1), bit)
-                             for bit, at in zip(bits, rows)])
+        trees = build_trees([chunk_inputs(self.kbar, self.a, self.p, self.ids, at, new[at] >> (bit + 1) << (bit + 1),
+                                          bit) for bit, at in zip(bits, rows)])
         for bit, at, tree in zip(bits, rows, trees):
             write_trees(self.store.tensors, at, offsets[at, bit], tree)
         # the changed rows' join chains, after their last tree
@@ -252,11 +252,12 @@ class Forests:
 
 
 def chunk_inputs(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor,
-                 index: torch.Tensor, bit: int) -> TreeInputs:
+                 first: torch.Tensor, bit: int) -> TreeInputs:
     """What the chunks of `2^bit` cells of `rows [P]` are built from (`build_trees`): of each row's
-    admitted cells (kbar `[R, C, d]`, a, p, ids `[R, C]`, in arrival order), the `index [P]`-th
-    aligned chunk, cells `[index 2^(bit+1), index 2^(bit+1) + 2^bit)` (the larger chunks first)."""
-    cells = (index << (bit + 1))[:, None] + torch.arange(1 << bit, device=rows.device)
+    admitted cells (kbar `[R, C, d]`, a, p, ids `[R, C]`, in arrival order), cells `[first, first + 2^bit)`,
+    `first [P]`. A forest of `c` cells from admitted cell 0 holds it at `first = (c >> (bit + 1)) << (bit + 1)`
+    (the larger chunks first); a document's forest, at that offset from the document's first cell."""
+    cells = first[:, None] + torch.arange(1 << bit, device=rows.device)
     r = rows[:, None]
     return kbar[r, cells], a[r, cells], p[r, cells], ids[r, cells]
 

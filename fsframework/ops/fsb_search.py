@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from fsf_kernels.common.args import check_routing_args
+from fsf_kernels.common.args import check_first_cells, check_routing_args
 from fsf_kernels.common.support import fsb_search_unsupported
 from fsframework.ops.dispatch import kernel_for
 from fsframework.ops.freesolo_config import FreeSoloConfig, RoutingPrior
@@ -410,7 +410,7 @@ def _blocks_per_window(kbar_rows: torch.Tensor, cells_per_block: int) -> int:
 
 
 def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior, *,
-                     q_start: int = 0) -> torch.Tensor:
+                     q_start: int = 0, first_cells: torch.Tensor | None = None) -> torch.Tensor:
     """FS-B selected cells `[Bt, n, H, top_k]` (descending Eq. 12 score, -1 = none); see module docstring.
 
     q, k unrotated `[Bt, N, H, d]` (or q of positions `[q_start, q_start + n)` over k of
@@ -419,6 +419,10 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
     row, head and forest is searched at once (one node store, one beam tensor); `config.impl` picks the
     search's implementation (`beam_search`). The forests of every block are built at once
     (`fsframework.ops.fsb_states`), the same nodes a decode cache grows block by block.
+
+    first_cells (packed documents laid from query-block boundaries, `fsframework.ops.freesolo_documents`;
+    `check_first_cells`): a block's forests hold only its own document's cells, restarting at the
+    document's first cell, so every document is searched as a row of its own, in the same call.
     """
     # FS-B searches every eligible cell, as FS routes: the sizes FS checks
     check_routing_args(q, k, config.replace(variant="fs", recent_cells=0, retained_cells=0), q_start=q_start)
@@ -431,6 +435,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
     like = torch.empty((), dtype=acc, device=device)
     prior_g = RoutingPrior(*prior.per_head(heads, like=like, batch=bsz))  # [G], rows g = (b, h)
     seq = q_start + num_q
+    firsts = None if first_cells is None else check_first_cells(first_cells, seq, config, q_start)
     with torch.no_grad():
         kbar, a = cell_summaries(k.detach(), cell_size)  # Bt C H d, Bt C H
         centers = (torch.arange(kbar.shape[1], device=device, dtype=acc) + 0.5) * cell_size
@@ -455,12 +460,14 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
         window = _blocks_per_window(kbar_rows, block_size // cell_size)
         for lo in range(first - first % window, len(starts), window):
             here = arrived[lo:lo + window]
+            # starts[j] is block j + 1's (the first block has no cell)
+            documents = None if firsts is None else torch.tensor(firsts[lo + 1:lo + 1 + window], device=device)
             store, roots = forest_states(kbar_rows[:, :here[-1]], a_rows[:, :here[-1]], centers[:here[-1]],
                                          torch.arange(here[-1], device=device), keep[:, :here[-1]],
-                                         torch.tensor(here, device=device))
+                                         torch.tensor(here, device=device), firsts=documents)
             for block, start in enumerate(starts[lo:lo + window]):
-                if start < q_start:
-                    continue
+                if start < q_start or (firsts is not None and firsts[lo + 1 + block] * cell_size == start):
+                    continue  # before the queries, or a document's first block (no cell of its own before it)
                 rows = slice(start - q_start, min(start + block_size, seq) - q_start)
                 pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
                 out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,

@@ -17,9 +17,12 @@ its window. So of the document's earlier part `[0, o)` a continued piece reads:
 3. the keys and values of the cells it selected, per head: it sends each holder which of its cells
    (and heads) it selected, and the holder sends those.
 
-The piece's keys are a zero prefix holding the region, the cut cells and the selected cells, with the
-routed cells handed to the op (`ContinuedDocument` with cells): the op reads the window and the selected
-cells only, so the logits are the one-process ones. What travels per piece: the region's inputs, `D + H`
+The piece's keys are compact (`compact_piece`, as the unmasked exchange's, `fsframework.parallel.compact`):
+per head the earlier cells its queries selected, then the region whole, with the routed cells re-indexed
+into them and handed to the op (`ContinuedDocument` with cells). The op reads the window and the selected
+cells only, and the readout is position-free, so the logits are the one-process ones, while the piece
+holds `O(K s` per query block `+ o - r)` positions, not its document's earlier length `o`; its routing
+reads the summaries alone (`1/s` of the keys), built cell by cell without a prefix-long tensor. What travels per piece: the region's inputs, `D + H`
 numbers per earlier cell (its summaries: `1/s` of its inputs), one flag per cell and head, and the
 selected cells. Backward returns the selected cells' and the region's gradients to their owners; routing
 has none.
@@ -32,6 +35,7 @@ import torch
 from fsframework.models.context import RetainedCells
 from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.document_retained import RetainedPlan, plan_retained
+from fsframework.parallel.compact import cells_read
 from fsframework.parallel.rank_layout import Transport, exchange_rows, held_cells
 
 
@@ -98,11 +102,8 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
             _, index, start = documents.continuations[slot[i]]
             q, k_own, _ = project(x.reshape(-1, x.shape[-1])[index][None], start)
             _, k_in, v_in = project(before, 0)  # FS's keys are unrotated: the position does not matter
-            at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
-            kv = x.new_zeros(start, heads, 2 * dim, dtype=k_in.dtype).index_put(
-                (at_positions,), torch.cat((k_in[0], v_in[0]), dim=-1))
             with torch.no_grad():
-                kbar, a = summarize_cells(torch.cat((kv[None, ..., :dim], k_own), dim=1), cfg)  # [1, H, C, d]
+                kbar, a = _piece_summaries(k_in, k_own, piece.cells.reads, start, cfg)
                 for holder, cells in piece.cells.candidates:  # the first cells of the group's holder's
                     rows = gathered[offsets[g, holder]:offsets[g, holder] + len(cells)]  # [C, H, d+1]
                     ids = _ids(cells, x.device)
@@ -119,7 +120,7 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
                 for holder, holder_cells in piece.cells.candidates:
                     flags[i, holder] = picked[_ids(holder_cells, x.device)]
                     union[holder][:len(holder_cells)] |= flags[i, holder]
-            routed[i] = (kv, cells)
+            routed[i] = (torch.cat((k_in[0], v_in[0]), dim=-1), cells)
         for holder, _ in candidates:
             flags[g, holder] = union[holder]
     # 3. each group's flags (the union of its pieces') to the holders, then those cells' keys and values back
@@ -141,24 +142,91 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
     expected = [(holder, sum(int(flags[g, holder].sum()) for g in gs)) for holder, gs in recvs]
     received = exchange_rows(_cat(outgoing, x.reshape(-1)[:0].view(0, s, 2 * dim)), tuple(counts), tuple(expected),
                              transport)
-    # 4. each piece's selected cells in its zero prefix, from its group's rows
+    # 4. each piece's compact keys: the cells its queries read, then its region
     first_row, at = {}, 0
     for holder, gs in recvs:
         for g in gs:
             first_row[g, holder], at = at, at + int(flags[g, holder].sum())
     keys = []
     for i in own:
-        kv, cells = routed[i]
+        region_kv, cells = routed[i]
         g = next(g for g, _ in reading if i in g)
+        sent = []  # (cells, heads, rows) from each holder
         for holder, holder_cells in plan.pieces[i].cells.candidates:
             union = flags[g, holder]
             order = union.reshape(-1).long().cumsum(0).view(union.shape) - 1  # a flagged pair's row in the message
             cell, head = flags[i, holder].nonzero(as_tuple=True)
-            rows = received[first_row[g, holder] + order[cell, head]]
-            position = _ids(holder_cells, x.device)[cell][:, None] * s + torch.arange(s, device=x.device)
-            kv = kv.index_put((position, head[:, None].expand_as(position)), rows)
+            sent.append((_ids(holder_cells, x.device)[cell], head, received[first_row[g, holder] + order[cell, head]]))
+        kv, cells = compact_piece(region_kv, plan.pieces[i].cells.reads, sent, cells, s)
         keys.append((kv[None, ..., :dim], kv[None, ..., dim:], cells))
     return [gathered, received], keys
+
+
+def _piece_summaries(k_in: torch.Tensor, k_own: torch.Tensor, reads, start: int, cfg):
+    """The summaries (kbar `[1, H, C, d]`, a `[1, H, C]`, `C = (start + m) // s`) of a piece's cells that
+    its own rank holds: the cut cells and the region (`k_in` `[1, R, H, d]`, the inputs of `reads`
+    projected) and its own keys `k_own` `[1, m, H, d]`; the holders' cells are left zero for their
+    summaries. Each complete cell is summarized from its own keys, so no prefix-long tensor is built."""
+    s = cfg.cell_size
+    region = reads[-1][0]
+    cut = k_in.shape[1] - (start - region)  # the cut cells' positions come first, whole cells each
+    tail_kbar, tail_a = summarize_cells(torch.cat((k_in[:, cut:], k_own), dim=1), cfg)  # cells from region // s
+    total = (start + k_own.shape[1]) // s
+    kbar = tail_kbar.new_zeros((1, tail_kbar.shape[1], total, tail_kbar.shape[-1]))
+    a = tail_a.new_zeros((1, tail_a.shape[1], total))
+    kbar[:, :, region // s:], a[:, :, region // s:] = tail_kbar, tail_a
+    if cut:
+        cut_kbar, cut_a = summarize_cells(k_in[:, :cut], cfg)
+        ids = _cut_cells(reads, s, k_in.device)
+        kbar[:, :, ids], a[:, :, ids] = cut_kbar, cut_a
+    return kbar, a
+
+
+def _cut_cells(reads, s: int, device) -> torch.Tensor:
+    """The document cells of a piece's cut-cell reads (every read but the last, the region), in order."""
+    return torch.tensor([cell for lo, hi in reads[:-1] for cell in range(lo // s, hi // s)], dtype=torch.long,
+                        device=device)
+
+
+def compact_piece(region_kv: torch.Tensor, reads, sent: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                  cells: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A continued piece's keys and values, compact, and its cells re-indexed into them.
+
+    region_kv `[R, H, 2d]`: the inputs of `reads` projected (the cut cells, then the region `[r, o)`);
+    sent: per holder (document cells `[n]`, heads `[n]`, keys and values `[n, s, 2d]`) of the cells its
+    queries selected; cells `[1, pad + m, H, K]` (document cells, -1 none). Returns `[c s + o - r, H, 2d]`:
+    per head the cells before `r` that its queries read, in cell order, padded to the most any head reads
+    (`c` cells), then the region whole; and the cells as indices into it. The readout is position-free
+    (NoPE) and the window reads the region's last positions before the piece's own keys, so both read what
+    they read in the document's zero prefix, but the piece holds `O(c s + o - r)` positions, not `O(o)`."""
+    region = reads[-1][0]
+    cut = region_kv.shape[0] - (reads[-1][1] - region)  # the cut cells' positions, before the region
+    early = region // s
+    heads, width = region_kv.shape[1], region_kv.shape[2]
+    read = cells_read(cells, early)[0]  # [H, early]: the early cells some query reads
+    slot_of = read.long().cumsum(-1) - 1
+    num_slots = int(read.sum(-1).max()) if early else 0
+    slots = region_kv.new_zeros((num_slots * s, heads, width))
+    offsets = torch.arange(s, device=cells.device)
+
+    def place(slots, cell, head, rows):  # rows [n, s, 2d] of (cell, head) into their slots
+        position = slot_of[head, cell][:, None] * s + offsets
+        return slots.index_put((position, head[:, None].expand_as(position)), rows)
+
+    if cut:  # the cut cells its queries read, from the inputs
+        ids = _cut_cells(reads, s, cells.device)
+        head, which = read[:, ids].nonzero(as_tuple=True)
+        rows = region_kv[:cut].view(-1, s, heads, width)[which, :, head]
+        slots = place(slots, ids[which], head, rows)
+    for cell, head, rows in sent:
+        slots = place(slots, cell, head, rows)
+    if early:
+        head = torch.arange(heads, device=cells.device).view(1, 1, -1, 1)
+        in_slots = slot_of[head.expand_as(cells), cells.clamp(0, early - 1)]
+    else:
+        in_slots = cells
+    moved = torch.where(cells >= early, cells - early + num_slots, in_slots)
+    return torch.cat((slots, region_kv[cut:])), torch.where(cells >= 0, moved, -1)
 
 
 def _ids(cells, device) -> torch.Tensor:

@@ -43,3 +43,16 @@ def test_triton_launches(tmp_path):
     assert isinstance(row["ratio"], float) and row["ratio"] > 0
     assert row["verdict"] in ("yes", "yes (fewer)", "no (more)")
     assert "TRITON_INTERPRET=1" in proc.stdout and proc.stdout.splitlines()[-1].split()[0] == "swa"
+
+
+def test_launches_of_an_inference_only_kind(tmp_path):
+    """FS-B has no training step: its forward's launches. The interpreter runs a search program per
+    (head, forest, query), so one head and one forest (`--set`)."""
+    out = tmp_path / "launches.json"
+    run_tool("bench_documents.py", "--launches", "--kinds", "fsb", "--launch-seq-len", "96", "--launch-docs", "1,2",
+             "--set", "model.n_heads=1", "--set", "model.attention.fsb.forests=f0", "--json", str(out))
+    (row,) = json.loads(out.read_text())
+    assert row["kind"] == "fsb" and "error" not in row
+    # blocks of 64 tokens: one row searches at 64; its two documents (32 and 64 tokens) fit a block each
+    assert row["kernels"]["1"]["fsb_beam_kernel"] == 1 and "fsb_beam_kernel" not in row["kernels"]["2"]
+    assert row["verdict"] == "yes (fewer)"

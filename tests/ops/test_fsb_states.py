@@ -73,9 +73,9 @@ def test_windows_of_blocks_select_the_same_cells(monkeypatch):
     whole = select_cells(q, k, *fs_pair(**kw))
     built, build = [], states.forest_states
 
-    def counting(*args):
+    def counting(*args, **kwargs):
         built.append(args[-1].numel())
-        return build(*args)
+        return build(*args, **kwargs)
 
     monkeypatch.setattr(search, "forest_states", counting)
     monkeypatch.setattr(search, "STATES_BUDGET_BYTES", 0)  # the smallest windows the rule allows

@@ -301,6 +301,40 @@ def test_fs_pieces_read_their_region_and_route_from_the_holders_summaries():
     assert sum(len(cells) for _, cells in piece.candidates) + 2 == piece.reads[-1][0] // 4
 
 
+def test_fs_pieces_hold_the_cells_they_read_not_their_documents_prefix(monkeypatch):
+    """A continued FS piece's keys are compact (`compact_piece`): per head the earlier cells its queries
+    selected, then its region (window and first block), at most `K` cells a query block plus the region
+    however long its document's earlier part; and the logits are still one process's."""
+    from fsframework.models import context
+
+    n, sp, window, block, cell, top_k = 256, 4, 16, 8, 4, 2  # tiny_model's sizes
+    model = tiny_model("fs", VOCAB).float()
+    tokens = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(3))
+    doc_ids = torch.zeros_like(tokens)
+    doc_ids[0, :5] = 1  # the long document starts at 5: its cells straddle the ranks' boundaries
+    held = []
+    original = context.ContinuedDocument.__init__
+
+    def recording(self, start, k, v, cells=None):
+        held.append((start, k.shape[1], k.shape[0], cells is not None))
+        original(self, start, k, v, cells)
+
+    monkeypatch.setattr(context.ContinuedDocument, "__init__", recording)
+    runs = layout_runs(n, sp, block, "contiguous")
+    with torch.no_grad():
+        whole = model(tokens, doc_ids=doc_ids)
+        model.parallelism = ranks = SimulatedRanks(runs)
+        parts = ranks.run(lambda r: model(shard_runs(tokens, runs[r]), sp=r, doc_ids=doc_ids))
+    torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-5)
+    assert len(held) == 2 * (sp - 1)  # a piece per later rank and layer
+    for start, length, rows, routed in held:
+        region = min(start // block * block, start - window) // cell * cell
+        blocks = -(-(start % block + n // sp) // block)  # the piece's query blocks, the first front-padded
+        assert routed and rows == 1
+        assert length <= top_k * blocks * cell + start - region, (start, length)
+    assert max(start - length for start, length, _, _ in held) > n // 4  # the last pieces hold far less than o
+
+
 @pytest.mark.parametrize("name", ["tfpp", "fs"])
 def test_a_rank_with_continued_pieces_reads_its_other_documents_in_one_call(name, monkeypatch):
     """A rank whose part continues documents still reads every document that starts on it in one call of
