@@ -19,10 +19,13 @@ document's earlier part `[0, o)` they read:
    each holder sends the keys and values of its cells among them. A cell that a rank's boundary cuts
    in two travels as inputs with the region.
 
-The piece's keys are then a zero prefix `[1, o, H, d]` holding those positions (per head for the sent
-cells): a zero cell has `a_c = 0`, below every sent one, so FS-L's pruning keeps the single-process cells
-and reads nothing else (the argument of `fsframework.parallel.retained`, whose unmasked exchange this
-mirrors). What travels per piece: the region's inputs (`D` numbers a position), `P` pairs per head from
+The piece routes on its rank (`_routed_here`) from the summaries of what it holds, every other earlier
+cell zero: a zero cell has `a_c = 0`, below every sent one, so FS-L's pruning keeps the single-process
+cells and reads nothing else (the argument of `fsframework.parallel.retained`, whose unmasked exchange
+this mirrors). Its keys are then compact (`fsframework.parallel.document_compact`): the cells its queries
+read and the region, not its document's earlier length. Routing by the cells' token keys
+(`route_score=tokens`) reads more than summaries: the piece then holds the zero prefix `[1, o, H, d]` with
+those positions (per head for the sent cells), and the op routes over it. What travels per piece: the region's inputs (`D` numbers a position), `P` pairs per head from
 each holder, and `P` cells per head, whatever the document's length; backward returns each gradient to
 the rank whose inputs made it.
 """
@@ -34,6 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from fsframework.models.context import RetainedCells
+from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
+from fsframework.parallel.document_compact import compact_piece, piece_summaries
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows, held_cells
 
 Cell = tuple[int, int, int]  # (document cell index, row, first column on the rank that holds it)
@@ -156,15 +161,44 @@ class _Candidates:
         return self.kv[local, :, heads]
 
 
+@dataclass(frozen=True)
+class RoutedHere:
+    """What routes an FS-L piece on its rank (`retained_keys`): the rank's `documents` (the pieces' tokens)
+    and the FS-L `layer` (its settings and prior)."""
+
+    documents: object
+    layer: object
+
+
+def _routed_here(q, k_in, k_own, region_kv, reads, sent, start: int, layer) -> tuple:
+    """An FS-L piece routed on its rank from the summaries of what it holds (`piece_summaries`, the merged
+    cells' from their keys; every other earlier cell is zero, as in the zero prefix, and FS-L never
+    keeps one) -> its compact keys, values and cells (`compact_piece`)."""
+    cfg = layer.settings
+    s, heads, dim = cfg.cell_size, q.shape[2], q.shape[3]
+    with torch.no_grad():
+        kbar, a = piece_summaries(k_in, k_own, reads, start, cfg)
+        for cell, head, rows in sent:
+            if cell.numel():
+                kbar_cells, a_cells = summarize_cells(rows[..., :dim].reshape(1, -1, 1, dim), cfg)  # [1, 1, n, d]
+                kbar[0, head, cell], a[0, head, cell] = kbar_cells[0, 0].to(kbar.dtype), a_cells[0, 0].to(a.dtype)
+        pad = start % cfg.block_size
+        q_pad = torch.cat((q.new_zeros(1, pad, heads, dim), q), dim=1)
+        cells = select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
+    kv, cells = compact_piece(region_kv, reads, sent, cells, s)
+    return kv[None, ..., :dim], kv[None, ..., dim:], cells
+
+
 def retained_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tensor], starts: list[int],
-                  span: RetainedCells, project, transport: Transport
-                  ) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+                  span: RetainedCells, project, transport: Transport, routed: RoutedHere | None = None
+                  ) -> tuple[list[torch.Tensor], list[tuple]]:
     """For each of this rank's continued pieces (`earlier[i]`: the inputs of its `reads`, `starts[i]` its
-    position) its FS-L keys and values `[1, start, H, d]`: zero but the region, the cut cells and the
-    document's top `P` cells of the rest per head. Two exchanges: each holder's best `P` per head (a_c and
-    cell) to the piece's reader and other holders, which all merge them alike; then each holder's cells
-    of the merged top `P`, keys and values, to the reader. Returns (what to tie the layer's output to;
-    the keys)."""
+    position) its FS-L keys and values: with `routed`, routed here and compact, `(k, v, cells)`
+    (`_routed_here`); else `[1, start, H, d]`, zero but the region, the cut cells and the document's top `P`
+    cells of the rest per head, for the op to route (`model.attention.route_score=tokens`, which reads the
+    cells' token keys). Two exchanges: each holder's best `P` per head (a_c and cell) to the piece's reader
+    and other holders, which all merge them alike; then each holder's cells of the merged top `P`, keys and
+    values, to the reader. Returns (what to tie the layer's output to; the keys)."""
     s, top, rank = span.cell_size, span.retained_cells, plan.rank
     _, probe, _ = project(x[:1, :0], 0)
     heads, width = probe.shape[2], 2 * probe.shape[3]
@@ -218,24 +252,31 @@ def retained_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
                                         if piece.dst == rank and i in merged)))
     outgoing = torch.cat(out_rows) if out_rows else x.reshape(-1)[:0].view(0, s, width)
     received = exchange_rows(outgoing, tuple(send_counts), tuple(recv_counts), transport)
-    # 4. each own piece: a zero prefix holding its region, cut cells and merged cells
+    # 4. each own piece's keys: compact where it is routed here, else a zero prefix holding what it reads
     at_holder = {holder: sum(count for h, count in recv_counts if h < holder) for holder, _ in recv_counts}
     keys = []
     own = [i for i, piece in enumerate(plan.pieces) if piece.dst == rank]
-    for i, before, start in zip(own, earlier, starts):
+    for j, (i, before, start) in enumerate(zip(own, earlier, starts)):
         piece = plan.pieces[i]
         _, k_in, v_in = project(before, 0)  # FS-L's keys are unrotated: the position does not matter
-        at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
-        kv = torch.zeros(start, heads, width, dtype=k_in.dtype, device=x.device)
-        kv = kv.index_put((at_positions,), torch.cat((k_in[0], v_in[0]), dim=-1))
+        region_kv = torch.cat((k_in[0], v_in[0]), dim=-1)
+        sent = []  # (document cells, heads, keys and values) of the merged cells, holder by holder
         if i in merged:
             owner, cell, head = merged[i]
             for holder in piece.holders():
                 pick = owner == holder
                 count = int(pick.sum())
-                rows = received[at_holder[holder]:at_holder[holder] + count]  # [n, s, 2d]
+                sent.append((cell[pick], head[pick], received[at_holder[holder]:at_holder[holder] + count]))
                 at_holder[holder] += count
-                position = cell[pick][:, None] * s + torch.arange(s, device=x.device)  # [n, s]
-                kv = kv.index_put((position, head[pick][:, None].expand_as(position)), rows)
+        if routed is not None:
+            _, index, _ = routed.documents.continuations[j]
+            q, k_own, _ = project(x.reshape(-1, x.shape[-1])[index][None], start)
+            keys.append(_routed_here(q, k_in, k_own, region_kv, piece.cells.reads, sent, start, routed.layer))
+            continue
+        at_positions = torch.cat([torch.arange(lo, hi) for lo, hi in piece.cells.reads]).to(x.device)
+        kv = torch.zeros(start, heads, width, dtype=k_in.dtype, device=x.device).index_put((at_positions,), region_kv)
+        for cell, head, rows in sent:
+            position = cell[:, None] * s + torch.arange(s, device=x.device)  # [n, s]
+            kv = kv.index_put((position, head[:, None].expand_as(position)), rows)
         keys.append((kv[None, ..., :width // 2], kv[None, ..., width // 2:]))
     return [received], keys

@@ -46,7 +46,7 @@ from fsframework.models.context import DocumentRows, RetainedCells, Span, reach_
 from fsframework.models.documents import Documents, document_positions
 from fsframework.parallel.collectives import exchange
 from fsframework.parallel.context import SPContext
-from fsframework.parallel.document_retained import piece_cells, plan_retained, retained_keys
+from fsframework.parallel.document_retained import RoutedHere, piece_cells, plan_retained, retained_keys
 from fsframework.parallel.document_roots import RootsPlan, continued_roots, plan_roots
 from fsframework.parallel.document_selected import region_span, selected_keys
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows
@@ -220,7 +220,10 @@ class SequenceParallelDocuments(DocumentRows):
             return super().continued_keys(x, span, project, layer)
         earlier, before, plan = self._region_inputs(x, ("retained", span), span, self.block_size)
         starts = [start for _, _, start in self.documents.continuations]
-        exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport)
+        # FS-L routes its pieces here from summaries, and holds compact keys, unless it scores token keys
+        here = (layer is not None and layer.settings.route_score == "mean" and layer.router is None)
+        exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport,
+                                        RoutedHere(self.documents, layer) if here else None)
         return [earlier, *exchanged], keys
 
     def _selected_keys(self, x: torch.Tensor, project, layer):

@@ -301,14 +301,16 @@ def test_fs_pieces_read_their_region_and_route_from_the_holders_summaries():
     assert sum(len(cells) for _, cells in piece.candidates) + 2 == piece.reads[-1][0] // 4
 
 
-def test_fs_pieces_hold_the_cells_they_read_not_their_documents_prefix(monkeypatch):
-    """A continued FS piece's keys are compact (`compact_piece`): per head the earlier cells its queries
-    selected, then its region (window and first block), at most `K` cells a query block plus the region
-    however long its document's earlier part; and the logits are still one process's."""
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_freesolo_pieces_hold_the_cells_they_read_not_their_documents_prefix(name, monkeypatch):
+    """A continued FS or FS-L piece's keys are compact (`compact_piece`): per head the earlier cells its
+    queries selected, then its region (window, first block, FS-L's recent cells), at most `K` cells a query
+    block plus the region however long its document's earlier part; and the logits are still one process's."""
     from fsframework.models import context
 
     n, sp, window, block, cell, top_k = 256, 4, 16, 8, 4, 2  # tiny_model's sizes
-    model = tiny_model("fs", VOCAB).float()
+    recent = 2 if name == "fsl" else 0
+    model = tiny_model(name, VOCAB).float()
     tokens = torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(3))
     doc_ids = torch.zeros_like(tokens)
     doc_ids[0, :5] = 1  # the long document starts at 5: its cells straddle the ranks' boundaries
@@ -328,11 +330,34 @@ def test_fs_pieces_hold_the_cells_they_read_not_their_documents_prefix(monkeypat
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, rtol=0, atol=1e-5)
     assert len(held) == 2 * (sp - 1)  # a piece per later rank and layer
     for start, length, rows, routed in held:
-        region = min(start // block * block, start - window) // cell * cell
+        region = max(0, min(start // block * block - recent * cell, start - window)) // cell * cell
         blocks = -(-(start % block + n // sp) // block)  # the piece's query blocks, the first front-padded
         assert routed and rows == 1
         assert length <= top_k * blocks * cell + start - region, (start, length)
     assert max(start - length for start, length, _, _ in held) > n // 4  # the last pieces hold far less than o
+
+
+@pytest.mark.parametrize("name", ["fs", "fsl"])
+def test_token_scored_routing_stays_exact_on_continued_pieces(name):
+    """`model.attention.route_score=tokens` reads the cells' token keys, which no summary holds: FS's pieces
+    then read their earlier inputs and FS-L's a zero prefix holding its whole cells, both routed by the op,
+    and the ranks still equal one process."""
+    from fsframework.config import AttentionConfig, ModelConfig
+    from fsframework.models.registry import build_model
+
+    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
+                          impl="reference", route_score="tokens")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
+                                    attention=att)).eval().float()
+    tokens, doc_ids = packed_batch()
+    runs = RUNS["documents"]
+    with torch.no_grad():
+        whole = model(tokens, doc_ids=doc_ids)
+        model.parallelism = ranks = SimulatedRanks(runs)
+        parts = ranks.run(lambda r: model(shard_runs(tokens, runs[r]), sp=r, doc_ids=doc_ids))
+    for rank, logits in enumerate(parts):
+        torch.testing.assert_close(logits, shard_runs(whole, runs[rank]), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["tfpp", "fs"])
