@@ -78,9 +78,12 @@ class SequenceParallelKeys(KeySource):
         if span is None and routed.routes_from_summaries:  # FS: only the selected cells
             k, v, cells = SelectedCells(self.sp).keys(0, layer, q, k, v, routed)
             return k, v, PrefixKeys(self.start, cells)
-        if isinstance(span, RetainedCells):  # FS-L: its retained cells, routed here to hand over compact keys
+        if isinstance(span, RetainedCells) and routed.settings.route_score == "mean":
+            # FS-L: its retained cells, routed here from their summaries to hand over compact keys
             k, v, cells = retained_routed_kv(q, k, v, self.sp, span, routed)
             return k, v, PrefixKeys(self.start, cells)
+        # FS-L scoring token keys (route_score=tokens) reads more than summaries: the op routes over the
+        # retained cells' zero prefix (`retained_kv`), where they are whole
         return super().freesolo_state(layer, q, k, v, span, routed)
 
 

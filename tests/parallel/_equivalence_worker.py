@@ -37,17 +37,19 @@ TOL = 1e-5
 
 
 REWIRED_ABLATION = "rewired-ablation"
+FSL_TOKENS = "fsl-tokens"  # FS-L routing by the cells' token keys (model.attention.route_score=tokens)
 
 
 def registry_kind(kind: str) -> str:
-    return "rewired" if kind == REWIRED_ABLATION else kind
+    return {REWIRED_ABLATION: "rewired", FSL_TOKENS: "fsl"}.get(kind, kind)
 
 
 def tiny(kind: str) -> ModelConfig:
     # block 16 and window 40: a window wider than some slices, so halos span several ranks
     rewired = RewiredConfig(runway="mean", score="bilinear", head=1) if kind == REWIRED_ABLATION else RewiredConfig()
     att = AttentionConfig(window=40, block_size=16, cell_size=4, top_k=2, recent_cells=2, retained_cells=3,
-                          combine="gate" if kind == "fsl" else "sum", impl="reference", rewired=rewired)
+                          combine="gate" if kind == "fsl" else "sum", impl="reference", rewired=rewired,
+                          route_score="tokens" if kind == FSL_TOKENS else "mean")
     return ModelConfig(name=registry_kind(kind), vocab_size=61, d_model=32, n_layers=2, n_heads=2, attention=att)
 
 
