@@ -85,8 +85,8 @@ def test_the_search_kernel_reads_documents_as_the_reference_does(monkeypatch, de
     q_row, k_row, first_cells, _ = _laid_out(documents)
     q_row, k_row = q_row.to(device), k_row.to(device)
 
-    def pair(impl):
-        config, prior = _pair("both", impl=impl)
+    def pair(impl):  # one forest: the interpreter runs a program per (row, head, forest, query)
+        config, prior = _pair("f0", impl=impl)
         return config, dataclasses.replace(prior, sigma=prior.sigma.to(device), tau=prior.tau.to(device))
 
     want = select_cells(q_row, k_row, *pair("reference"), first_cells=first_cells)
