@@ -1,8 +1,8 @@
 """FS-B routing (docs/freesolo.md §1.8): beam search over two forests, then Eq. 12 rescoring.
 
 Reference implementation in plain PyTorch; inference only (no gradient). The search (`beam_search`)
-has a Triton kernel (`fsf_kernels.fsb_search`: one launch per block of queries instead of tens of
-small ops per tree level), picked by `impl` as every op's (`fsframework.ops.dispatch`); the forests'
+has a Triton kernel (`fsf_kernels.fsb_search`: one launch for a window of query blocks, `search_states`,
+instead of tens of small ops per tree level and block), picked by `impl` as every op's (`fsframework.ops.dispatch`); the forests'
 growth and the rescoring stay in PyTorch.
 Legend: Bt batch, N tokens, H heads, d head width, Q queries of one block, Wb beam
 width, K top_k, s cell size.
@@ -249,6 +249,26 @@ def shared_walk(links: torch.Tensor, roots: torch.Tensor, beam_width: int) -> tu
     return beam, leaf, cells, children
 
 
+def search_states(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor,
+                  segments: list[tuple[int, int, int]], config: FreeSoloConfig, prior: RoutingPrior) -> torch.Tensor:
+    """`beam_search` of queries that read different states of the forests (`fsframework.ops.fsb_states`):
+    roots `[G, J]`, q `[G, Q, d]` at `pos [Q]`, `segments` host triples `(state, lo, hi)` covering the
+    queries: queries `[lo, hi)` search state `state`. The kernel searches them all in one launch (a
+    window of query blocks, whatever documents they belong to); the reference, state by state."""
+    kernel = kernel_for("fsb_search", "beam_search", config.impl, q,
+                        fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=config.beam_width))
+    if kernel is not None:
+        states = torch.tensor([state for state, lo, hi in segments for _ in range(hi - lo)], dtype=torch.long)
+        buffers = store.buffers
+        return kernel(buffers["mu"], buffers["stats"], buffers["links"], roots, q, pos,
+                      beam_width=config.beam_width, lam=prior.lam, sigma=prior.sigma, bound_c=config.bound_c,
+                      states=states.to(q.device, non_blocking=True))
+    found = q.new_full((*q.shape[:2], config.beam_width), -1, dtype=torch.long)
+    for state, lo, hi in segments:
+        found[:, lo:hi] = beam_search(store, roots[:, state], q[:, lo:hi], pos[lo:hi], config, prior)
+    return found
+
+
 def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor, config: FreeSoloConfig,
                 prior: RoutingPrior, *, walks: dict | None = None) -> torch.Tensor:
     """Leaves reached by the beam of each query in each forest (Eq. 11): cells `[G, Q, Wb]`, -1 = none.
@@ -384,13 +404,21 @@ def _search_and_rescore(store: NodeStore, roots: torch.Tensor, walks: dict | Non
                         prior: RoutingPrior) -> torch.Tensor:
     """`route_fsb_block` over forests given by their node store and roots `[G kinds]`; the prior's lam,
     sigma `[G]`."""
-    groups, num_q = q.shape[:2]
-    kinds = store.rows // groups
-    per_forest = RoutingPrior(sigma=prior.sigma.repeat_interleave(kinds), lam=prior.lam.repeat_interleave(kinds))
-    found = beam_search(store, roots, q.repeat_interleave(kinds, dim=0), pos, config, per_forest,
+    kinds = store.rows // q.shape[0]
+    found = beam_search(store, roots, q.repeat_interleave(kinds, dim=0), pos, config, _per_forest(prior, kinds),
                         walks=walks)  # [G kinds, Q, Wb]
-    cand = found.view(groups, kinds, num_q, config.beam_width).transpose(1, 2).flatten(2)
-    return rescore(q, keys, a, pos, cand, config, prior)
+    return rescore(q, keys, a, pos, _candidates(found, kinds), config, prior)
+
+
+def _per_forest(prior: RoutingPrior, kinds: int) -> RoutingPrior:
+    """The prior's lam, sigma `[G]` for the forest rows `[G kinds]` (one per kind of each row g)."""
+    return RoutingPrior(sigma=prior.sigma.repeat_interleave(kinds), lam=prior.lam.repeat_interleave(kinds))
+
+
+def _candidates(found: torch.Tensor, kinds: int) -> torch.Tensor:
+    """Cells the beams found in each forest `[G kinds, Q, Wb]` -> each row's candidates `[G, Q, kinds Wb]`."""
+    rows, num_q, width = found.shape
+    return found.view(rows // kinds, kinds, num_q, width).transpose(1, 2).flatten(2)
 
 
 # node memory the forests of one window of blocks may take (`select_cells_fsb`); a window is never made
@@ -455,6 +483,7 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
             return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
         # the forests of a window of blocks at once: block j's hold the cells complete before it
         arrived = [start // cell_size for start in starts]
+        kinds = len(FOREST_KINDS[config.forests])
         thresholds = forest_thresholds(tau, heads, bsz, FOREST_KINDS[config.forests], like=like)
         kbar_rows, a_rows, keep = _forest_rows(kbar_bh[:, :arrived[-1]], a_bh[:, :arrived[-1]], thresholds)
         window = _blocks_per_window(kbar_rows, block_size // cell_size)
@@ -465,11 +494,23 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
             store, roots = forest_states(kbar_rows[:, :here[-1]], a_rows[:, :here[-1]], centers[:here[-1]],
                                          torch.arange(here[-1], device=device), keep[:, :here[-1]],
                                          torch.tensor(here, device=device), firsts=documents)
-            for block, start in enumerate(starts[lo:lo + window]):
-                if start < q_start or (firsts is not None and firsts[lo + 1 + block] * cell_size == start):
-                    continue  # before the queries, or a document's first block (no cell of its own before it)
-                rows = slice(start - q_start, min(start + block_size, seq) - q_start)
-                pos = torch.arange(start, start + rows.stop - rows.start, device=device, dtype=acc)
-                out[:, rows] = _search_and_rescore(store, roots[:, block], None, q_bh[:, rows], pos, k_cells, a_bh,
-                                                   config, prior_g)
+            # the window's blocks that search: not before the queries, nor a document's first block (no cell
+            # of its own before it); their queries in one search (one kernel launch), each of its block's state
+            blocks = [(block, slice(start - q_start, min(start + block_size, seq) - q_start))
+                      for block, start in enumerate(starts[lo:lo + window]) if start >= q_start
+                      and (firsts is None or firsts[lo + 1 + block] * cell_size != start)]
+            if not blocks:
+                continue
+            segments, at = [], 0
+            for block, rows in blocks:
+                segments.append((block, at, at + rows.stop - rows.start))
+                at += rows.stop - rows.start
+            queries = torch.cat([q_bh[:, rows] for _, rows in blocks], dim=1)
+            pos = torch.cat([torch.arange(rows.start + q_start, rows.stop + q_start, device=device, dtype=acc)
+                             for _, rows in blocks])
+            found = search_states(store, roots, queries.repeat_interleave(kinds, dim=0), pos, segments, config,
+                                  _per_forest(prior_g, kinds))
+            for (_, rows), (_, a_lo, a_hi) in zip(blocks, segments):  # Eq. 12 block by block (its union of cells)
+                out[:, rows] = rescore(queries[:, a_lo:a_hi], k_cells, a_bh, pos[a_lo:a_hi],
+                                       _candidates(found[:, a_lo:a_hi], kinds), config, prior_g)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

@@ -14,6 +14,7 @@ from fsframework.models.freesolo_settings import fs_config, fs_pair, fs_prior
 from fsframework.ops.freesolo import select_cells
 from fsframework.ops.fsb_forest import Forests
 from fsframework.ops.fsb_search import beam_search
+from kernel_testing import kernel_launches
 from tests.work import WorkCounter
 
 F32, F64 = torch.float32, torch.float64
@@ -132,3 +133,33 @@ def test_kernel_refuses_what_it_cannot_search():
         search(forests, q, pos, ones, ones, "triton", beam_width=65)
     with pytest.raises(ValueError, match="dtype torch.float16"):
         search(forests, q.half(), pos, ones, ones, "triton", beam_width=4)
+
+
+def test_whole_sequence_routing_searches_a_window_of_blocks_in_one_launch(monkeypatch, device):
+    """Every block's queries read their own state of the forests (`search_states`): one launch of the search
+    per window of blocks (`fsframework.ops.fsb_states`), the reference's cells, also over several windows."""
+    import fsframework.ops.fsb_search as search
+
+    gen = torch.Generator().manual_seed(5)
+    bsz, seq, heads, dim = 1, 64, 1, 16  # blocks of 16 at 16..48 search: the interpreter runs a program per query
+    q, k = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device) for _ in range(2))
+    kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=3, forests="f0")
+    want = select_cells(q, k, *fs_pair(impl="reference", **kw))
+    assert bool((want[:, 16:] >= 0).all())
+    windows = []
+    build = search.forest_states
+
+    def counting(*args, **kwargs):
+        windows.append(args[-1].numel())
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(search, "forest_states", counting)
+    for budget in (search.STATES_BUDGET_BYTES, 0):  # one window; the smallest windows the rule allows
+        monkeypatch.setattr(search, "STATES_BUDGET_BYTES", budget)
+        windows.clear()
+        got = {}
+        launches = kernel_launches(monkeypatch, lambda: got.update(cells=select_cells(q, k, *fs_pair(impl="triton",
+                                                                                                        **kw))))
+        assert torch.equal(got["cells"], want), budget
+        assert launches == {("fsb_beam_kernel", None): len(windows)} and sum(windows) == 3, (launches, windows)
+    assert len(windows) > 1

@@ -19,7 +19,9 @@ differ and ranks are distinct). Leaves keep their slots; the `Wb - |leaves|` fre
 the children of rank `0, 1, ...` in order (`[WBP, WBP]` comparisons per side, no sort). When
 every child fits, all are kept, as the reference's shortcut does. The beam's final leaves are
 the cells found: the same set as the reference's, possibly in other slots (slots are storage;
-the rescoring sorts the candidates).
+the rescoring sorts the candidates). A program reads its query's root from `roots [G, J]` at the
+state `states[i]` it searches: whole-sequence routing searches the blocks of a window, each in its
+own state of the forests, in one launch.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def _placed(free_slot, open_slot, rank, keep, nodes):
 
 
 @triton.jit
-def fsb_beam_kernel(mu, stats, links, roots, q, pos, lam, sigma, out, dim, bound_c, sqrt_d,
-                    s_mu_g, s_mu_n, s_st_g, s_ln_g, s_q_g, s_q_q, s_o_g, s_o_q,
+def fsb_beam_kernel(mu, stats, links, roots, states, q, pos, lam, sigma, out, dim, bound_c, sqrt_d,
+                    s_mu_g, s_mu_n, s_st_g, s_ln_g, s_r_g, s_q_g, s_q_q, s_o_g, s_o_q,
                     WB: tl.constexpr, WBP: tl.constexpr, BD: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1).to(tl.int64)
@@ -77,7 +79,8 @@ def fsb_beam_kernel(mu, stats, links, roots, q, pos, lam, sigma, out, dim, bound
     two_sigma = 2.0 * tl.load(sigma + g)
     slots = tl.arange(0, WBP)
     real = slots < WB
-    beam = tl.where(slots == 0, tl.load(roots + g), -1).to(tl.int64)
+    root = tl.load(roots + g * s_r_g + tl.load(states + i))  # the root of the forests' state query i reads
+    beam = tl.where(slots == 0, root, -1).to(tl.int64)
     held = beam >= 0
     cell = tl.load(links + beam * 3 + 2, mask=held, other=-1)
     leaf = held & (cell >= 0)
@@ -110,23 +113,32 @@ def beam_widths(beam_width: int) -> tuple[int, int]:
 
 def beam_search(mu: torch.Tensor, stats: torch.Tensor, links: torch.Tensor, roots: torch.Tensor, q: torch.Tensor,
                 pos: torch.Tensor, *, beam_width: int, lam: torch.Tensor, sigma: torch.Tensor,
-                bound_c: float) -> torch.Tensor:
+                bound_c: float, states: torch.Tensor | None = None) -> torch.Tensor:
     """Cells each query's beam reaches in its row's forest -> `[G, Q, Wb]` long, -1 = none.
 
     mu `[G, cap, d]`, stats `[G, cap, 3]` (rho, amax, pmin), links `[G, cap, 3]` long (left, right,
     cell; -1 = none) (`fsframework.ops.fsb_forest.NodeStore.buffers`), roots `[G]` (-1: empty),
     q `[G, Q, d]` at positions `pos [Q]`, lam, sigma `[G]`; q, mu, stats, pos, lam, sigma of one
-    float dtype. The cells are the reference's set per (row, query), in slots of the kernel's own.
+    float dtype. With `states [Q]` (long) the store holds several states of each row's forests
+    (`fsframework.ops.fsb_states`): roots `[G, J]`, and query i searches the state `states[i]`, so the
+    queries of many query blocks take one launch. The cells are the reference's set per (row, query),
+    in slots of the kernel's own.
     """
     groups, num_q, dim = q.shape
-    mu, stats, links, roots, q, pos, lam, sigma = (t.contiguous() for t in (mu, stats, links, roots, q, pos, lam, sigma))
+    if states is None:
+        roots, states = roots[:, None], torch.zeros(num_q, dtype=torch.long, device=q.device)
+    if roots.dim() != 2 or roots.shape[0] != groups or tuple(states.shape) != (num_q,):
+        raise ValueError(f"roots must be [G] or [G, J] with states [Q] (G={groups}, Q={num_q}), got roots "
+                         f"{tuple(roots.shape)} and states {tuple(states.shape)}")
+    mu, stats, links, roots, states, q, pos, lam, sigma = (
+        t.contiguous() for t in (mu, stats, links, roots, states, q, pos, lam, sigma))
     out = torch.empty(groups, num_q, beam_width, dtype=torch.long, device=q.device)
     if groups == 0 or num_q == 0:
         return out
     wb, wbp = beam_widths(beam_width)
     fsb_beam_kernel[(num_q, groups)](
-        mu, stats, links, roots, q, pos, lam, sigma, out, dim, float(bound_c), float(dim) ** 0.5,
-        mu.stride(0), mu.stride(1), stats.stride(0), links.stride(0), q.stride(0), q.stride(1),
+        mu, stats, links, roots, states, q, pos, lam, sigma, out, dim, float(bound_c), float(dim) ** 0.5,
+        mu.stride(0), mu.stride(1), stats.stride(0), links.stride(0), roots.stride(0), q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), WB=wb, WBP=wbp, BD=next_pow2(dim))
     return out
 
@@ -136,6 +148,6 @@ def launches(dtype: torch.dtype, dim: int, beam_width: int, arch: int) -> list:
     changes nothing: the kernel holds no tile in shared memory), for `fsf_kernels.compile_check`."""
     p = {torch.float32: "*fp32", torch.float64: "*fp64"}[dtype]
     wb, wbp = beam_widths(beam_width)
-    pointers = dict(mu=p, stats=p, links="*i64", roots="*i64", q=p, pos=p, lam=p, sigma=p, out="*i64")
+    pointers = dict(mu=p, stats=p, links="*i64", roots="*i64", states="*i64", q=p, pos=p, lam=p, sigma=p, out="*i64")
     return [launch("fsb beam search", fsb_beam_kernel, pointers, dict(WB=wb, WBP=wbp, BD=next_pow2(dim)),
                    floats={"bound_c", "sqrt_d"})]
