@@ -43,6 +43,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from fsf_kernels.common.args import check_first_cells, check_routing_args
 from fsf_kernels.common.support import fsb_search_unsupported
@@ -330,29 +331,76 @@ def rescore(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Ten
     is a pass over the C cells: the union comes from sorting the `Q m` candidates, so a decoded
     token's rescoring costs the same at any context (tests/models/test_decode_work.py).
     """
-    groups, num_q, dim = q.shape
+    return rescore_blocks(q[:, None], keys, a, pos[None], cand[:, None], config, prior,
+                          scores_budget=scores_budget)[:, 0]
+
+
+# the keys of the candidates' unions that one rescoring step of `rescore_blocks` gathers, at most (a step
+# holds at least one block, whatever its union)
+RESCORE_KEYS_BUDGET = 1 << 24
+
+
+def rescore_blocks(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: torch.Tensor, cand: torch.Tensor,
+                   config: FreeSoloConfig, prior: RoutingPrior, *, scores_budget: int = 1 << 22,
+                   keys_budget: int | None = None) -> torch.Tensor:
+    """`rescore` of J query blocks at once: q `[G, J, Q, d]`, pos `[J, Q]`, cand `[G, J, Q, m]` -> `[G, J, Q, K]`.
+
+    Each block keeps its own union of candidates (what its queries' log-sum-exps read: a union over
+    many blocks would approach every cell), the unions padded to the widest of the blocks rescored
+    together; the blocks are taken as many at a time as keep the gathered keys within `keys_budget`
+    elements (`RESCORE_KEYS_BUDGET`), so whole-sequence routing rescores a window of blocks in a few
+    steps of a few ops each, not a hundred ops per block. A padded query (zero, candidates -1) selects
+    nothing."""
+    groups, blocks, num_q, dim = q.shape
     num_cells = a.shape[-1]
-    cell_size, lam, sigma = config.cell_size, prior.lam, prior.sigma
+    budget = RESCORE_KEYS_BUDGET if keys_budget is None else keys_budget
     # ascending cell order with pads last (C), duplicates dropped: position order is cell order
     cand = torch.where(cand >= 0, cand, num_cells).sort(dim=-1).values
     valid = cand < num_cells
     valid[..., 1:] &= cand[..., 1:] != cand[..., :-1]
     if num_q == 1:  # a decoded token: its candidates are the union (pads and duplicates read, never picked)
-        union, slot = cand[:, 0], torch.arange(cand.shape[-1], device=q.device).expand(groups, -1)
+        union, slot = cand[:, :, 0], torch.arange(cand.shape[-1], device=q.device).expand(groups, blocks, -1)
+        widths = [union.shape[-1]] * blocks
     else:
-        union, slot = _union(torch.where(valid, cand, num_cells).flatten(1), num_cells)
-    rows = torch.arange(groups, device=q.device)[:, None]
-    picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)  # G U s d (pads read a cell no one uses)
-    width = union.shape[1]
-    lse = torch.empty(groups, num_q, width, dtype=q.dtype, device=q.device)
+        union, slot = _union(torch.where(valid, cand, num_cells).flatten(2).flatten(0, 1), num_cells)
+        union, slot = union.view(groups, blocks, -1), slot.view(groups, blocks, -1)
+        # each block's widest union over the rows: one read of the widths for every block
+        widths = ((union < num_cells).sum(dim=-1).amax(dim=0).clamp_min(1).tolist() if blocks > 1
+                  else [union.shape[-1]])
+    out = torch.empty((groups, blocks, num_q, config.top_k), dtype=torch.long, device=q.device)
+    per_block = groups * keys.shape[2] * dim  # gathered key elements per cell of one block's union
+    lo = 0
+    while lo < blocks:
+        hi, width = lo + 1, widths[lo]
+        while hi < blocks and (hi + 1 - lo) * max(width, widths[hi]) * per_block <= budget:
+            width = max(width, widths[hi])
+            hi += 1
+        out[:, lo:hi] = _rescore_step(q[:, lo:hi], keys, a, pos[lo:hi], cand[:, lo:hi], valid[:, lo:hi],
+                                      union[:, lo:hi, :width], slot[:, lo:hi].clamp_max(width - 1), config, prior,
+                                      scores_budget)
+        lo = hi
+    return out
+
+
+def _rescore_step(q, keys, a, pos, cand, valid, union, slot, config: FreeSoloConfig, prior: RoutingPrior,
+                  scores_budget: int) -> torch.Tensor:
+    """Eq. 12 and top-K for the blocks of one `rescore_blocks` step: their sorted candidates `cand`, `valid`
+    `[G, J, Q, m]`, unions `[G, J, U]` (C: none) and each candidate's place in its union `slot [G, J, Q m]`."""
+    groups, blocks, num_q, dim = q.shape
+    num_cells = a.shape[-1]
+    cell_size, lam, sigma = config.cell_size, prior.lam, prior.sigma
+    rows = torch.arange(groups, device=q.device)[:, None, None]
+    picked = keys[rows, union.clamp_max(num_cells - 1)].to(q.dtype)  # G J U s d (pads read a cell no one uses)
+    lse = torch.empty(groups, blocks, num_q, union.shape[-1], dtype=q.dtype, device=q.device)
     chunk = max(1, scores_budget // picked[..., 0].numel())
     for lo in range(0, num_q, chunk):
         hi = min(lo + chunk, num_q)
-        lse[:, lo:hi] = (torch.einsum("gqd,gusd->gqus", q[:, lo:hi], picked) / math.sqrt(dim)).logsumexp(dim=-1)
+        lse[:, :, lo:hi] = (torch.einsum("gjqd,gjusd->gjqus", q[:, :, lo:hi], picked)
+                            / math.sqrt(dim)).logsumexp(dim=-1)
     idx = cand.clamp_max(num_cells - 1)
     scores = lse.gather(-1, slot.view_as(cand))
-    gate = torch.erf((pos[:, None] - (idx.to(q.dtype) + 0.5) * cell_size) / (2.0 * sigma[:, None, None]))
-    scores = scores + lam[:, None, None] * a[rows[:, :, None], idx] * gate
+    gate = torch.erf((pos[None, :, :, None] - (idx.to(q.dtype) + 0.5) * cell_size) / (2.0 * sigma[:, None, None, None]))
+    scores = scores + lam[:, None, None, None] * a[rows[..., None], idx] * gate
     choice = top_k_earliest(scores, valid, config.top_k)
     return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
 
@@ -501,16 +549,21 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
                       and (firsts is None or firsts[lo + 1 + block] * cell_size != start)]
             if not blocks:
                 continue
+            # the blocks' queries end to end; only the sequence's last block may be short
+            rows = torch.tensor([r for _, piece in blocks for r in range(piece.start, piece.stop)], device=device)
             segments, at = [], 0
-            for block, rows in blocks:
-                segments.append((block, at, at + rows.stop - rows.start))
-                at += rows.stop - rows.start
-            queries = torch.cat([q_bh[:, rows] for _, rows in blocks], dim=1)
-            pos = torch.cat([torch.arange(rows.start + q_start, rows.stop + q_start, device=device, dtype=acc)
-                             for _, rows in blocks])
+            for block, piece in blocks:
+                segments.append((block, at, at + piece.stop - piece.start))
+                at += piece.stop - piece.start
+            queries, pos = q_bh[:, rows], rows.to(acc) + q_start
             found = search_states(store, roots, queries.repeat_interleave(kinds, dim=0), pos, segments, config,
                                   _per_forest(prior_g, kinds))
-            for (_, rows), (_, a_lo, a_hi) in zip(blocks, segments):  # Eq. 12 block by block (its union of cells)
-                out[:, rows] = rescore(queries[:, a_lo:a_hi], k_cells, a_bh, pos[a_lo:a_hi],
-                                       _candidates(found[:, a_lo:a_hi], kinds), config, prior_g)
+            # Eq. 12 for every block at once, each over its own union of candidates (`rescore_blocks`)
+            short = len(blocks) * block_size - at  # zero queries with no candidate after the short block
+            cand = _candidates(found, kinds)
+            shape = (bsz * heads, len(blocks), block_size)
+            out[:, rows] = rescore_blocks(
+                F.pad(queries, (0, 0, 0, short)).view(*shape, dim), k_cells, a_bh,
+                F.pad(pos, (0, short)).view(shape[1:]), F.pad(cand, (0, 0, 0, short), value=-1).view(*shape, -1),
+                config, prior_g).flatten(1, 2)[:, :at]
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()

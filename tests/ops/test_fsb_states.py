@@ -3,6 +3,7 @@ decode cache grows piece by piece (`Forests.admit`): the same nodes, reached fro
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import fsframework.ops.fsb_states as states
@@ -86,3 +87,39 @@ def test_windows_of_blocks_select_the_same_cells(monkeypatch):
     assert sum(built) < 1024 // 16 - 1  # windows before the first query's block are not built
     built.clear()
     assert select_cells(q[:, :0], k, *fs_pair(**kw), q_start=1024).shape == (2, 0, 2, 2) and not built  # no query
+
+
+@pytest.mark.parametrize("keys_budget", [None, 1])  # every block in one step; a block a step
+def test_blocks_rescored_together_equal_each_block_alone(keys_budget):
+    """`rescore_blocks` keeps each block's own union of candidates: the cells `rescore` selects block by
+    block, with unions of different widths padded together, duplicates, pads and an empty block."""
+    from fsframework.ops.fsb_search import rescore, rescore_blocks
+
+    gen = torch.Generator().manual_seed(4)
+    groups, blocks, num_q, dim, s, cells = 3, 5, 6, 4, 4, 40
+    q = torch.randn(groups, blocks, num_q, dim, generator=gen)
+    keys, a = torch.randn(groups, cells, s, dim, generator=gen), torch.rand(groups, cells, generator=gen) * 2
+    pos = (torch.arange(blocks * num_q, dtype=torch.float32) + 160).view(blocks, num_q)
+    cand = torch.randint(-1, cells, (groups, blocks, num_q, 7), generator=gen)
+    cand[:, 1] = cand[:, 1] % 3  # a narrow union
+    cand[:, 2] = -1  # a block with no candidate
+    config, prior = fs_config(cell_size=s, top_k=3), fs_prior(lam=torch.rand(groups, generator=gen),
+                                                              sigma=torch.rand(groups, generator=gen) * 20 + 1)
+    got = rescore_blocks(q, keys, a, pos, cand, config, prior, keys_budget=keys_budget)
+    want = torch.stack([rescore(q[:, j], keys, a, pos[j], cand[:, j], config, prior) for j in range(blocks)], dim=1)
+    assert torch.equal(got, want) and bool((got[:, 2] == -1).all()) and bool((got[:, 0] >= 0).any())
+
+
+def test_whole_sequence_routing_rescores_its_blocks_in_few_steps(monkeypatch):
+    """Whole-sequence FS-B rescores every block of a window together (`rescore_blocks`), in steps bounded by
+    the gathered keys, not one step per block."""
+    import fsframework.ops.fsb_search as search
+
+    steps = []
+    step = search._rescore_step
+    monkeypatch.setattr(search, "_rescore_step", lambda *args: steps.append(args[0].shape[1]) or step(*args))
+    gen = torch.Generator().manual_seed(6)
+    q, k = torch.randn(1, 512, 2, 8, generator=gen), torch.randn(1, 512, 2, 8, generator=gen)
+    kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4, tau=torch.full((2,), 2.8))
+    select_cells(q, k, *fs_pair(**kw))
+    assert steps == [512 // 16 - 1]  # every block after the first, in one step
