@@ -549,21 +549,39 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
                       and (firsts is None or firsts[lo + 1 + block] * cell_size != start)]
             if not blocks:
                 continue
-            # the blocks' queries end to end; only the sequence's last block may be short
-            rows = torch.tensor([r for _, piece in blocks for r in range(piece.start, piece.stop)], device=device)
-            segments, at = [], 0
-            for block, piece in blocks:
-                segments.append((block, at, at + piece.stop - piece.start))
-                at += piece.stop - piece.start
-            queries, pos = q_bh[:, rows], rows.to(acc) + q_start
-            found = search_states(store, roots, queries.repeat_interleave(kinds, dim=0), pos, segments, config,
-                                  _per_forest(prior_g, kinds))
-            # Eq. 12 for every block at once, each over its own union of candidates (`rescore_blocks`)
-            short = len(blocks) * block_size - at  # zero queries with no candidate after the short block
-            cand = _candidates(found, kinds)
-            shape = (bsz * heads, len(blocks), block_size)
-            out[:, rows] = rescore_blocks(
-                F.pad(queries, (0, 0, 0, short)).view(*shape, dim), k_cells, a_bh,
-                F.pad(pos, (0, short)).view(shape[1:]), F.pad(cand, (0, 0, 0, short), value=-1).view(*shape, -1),
-                config, prior_g).flatten(1, 2)[:, :at]
+            # a group of blocks at a time: its candidates `[G kinds, queries, Wb]` within CANDIDATES_BUDGET
+            group = max(1, CANDIDATES_BUDGET // (bsz * heads * kinds * block_size * config.beam_width))
+            for first in range(0, len(blocks), group):
+                _route_blocks(blocks[first:first + group], store, roots, q_bh, q_start, k_cells, a_bh, out, config,
+                              prior_g, kinds)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
+
+
+# candidate cells (int64 entries) that one group of blocks of whole-sequence FS-B routing holds at once
+CANDIDATES_BUDGET = 1 << 23
+
+
+def _route_blocks(blocks: list[tuple[int, slice]], store: NodeStore, roots: torch.Tensor, q_bh: torch.Tensor,
+                  q_start: int, k_cells: torch.Tensor, a_bh: torch.Tensor, out: torch.Tensor, config: FreeSoloConfig,
+                  prior: RoutingPrior, kinds: int) -> None:
+    """FS-B's cells for a group of query blocks `(state, query rows)` of one window of forest states
+    (`store`, roots `[G kinds, J]`), written into `out [G, n, K]`: their queries searched together
+    (`search_states`: one launch of the kernel) and rescored together (`rescore_blocks`)."""
+    groups, _, dim = q_bh.shape
+    block_size = config.block_size
+    # the blocks' queries end to end; only the sequence's last block may be short
+    rows = torch.tensor([r for _, piece in blocks for r in range(piece.start, piece.stop)], device=q_bh.device)
+    segments, at = [], 0
+    for block, piece in blocks:
+        segments.append((block, at, at + piece.stop - piece.start))
+        at += piece.stop - piece.start
+    queries, pos = q_bh[:, rows], rows.to(q_bh.dtype) + q_start
+    found = search_states(store, roots, queries.repeat_interleave(kinds, dim=0), pos, segments, config,
+                          _per_forest(prior, kinds))
+    # Eq. 12 for every block at once, each over its own union of candidates
+    short = len(blocks) * block_size - at  # zero queries with no candidate after the short block
+    shape = (groups, len(blocks), block_size)
+    out[:, rows] = rescore_blocks(
+        F.pad(queries, (0, 0, 0, short)).view(*shape, dim), k_cells, a_bh, F.pad(pos, (0, short)).view(shape[1:]),
+        F.pad(_candidates(found, kinds), (0, 0, 0, short), value=-1).view(*shape, -1), config, prior
+    ).flatten(1, 2)[:, :at]

@@ -112,7 +112,7 @@ def test_blocks_rescored_together_equal_each_block_alone(keys_budget):
 
 def test_whole_sequence_routing_rescores_its_blocks_in_few_steps(monkeypatch):
     """Whole-sequence FS-B rescores every block of a window together (`rescore_blocks`), in steps bounded by
-    the gathered keys, not one step per block."""
+    the gathered keys and groups bounded by the candidates, not one step per block."""
     import fsframework.ops.fsb_search as search
 
     steps = []
@@ -121,5 +121,9 @@ def test_whole_sequence_routing_rescores_its_blocks_in_few_steps(monkeypatch):
     gen = torch.Generator().manual_seed(6)
     q, k = torch.randn(1, 512, 2, 8, generator=gen), torch.randn(1, 512, 2, 8, generator=gen)
     kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4, tau=torch.full((2,), 2.8))
-    select_cells(q, k, *fs_pair(**kw))
+    whole = select_cells(q, k, *fs_pair(**kw))
     assert steps == [512 // 16 - 1]  # every block after the first, in one step
+    # the blocks taken in groups whose candidates fit CANDIDATES_BUDGET: here a block a group
+    steps.clear()
+    monkeypatch.setattr(search, "CANDIDATES_BUDGET", 1)
+    assert torch.equal(select_cells(q, k, *fs_pair(**kw)), whole) and steps == [1] * (512 // 16 - 1)
