@@ -347,9 +347,11 @@ def rescore_blocks(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: to
 
     Each block keeps its own union of candidates (what its queries' log-sum-exps read: a union over
     many blocks would approach every cell), the unions padded to the widest of the blocks rescored
-    together; the blocks are taken as many at a time as keep the gathered keys within `keys_budget`
-    elements (`RESCORE_KEYS_BUDGET`), so whole-sequence routing rescores a window of blocks in a few
-    steps of a few ops each, not a hundred ops per block. A padded query (zero, candidates -1) selects
+    together; consecutive blocks are taken as many at a time as keep the gathered keys within
+    `keys_budget` elements (`RESCORE_KEYS_BUDGET`) and no union padded past the cells its block could
+    name (one past its latest candidate), so no block reads more than its eligible cells and
+    whole-sequence routing rescores a window of blocks in a few steps of a few ops each, not a hundred
+    ops per block. A padded query (zero, candidates -1) selects
     nothing."""
     groups, blocks, num_q, dim = q.shape
     num_cells = a.shape[-1]
@@ -360,20 +362,25 @@ def rescore_blocks(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: to
     valid[..., 1:] &= cand[..., 1:] != cand[..., :-1]
     if num_q == 1:  # a decoded token: its candidates are the union (pads and duplicates read, never picked)
         union, slot = cand[:, :, 0], torch.arange(cand.shape[-1], device=q.device).expand(groups, blocks, -1)
-        widths = [union.shape[-1]] * blocks
     else:
         union, slot = _union(torch.where(valid, cand, num_cells).flatten(2).flatten(0, 1), num_cells)
         union, slot = union.view(groups, blocks, -1), slot.view(groups, blocks, -1)
-        # each block's widest union over the rows: one read of the widths for every block
-        widths = ((union < num_cells).sum(dim=-1).amax(dim=0).clamp_min(1).tolist() if blocks > 1
-                  else [union.shape[-1]])
+    widths, reach = [union.shape[-1]], [num_cells]
+    if blocks > 1:
+        # each block's widest union over the rows, and how many cells it could name (one past its latest
+        # candidate, at most its eligible cells): one read for every block
+        reach = torch.where(valid, cand + 1, 0).flatten(2).amax(dim=-1).amax(dim=0).clamp_min(1)
+        widths, reach = torch.stack(((union < num_cells).sum(dim=-1).amax(dim=0).clamp_min(1), reach)).tolist()
     out = torch.empty((groups, blocks, num_q, config.top_k), dtype=torch.long, device=q.device)
     per_block = groups * keys.shape[2] * dim  # gathered key elements per cell of one block's union
     lo = 0
     while lo < blocks:
-        hi, width = lo + 1, widths[lo]
-        while hi < blocks and (hi + 1 - lo) * max(width, widths[hi]) * per_block <= budget:
-            width = max(width, widths[hi])
+        # a step pads its blocks' unions to its widest, never past what any of them could name (so no
+        # block reads more cells than its eligible ones: the work `fsframework.models.flops` bounds)
+        hi, width, least = lo + 1, widths[lo], reach[lo]
+        while (hi < blocks and (hi + 1 - lo) * max(width, widths[hi]) * per_block <= budget
+               and max(width, widths[hi]) <= min(least, reach[hi])):
+            width, least = max(width, widths[hi]), min(least, reach[hi])
             hi += 1
         out[:, lo:hi] = _rescore_step(q[:, lo:hi], keys, a, pos[lo:hi], cand[:, lo:hi], valid[:, lo:hi],
                                       union[:, lo:hi, :width], slot[:, lo:hi].clamp_max(width - 1), config, prior,

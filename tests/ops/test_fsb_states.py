@@ -111,8 +111,9 @@ def test_blocks_rescored_together_equal_each_block_alone(keys_budget):
 
 
 def test_whole_sequence_routing_rescores_its_blocks_in_few_steps(monkeypatch):
-    """Whole-sequence FS-B rescores every block of a window together (`rescore_blocks`), in steps bounded by
-    the gathered keys and groups bounded by the candidates, not one step per block."""
+    """Whole-sequence FS-B rescores the blocks of a window together (`rescore_blocks`), in steps bounded by
+    the gathered keys and the blocks' eligible cells and groups bounded by the candidates, not a step per
+    block."""
     import fsframework.ops.fsb_search as search
 
     steps = []
@@ -122,7 +123,9 @@ def test_whole_sequence_routing_rescores_its_blocks_in_few_steps(monkeypatch):
     q, k = torch.randn(1, 512, 2, 8, generator=gen), torch.randn(1, 512, 2, 8, generator=gen)
     kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=4, tau=torch.full((2,), 2.8))
     whole = select_cells(q, k, *fs_pair(**kw))
-    assert steps == [512 // 16 - 1]  # every block after the first, in one step
+    # every block after the first; the early ones apart (a step never pads a block's union past the cells
+    # it could name), the rest together
+    assert sum(steps) == 512 // 16 - 1 and len(steps) <= 6 and max(steps) >= 16, steps
     # the blocks taken in groups whose candidates fit CANDIDATES_BUDGET: here a block a group
     steps.clear()
     monkeypatch.setattr(search, "CANDIDATES_BUDGET", 1)
