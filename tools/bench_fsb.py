@@ -6,7 +6,8 @@ Part 1, cost (routing only, batch 1, fp32, s=32, B=128, K=4), `--cases` of:
   fsb        FS-B: the forests of every block + beam search (Wb=16, c=8) + Eq. 12 rescoring
              (tau per head: the median a_c of the input's cells); the search's kernel on a GPU
   fsb-torch  the same with the search in PyTorch (`impl="reference"`): on a GPU, against `fsb`
-On the CPU (default) every case runs PyTorch. `--device cuda` times synchronized calls and
+On the CPU (default) every case runs PyTorch. Also printed: the aten ops one call dispatches per query
+block (host work, the same on every machine; a Triton launch is not one). `--device cuda` times synchronized calls and
 reports the peak of allocated GPU memory. Each (case, N) runs in a fresh subprocess; on the
 CPU peak memory is the growth of the process's maximum RSS over its value once the inputs
 exist; time is the fastest of `--repeats` calls, wall and CPU. The growth exponent is
@@ -82,7 +83,26 @@ def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int
         best = min(best, time.perf_counter() - start)
         best_cpu = min(best_cpu, time.process_time() - start_cpu)
         peak = max(peak, (torch.cuda.max_memory_allocated() if cuda else _max_rss_bytes()) - base)
-    return {"time_s": best, "cpu_s": best_cpu, "peak_bytes": peak}
+    return {"time_s": best, "cpu_s": best_cpu, "peak_bytes": peak,
+            "ops_per_block": aten_ops(run, q, k) / max(1, seq // ROUTING["block_size"])}
+
+
+def aten_ops(fn, *args) -> int:
+    """The aten ops one call of `fn(*args)` dispatches (each a kernel launch on a GPU; host work that no
+    faster arithmetic hides), counted by a TorchDispatchMode: the same on every machine. A Triton
+    kernel's launch is not an aten op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn(*args)
+    return Count.ops
 
 
 def _run_case(case, seq, args) -> dict:
@@ -215,6 +235,9 @@ def main() -> None:
         memory = "peak GPU memory allocated" if args.device == "cuda" else "peak memory"
         memory += " (MiB above inputs)"
         print(_table(memory, results, args.cases, lengths, "peak_bytes", lambda x: f"{x / 2**20:.1f}"))
+        print()
+        print(_table("aten ops per query block (host work; each a launch on a GPU)", results, args.cases, lengths,
+                     "ops_per_block", lambda x: f"{x:.0f}"))
         print()
     if not args.skip_recall:
         print(recall_table(args))

@@ -62,6 +62,9 @@ def worker(spec: dict) -> None:
         return gather(self, params, forward, quantize)
 
     PartitionedParameterCoordinator._PartitionedParameterCoordinator__all_gather_params_ = counting
+    # before DeepSpeed's backend starts: it would build (or wait for another process's build of) its
+    # shared-memory all-reduce, a minute of C++ that nothing here uses
+    skip_shared_memory_allreduce()
     deepspeed.init_distributed("gloo")
     torch.set_num_threads(1)
     sp = dist.get_world_size()
@@ -75,7 +78,6 @@ def worker(spec: dict) -> None:
         model = parallelize(build_model(cfg), ParallelConfig(sp=sp, sp_layout=layout))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         import_muon_lazily()
-        skip_shared_memory_allreduce()
         leaves = {"leaf_module": {"classes": zero3_leaf_classes(model)}} if leaf else {}
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config={
             "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, **zero, **leaves},

@@ -17,3 +17,6 @@ def test_cost_table_for_the_chosen_cases():
     assert proc.returncode == 0, proc.stderr
     table = proc.stdout.split("wall time (s)")[1].split("CPU time")[0]
     assert [line.split()[0] for line in table.strip().splitlines()[2:]] == ["fsb-torch", "fs"]
+    ops = proc.stdout.split("aten ops per query block")[1]
+    rows = {line.split()[0]: line.split()[1:] for line in ops.strip().splitlines()[3:]}
+    assert set(rows) == {"fsb-torch", "fs"} and float(rows["fsb-torch"][0]) > 0  # one length: no exponent
