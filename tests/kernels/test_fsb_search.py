@@ -141,7 +141,7 @@ def test_whole_sequence_routing_searches_a_window_of_blocks_in_one_launch(monkey
     import fsframework.ops.fsb_search as search
 
     gen = torch.Generator().manual_seed(5)
-    bsz, seq, heads, dim = 1, 64, 1, 16  # blocks of 16 at 16..48 search: the interpreter runs a program per query
+    bsz, seq, heads, dim = 1, 48, 1, 16  # blocks of 16 at 16 and 32 search: the interpreter runs a program per query
     q, k = (torch.randn(bsz, seq, heads, dim, generator=gen).to(device) for _ in range(2))
     kw = dict(variant="fsb", cell_size=4, block_size=16, top_k=2, beam_width=3, forests="f0")
     want = select_cells(q, k, *fs_pair(impl="reference", **kw))
@@ -161,5 +161,5 @@ def test_whole_sequence_routing_searches_a_window_of_blocks_in_one_launch(monkey
         launches = kernel_launches(monkeypatch, lambda: got.update(cells=select_cells(q, k, *fs_pair(impl="triton",
                                                                                                         **kw))))
         assert torch.equal(got["cells"], want), budget
-        assert launches == {("fsb_beam_kernel", None): len(windows)} and sum(windows) == 3, (launches, windows)
+        assert launches == {("fsb_beam_kernel", None): len(windows)} and sum(windows) == 2, (launches, windows)
     assert len(windows) > 1
