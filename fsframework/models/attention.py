@@ -93,8 +93,8 @@ class QKVAttention(nn.Module):
     # `Documents.map` runs its whole-sequence form once per distinct document length
     reads_packed_rows = False
 
-    # the kind routes from cells' summaries alone (FS), so a source may route its continued pieces from
-    # summaries another rank sends (`fsframework.parallel.document_selected`)
+    # the kind routes from cells' summaries alone (FS, FS-L), so a source may route its continued pieces from
+    # summaries another rank sends (`fsframework.parallel.document_selected`, `document_retained`)
     routes_from_summaries = False
 
     def forward_packed_rows(self, x: torch.Tensor, documents: Documents) -> torch.Tensor:

@@ -71,7 +71,7 @@ class CellRouter(Protocol):
 
     @property
     def routes_from_summaries(self) -> bool:
-        """Its routing reads only the cells' summaries (FS), so a source may route from gathered ones."""
+        """Its routing reads only the cells' summaries (FS, FS-L), so a source may route from gathered ones."""
 
     # what replaces the op's routing in whole-sequence forwards (diagnostics, ablations); None: the op's
     router: Optional["Router"]

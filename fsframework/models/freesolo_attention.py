@@ -127,9 +127,9 @@ class FreeSoloAttention(QKVAttention):
 
     @property
     def routes_from_summaries(self) -> bool:
-        """FS routing reads only the cells' summaries; FS-L's pruning, FS-B's rescoring and routing by the
-        token keys (`model.attention.route_score=tokens`) read more."""
-        return self.routing == "fs" and self.settings.route_score == "mean"
+        """FS's and FS-L's routing read only the cells' summaries (FS-L's pruning reads `a_c`, a summary);
+        FS-B's rescoring and routing by the token keys (`model.attention.route_score=tokens`) read more."""
+        return self.routing in ("fs", "fsl") and self.settings.route_score == "mean"
 
     def fsb_tau(self) -> Optional[torch.Tensor]:
         """FS-B's per-head thresholds `[H]` (None for forests="f0"); ValueError when they were never set."""

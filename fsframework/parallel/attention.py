@@ -78,7 +78,7 @@ class SequenceParallelKeys(KeySource):
         if span is None and routed.routes_from_summaries:  # FS: only the selected cells
             k, v, cells = SelectedCells(self.sp).keys(0, layer, q, k, v, routed)
             return k, v, PrefixKeys(self.start, cells)
-        if isinstance(span, RetainedCells) and routed.settings.route_score == "mean":
+        if isinstance(span, RetainedCells) and routed.routes_from_summaries:
             # FS-L: its retained cells, routed here from their summaries to hand over compact keys
             k, v, cells = retained_routed_kv(q, k, v, self.sp, span, routed)
             return k, v, PrefixKeys(self.start, cells)

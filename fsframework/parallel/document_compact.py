@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fsframework.ops.freesolo import summarize_cells
+from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
 from fsframework.parallel.compact import cells_read
 
 
@@ -40,6 +40,17 @@ def piece_summaries(k_in: torch.Tensor, k_own: torch.Tensor, reads, start: int, 
     return kbar, a
 
 
+def route_piece(q: torch.Tensor, kbar: torch.Tensor, a: torch.Tensor, start: int, layer) -> torch.Tensor:
+    """A continued piece's cells `[1, pad + m, H, K]` (document cells) from its summaries (`piece_summaries`
+    with the holders' filled in): its queries q `[1, m, H, d]` at `start`, front-padded with zero queries
+    back to their block's start (routing takes block-aligned offsets; the op drops the padded rows'
+    outputs), routed with the layer's settings and prior. No gradient."""
+    cfg = layer.settings
+    pad = start % cfg.block_size
+    q_pad = torch.cat((q.new_zeros(1, pad, *q.shape[2:]), q), dim=1)
+    return select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
+
+
 def _cut_cells(reads, s: int, device) -> torch.Tensor:
     """The document cells of a piece's cut-cell reads (every read but the last, the region), in order."""
     return torch.tensor([cell for lo, hi in reads[:-1] for cell in range(lo // s, hi // s)], dtype=torch.long,
@@ -53,8 +64,8 @@ def compact_piece(region_kv: torch.Tensor, reads, sent: list[tuple[torch.Tensor,
     region_kv `[R, H, 2d]`: the inputs of `reads` projected (the cut cells, then the region `[r, o)`);
     sent: per holder (document cells `[n]`, heads `[n]`, keys and values `[n, s, 2d]`) of cells before `r`,
     those its queries selected among them; cells `[1, pad + m, H, K]` (document cells, -1 none). Returns
-    `[c s + o - r, H, 2d]`: per head the cells before `r` that its queries read, in cell order, padded to the most any head reads
-    (`c` cells), then the region whole; and the cells as indices into it. The readout is position-free
+    `[c s + o - r, H, 2d]`: per head the cells before `r` that its queries read, in cell order, padded to
+    the most any head reads (`c` cells), then the region whole; and the cells as indices into it. The readout is position-free
     (NoPE) and the window reads the region's last positions before the piece's own keys, so both read what
     they read in the document's zero prefix, but the piece holds `O(c s + o - r)` positions, not `O(o)`."""
     region = reads[-1][0]

@@ -25,8 +25,8 @@ cells and reads nothing else (the argument of `fsframework.parallel.retained`, w
 this mirrors). Its keys are then compact (`fsframework.parallel.document_compact`): the cells its queries
 read and the region, not its document's earlier length. Routing by the cells' token keys
 (`route_score=tokens`) reads more than summaries: the piece then holds the zero prefix `[1, o, H, d]` with
-those positions (per head for the sent cells), and the op routes over it. What travels per piece: the region's inputs (`D` numbers a position), `P` pairs per head from
-each holder, and `P` cells per head, whatever the document's length; backward returns each gradient to
+those positions (per head for the sent cells), and the op routes over it. What travels per piece: the
+region's inputs (`D` numbers a position), `P` pairs per head from each holder, and `P` cells per head, whatever the document's length; backward returns each gradient to
 the rank whose inputs made it.
 """
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 
 from fsframework.models.context import RetainedCells
-from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
-from fsframework.parallel.document_compact import compact_piece, piece_summaries
+from fsframework.ops.freesolo import summarize_cells
+from fsframework.parallel.document_compact import compact_piece, piece_summaries, route_piece
 from fsframework.parallel.rank_layout import RankLayout, Transport, continued_runs, exchange_rows, held_cells
 
 Cell = tuple[int, int, int]  # (document cell index, row, first column on the rank that holds it)
@@ -174,18 +174,15 @@ def _routed_here(q, k_in, k_own, region_kv, reads, sent, start: int, layer) -> t
     """An FS-L piece routed on its rank from the summaries of what it holds (`piece_summaries`, the merged
     cells' from their keys; every other earlier cell is zero, as in the zero prefix, and FS-L never
     keeps one) -> its compact keys, values and cells (`compact_piece`)."""
-    cfg = layer.settings
-    s, heads, dim = cfg.cell_size, q.shape[2], q.shape[3]
+    cfg, dim = layer.settings, q.shape[-1]
     with torch.no_grad():
         kbar, a = piece_summaries(k_in, k_own, reads, start, cfg)
         for cell, head, rows in sent:
             if cell.numel():
                 kbar_cells, a_cells = summarize_cells(rows[..., :dim].reshape(1, -1, 1, dim), cfg)  # [1, 1, n, d]
                 kbar[0, head, cell], a[0, head, cell] = kbar_cells[0, 0].to(kbar.dtype), a_cells[0, 0].to(a.dtype)
-        pad = start % cfg.block_size
-        q_pad = torch.cat((q.new_zeros(1, pad, heads, dim), q), dim=1)
-        cells = select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
-    kv, cells = compact_piece(region_kv, reads, sent, cells, s)
+        cells = route_piece(q, kbar, a, start, layer)
+    kv, cells = compact_piece(region_kv, reads, sent, cells, cfg.cell_size)
     return kv[None, ..., :dim], kv[None, ..., dim:], cells
 
 

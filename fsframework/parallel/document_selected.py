@@ -22,8 +22,8 @@ per head the earlier cells its queries selected, then the region whole, with the
 into them and handed to the op (`ContinuedDocument` with cells). The op reads the window and the selected
 cells only, and the readout is position-free, so the logits are the one-process ones, while the piece
 holds `O(K s` per query block `+ o - r)` positions, not its document's earlier length `o`; its routing
-reads the summaries alone (`1/s` of the keys), built cell by cell without a prefix-long tensor. What travels per piece: the region's inputs, `D + H`
-numbers per earlier cell (its summaries: `1/s` of its inputs), one flag per cell and head, and the
+reads the summaries alone (`1/s` of the keys), built cell by cell without a prefix-long tensor. What
+travels per piece: the region's inputs, `D + H` numbers per earlier cell (its summaries: `1/s` of its inputs), one flag per cell and head, and the
 selected cells. Backward returns the selected cells' and the region's gradients to their owners; routing
 has none.
 """
@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 
 from fsframework.models.context import RetainedCells
-from fsframework.ops.freesolo import select_cells_from_summaries, summarize_cells
+from fsframework.ops.freesolo import summarize_cells
 from fsframework.parallel.document_retained import RetainedPlan, plan_retained
-from fsframework.parallel.document_compact import compact_piece, piece_summaries
+from fsframework.parallel.document_compact import compact_piece, piece_summaries, route_piece
 from fsframework.parallel.rank_layout import Transport, exchange_rows, held_cells
 
 
@@ -63,12 +63,12 @@ def _groups(plan: RetainedPlan) -> list[list[int]]:
 def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tensor], documents, layer, project,
                   transport: Transport) -> tuple[list[torch.Tensor], list[tuple]]:
     """For each of this rank's continued pieces (`earlier[i]`: the inputs of its `reads`) its FS keys and
-    values `[1, o, H, d]` (zero but what its cells read) and its routed cells `[1, pad + m, H, K]` (module
-    docstring). `documents`: this rank's (`continuations`: the pieces' tokens and positions); `layer` the
+    values, compact (`compact_piece`: the cells its queries read, then its region), and its routed cells
+    `[1, pad + m, H, K]` indexing them (module docstring). `documents`: this rank's (`continuations`: the pieces' tokens and positions); `layer` the
     FS layer (settings, prior). The pieces of one document on this rank share one exchange (`_groups`).
     Returns (what to tie the layer's output to; (k, v, cells) per piece)."""
     cfg, rank = layer.settings, plan.rank
-    s, block = cfg.cell_size, cfg.block_size
+    s = cfg.cell_size
     _, probe, _ = project(x[:1, :0], 0)
     heads, dim = probe.shape[2], probe.shape[3]
     groups = _groups(plan)
@@ -109,9 +109,7 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
                     ids = _ids(cells, x.device)
                     kbar[0, :, ids] = rows[..., :dim].transpose(0, 1).to(kbar.dtype)
                     a[0, :, ids] = rows[..., dim].transpose(0, 1).to(a.dtype)
-                pad = start % block
-                q_pad = torch.cat((q.new_zeros(1, pad, heads, dim), q), dim=1)
-                cells = select_cells_from_summaries(q_pad, kbar, a, cfg, layer.prior, q_start=start - pad)
+                cells = route_piece(q, kbar, a, start, layer)
                 # which of each holder's cells (and heads) some query selected: [C, H] flags
                 picked = torch.zeros(a.shape[-1], heads, dtype=torch.bool, device=x.device)
                 chosen = cells[0].permute(1, 0, 2).reshape(heads, -1)  # [H, queries K]

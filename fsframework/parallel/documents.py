@@ -221,7 +221,7 @@ class SequenceParallelDocuments(DocumentRows):
         earlier, before, plan = self._region_inputs(x, ("retained", span), span, self.block_size)
         starts = [start for _, _, start in self.documents.continuations]
         # FS-L routes its pieces here from summaries, and holds compact keys, unless it scores token keys
-        here = (layer is not None and layer.settings.route_score == "mean" and layer.router is None)
+        here = layer is not None and layer.routes_from_summaries and layer.router is None
         exchanged, keys = retained_keys(x, plan, before, starts, span, project, self.transport,
                                         RoutedHere(self.documents, layer) if here else None)
         return [earlier, *exchanged], keys
