@@ -2,8 +2,8 @@
 
 Reference implementation in plain PyTorch; inference only (no gradient). The search (`beam_search`)
 has a Triton kernel (`fsf_kernels.fsb_search`: one launch for a window of query blocks, `search_states`,
-instead of tens of small ops per tree level and block), picked by `impl` as every op's (`fsframework.ops.dispatch`); the forests'
-growth and the rescoring stay in PyTorch.
+instead of tens of small ops per tree level and block), picked by `impl` as every op's
+(`fsframework.ops.dispatch`); the forests' growth and the rescoring stay in PyTorch.
 Legend: Bt batch, N tokens, H heads, d head width, Q queries of one block, Wb beam
 width, K top_k, s cell size.
 
@@ -250,20 +250,33 @@ def shared_walk(links: torch.Tensor, roots: torch.Tensor, beam_width: int) -> tu
     return beam, leaf, cells, children
 
 
+def _search_kernel(store: NodeStore, q: torch.Tensor, config: FreeSoloConfig, prior: RoutingPrior):
+    """The search kernel (`fsf_kernels.fsb_search`) over `store` for queries q, as `config.impl` picks it,
+    bound to everything but the roots and positions: `search(roots, pos, states=None)`; None where the
+    reference searches."""
+    kernel = kernel_for("fsb_search", "beam_search", config.impl, q,
+                        fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=config.beam_width))
+    if kernel is None:
+        return None
+    buffers = store.buffers
+
+    def search(roots: torch.Tensor, pos: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
+        return kernel(buffers["mu"], buffers["stats"], buffers["links"], roots, q, pos, beam_width=config.beam_width,
+                      lam=prior.lam, sigma=prior.sigma, bound_c=config.bound_c, states=states)
+
+    return search
+
+
 def search_states(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: torch.Tensor,
                   segments: list[tuple[int, int, int]], config: FreeSoloConfig, prior: RoutingPrior) -> torch.Tensor:
     """`beam_search` of queries that read different states of the forests (`fsframework.ops.fsb_states`):
     roots `[G, J]`, q `[G, Q, d]` at `pos [Q]`, `segments` host triples `(state, lo, hi)` covering the
     queries: queries `[lo, hi)` search state `state`. The kernel searches them all in one launch (a
     window of query blocks, whatever documents they belong to); the reference, state by state."""
-    kernel = kernel_for("fsb_search", "beam_search", config.impl, q,
-                        fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=config.beam_width))
+    kernel = _search_kernel(store, q, config, prior)
     if kernel is not None:
         states = torch.tensor([state for state, lo, hi in segments for _ in range(hi - lo)], dtype=torch.long)
-        buffers = store.buffers
-        return kernel(buffers["mu"], buffers["stats"], buffers["links"], roots, q, pos,
-                      beam_width=config.beam_width, lam=prior.lam, sigma=prior.sigma, bound_c=config.bound_c,
-                      states=states.to(q.device, non_blocking=True))
+        return kernel(roots, pos, states=states.to(q.device, non_blocking=True))
     found = q.new_full((*q.shape[:2], config.beam_width), -1, dtype=torch.long)
     for state, lo, hi in segments:
         found[:, lo:hi] = beam_search(store, roots[:, state], q[:, lo:hi], pos[lo:hi], config, prior)
@@ -287,12 +300,9 @@ def beam_search(store: NodeStore, roots: torch.Tensor, q: torch.Tensor, pos: tor
     a decoded block's tokens search the same forests).
     """
     beam_width, bound_c, lam, sigma = config.beam_width, config.bound_c, prior.lam, prior.sigma
-    kernel = kernel_for("fsb_search", "beam_search", config.impl, q,
-                        fsb_search_unsupported(q.dtype, q.shape[-1], beam_width=beam_width))
+    kernel = _search_kernel(store, q, config, prior)
     if kernel is not None:
-        buffers = store.buffers
-        return kernel(buffers["mu"], buffers["stats"], buffers["links"], roots, q, pos, beam_width=beam_width,
-                      lam=lam, sigma=sigma, bound_c=bound_c)
+        return kernel(roots, pos)
     links = store.buffers["links"]
     groups, num_q = q.shape[:2]
     walk = None if walks is None else walks.get(beam_width)
@@ -351,8 +361,7 @@ def rescore_blocks(q: torch.Tensor, keys: torch.Tensor, a: torch.Tensor, pos: to
     `keys_budget` elements (`RESCORE_KEYS_BUDGET`) and no union padded past the cells its block could
     name (one past its latest candidate), so no block reads more than its eligible cells and
     whole-sequence routing rescores a window of blocks in a few steps of a few ops each, not a hundred
-    ops per block. A padded query (zero, candidates -1) selects
-    nothing."""
+    ops per block. A padded query (zero, candidates -1) selects nothing."""
     groups, blocks, num_q, dim = q.shape
     num_cells = a.shape[-1]
     budget = RESCORE_KEYS_BUDGET if keys_budget is None else keys_budget
@@ -406,7 +415,8 @@ def _rescore_step(q, keys, a, pos, cand, valid, union, slot, config: FreeSoloCon
                             / math.sqrt(dim)).logsumexp(dim=-1)
     idx = cand.clamp_max(num_cells - 1)
     scores = lse.gather(-1, slot.view_as(cand))
-    gate = torch.erf((pos[None, :, :, None] - (idx.to(q.dtype) + 0.5) * cell_size) / (2.0 * sigma[:, None, None, None]))
+    centers = (idx.to(q.dtype) + 0.5) * cell_size
+    gate = torch.erf((pos[None, :, :, None] - centers) / (2.0 * sigma[:, None, None, None]))
     scores = scores + lam[:, None, None, None] * a[rows[..., None], idx] * gate
     choice = top_k_earliest(scores, valid, config.top_k)
     return torch.where(choice >= 0, cand.gather(-1, choice.clamp_min(0)), -1)
@@ -558,8 +568,8 @@ def select_cells_fsb(q: torch.Tensor, k: torch.Tensor, config: FreeSoloConfig, p
                 continue
             # a group of blocks at a time: its candidates `[G kinds, queries, Wb]` within CANDIDATES_BUDGET
             group = max(1, CANDIDATES_BUDGET // (bsz * heads * kinds * block_size * config.beam_width))
-            for first in range(0, len(blocks), group):
-                _route_blocks(blocks[first:first + group], store, roots, q_bh, q_start, k_cells, a_bh, out, config,
+            for at in range(0, len(blocks), group):
+                _route_blocks(blocks[at:at + group], store, roots, q_bh, q_start, k_cells, a_bh, out, config,
                               prior_g, kinds)
     return out.view(bsz, heads, num_q, top_k).transpose(1, 2).contiguous()
 

@@ -65,9 +65,10 @@ def compact_piece(region_kv: torch.Tensor, reads, sent: list[tuple[torch.Tensor,
     sent: per holder (document cells `[n]`, heads `[n]`, keys and values `[n, s, 2d]`) of cells before `r`,
     those its queries selected among them; cells `[1, pad + m, H, K]` (document cells, -1 none). Returns
     `[c s + o - r, H, 2d]`: per head the cells before `r` that its queries read, in cell order, padded to
-    the most any head reads (`c` cells), then the region whole; and the cells as indices into it. The readout is position-free
-    (NoPE) and the window reads the region's last positions before the piece's own keys, so both read what
-    they read in the document's zero prefix, but the piece holds `O(c s + o - r)` positions, not `O(o)`."""
+    the most any head reads (`c` cells), then the region whole; and the cells as indices into it. The
+    readout is position-free (NoPE) and the window reads the region's last positions before the piece's own
+    keys, so both read what they read in the document's zero prefix, but the piece holds `O(c s + o - r)`
+    positions, not `O(o)`."""
     region = reads[-1][0]
     cut = region_kv.shape[0] - (reads[-1][1] - region)  # the cut cells' positions, before the region
     early = region // s

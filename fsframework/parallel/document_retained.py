@@ -26,8 +26,8 @@ this mirrors). Its keys are then compact (`fsframework.parallel.document_compact
 read and the region, not its document's earlier length. Routing by the cells' token keys
 (`route_score=tokens`) reads more than summaries: the piece then holds the zero prefix `[1, o, H, d]` with
 those positions (per head for the sent cells), and the op routes over it. What travels per piece: the
-region's inputs (`D` numbers a position), `P` pairs per head from each holder, and `P` cells per head, whatever the document's length; backward returns each gradient to
-the rank whose inputs made it.
+region's inputs (`D` numbers a position), `P` pairs per head from each holder, and `P` cells per head,
+whatever the document's length; backward returns each gradient to the rank whose inputs made it.
 """
 
 from __future__ import annotations

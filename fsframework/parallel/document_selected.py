@@ -23,9 +23,9 @@ into them and handed to the op (`ContinuedDocument` with cells). The op reads th
 cells only, and the readout is position-free, so the logits are the one-process ones, while the piece
 holds `O(K s` per query block `+ o - r)` positions, not its document's earlier length `o`; its routing
 reads the summaries alone (`1/s` of the keys), built cell by cell without a prefix-long tensor. What
-travels per piece: the region's inputs, `D + H` numbers per earlier cell (its summaries: `1/s` of its inputs), one flag per cell and head, and the
-selected cells. Backward returns the selected cells' and the region's gradients to their owners; routing
-has none.
+travels per piece: the region's inputs, `D + H` numbers per earlier cell (its summaries: `1/s` of its
+inputs), one flag per cell and head, and the selected cells. Backward returns the selected cells' and the
+region's gradients to their owners; routing has none.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def selected_keys(x: torch.Tensor, plan: RetainedPlan, earlier: list[torch.Tenso
                   transport: Transport) -> tuple[list[torch.Tensor], list[tuple]]:
     """For each of this rank's continued pieces (`earlier[i]`: the inputs of its `reads`) its FS keys and
     values, compact (`compact_piece`: the cells its queries read, then its region), and its routed cells
-    `[1, pad + m, H, K]` indexing them (module docstring). `documents`: this rank's (`continuations`: the pieces' tokens and positions); `layer` the
-    FS layer (settings, prior). The pieces of one document on this rank share one exchange (`_groups`).
-    Returns (what to tie the layer's output to; (k, v, cells) per piece)."""
+    `[1, pad + m, H, K]` indexing them (module docstring). `documents`: this rank's (`continuations`: the
+    pieces' tokens and positions); `layer` the FS layer (settings, prior). The pieces of one document on
+    this rank share one exchange (`_groups`). Returns (what to tie the layer's output to; (k, v, cells) per
+    piece)."""
     cfg, rank = layer.settings, plan.rank
     s = cfg.cell_size
     _, probe, _ = project(x[:1, :0], 0)
