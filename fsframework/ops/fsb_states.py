@@ -32,10 +32,10 @@ class _Chunks:
     (the chunks of two documents are disjoint), and the `k`-th of its row's sits at slot
     `base + k (2^(bit+1) - 1)`."""
 
-    def __init__(self, bit: int, counts: torch.Tensor, begins: torch.Tensor, base: int):
+    def __init__(self, bit: int, counts: torch.Tensor, begins: torch.Tensor, base: int, span: int):
         rows = counts.shape[0]
         self.bit, self.base, self.nodes = bit, base, (2 << bit) - 1
-        self.span = int((begins + counts).max()) + 1 if counts.numel() else 1  # first cells < span
+        self.span = span  # above every first cell: the most cells a row admits, plus one
         used = ((counts >> bit) & 1) == 1
         row = torch.arange(rows, device=counts.device)[:, None].expand_as(counts)
         self.keys = torch.unique(row[used] * self.span + self.first(begins[used], counts[used]))  # sorted
@@ -85,7 +85,7 @@ def forest_states(kbar: torch.Tensor, a: torch.Tensor, p: torch.Tensor, ids: tor
     a, p, ids = a.gather(1, order), p.expand(rows, -1).gather(1, order), ids.expand(rows, -1).gather(1, order)
     chunks, base = [], 0
     for bit in range(max(int(counts.max()).bit_length() if counts.numel() else 0, 1)):
-        chunks.append(_Chunks(bit, counts, begins, base))
+        chunks.append(_Chunks(bit, counts, begins, base, most + 1))
         base += chunks[-1].width * chunks[-1].nodes
     states = arrived.numel()
     store = NodeStore(rows, dim, dtype=kbar.dtype, device=device, capacity=max(1, base + states * len(chunks)))
