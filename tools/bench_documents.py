@@ -38,8 +38,9 @@ other than a warm-up. Printed per kind: the launches at each document count, the
 over the 1-document count, and whether the count does not grow with the documents (the acceptance
 "flat within 10%"): "yes" where every count is at most 110% of the 1-document count ("yes (fewer)"
 where some is under 90%: shorter documents need fewer launches, e.g. AR-GRC's shallower trees, or
-no long-range branch in documents within one query block), else "no (more)". A kind whose model launches no kernel, or cannot be built or run
-with impl=triton on a 1-document row, is reported as "no kernel".
+no long-range branch in documents within one query block), else "no (more)". A kind whose model
+launches no kernel, or cannot be built or run with impl=triton on a 1-document row, is reported as
+"no kernel".
 
 `--json PATH` writes the rows of either mode as a list of dicts.
 """
@@ -61,8 +62,8 @@ from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from aten_ops import count_aten_ops  # noqa: E402
 from fsframework.config import load_config  # noqa: E402
 from fsframework.config.kinds import KIND_FACTS  # noqa: E402
 from fsframework.models.freesolo_attention import set_fsb_thresholds  # noqa: E402
@@ -113,21 +114,10 @@ def run_ids(rows: list[list[int]]) -> torch.Tensor:
 
 # --- counting ---
 
-class CountOps(TorchDispatchMode):
-    """Counts every aten op dispatched while it is active."""
-
-    ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def aten_ops(model, tokens: torch.Tensor, doc_ids) -> int:
     """Aten ops dispatched by one forward of `tokens` (no_grad: inference mode would hide ops from a mode)."""
-    with torch.no_grad(), CountOps() as count:
-        model(tokens, doc_ids=doc_ids)
-    return count.ops
+    with torch.no_grad():
+        return count_aten_ops(model, tokens, doc_ids=doc_ids)
 
 
 class Launches:

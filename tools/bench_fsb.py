@@ -54,6 +54,7 @@ def median_tau(k, cell_size: int):
 def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int, device: str = "cpu") -> dict:
     import torch
 
+    from aten_ops import count_aten_ops
     from fsframework.models.freesolo_settings import fs_pair
     from fsframework.ops.freesolo import select_cells
 
@@ -84,25 +85,7 @@ def worker(case: str, seq: int, heads: int, dim: int, threads: int, repeats: int
         best_cpu = min(best_cpu, time.process_time() - start_cpu)
         peak = max(peak, (torch.cuda.max_memory_allocated() if cuda else _max_rss_bytes()) - base)
     return {"time_s": best, "cpu_s": best_cpu, "peak_bytes": peak,
-            "ops_per_block": aten_ops(run, q, k) / max(1, seq // ROUTING["block_size"])}
-
-
-def aten_ops(fn, *args) -> int:
-    """The aten ops one call of `fn(*args)` dispatches (each a kernel launch on a GPU; host work that no
-    faster arithmetic hides), counted by a TorchDispatchMode: the same on every machine. A Triton
-    kernel's launch is not an aten op."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn(*args)
-    return Count.ops
+            "ops_per_block": count_aten_ops(run, q, k) / max(1, seq // ROUTING["block_size"])}
 
 
 def _run_case(case, seq, args) -> dict:
