@@ -102,3 +102,20 @@ def kernel_launches(monkeypatch, fn) -> dict:
             patch.setattr(cls, "run", run)
         fn()
     return dict(counts)
+
+
+def laid_out_documents(documents, cell_size, block_size):
+    """Per-document (q, k) `[B, L, H, d]` end to end in one row, each from a block boundary, zeros after it
+    to the next one (`fsframework.ops.freesolo_documents`'s layout) -> (q, k) `[B, R, H, d]`, first_cells
+    `[R / block_size]` (CPU LongTensor), each document's first row."""
+    lengths = [q.shape[1] for q, _ in documents]
+    padded = [-(-n // block_size) * block_size for n in lengths]
+    bsz, _, heads, dim = documents[0][0].shape
+    q_row, k_row = (torch.zeros(bsz, sum(padded), heads, dim) for _ in range(2))
+    firsts, offsets, offset = [], [], 0
+    for (q, k), n, p in zip(documents, lengths, padded):
+        q_row[:, offset:offset + n], k_row[:, offset:offset + n] = q, k
+        firsts += [offset // cell_size] * (p // block_size)
+        offsets.append(offset)
+        offset += p
+    return q_row, k_row, torch.tensor(firsts), offsets

@@ -14,7 +14,7 @@ from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import select_cells as op_select_cells
 from fsframework.ops.freesolo_routing import select_cells_reference
 from fsf_kernels.cell_routing import select_cells
-from kernel_testing import gpu, kernel_launches, on_interpreter, routing_scores
+from kernel_testing import gpu, kernel_launches, laid_out_documents, on_interpreter, routing_scores
 
 F32, BF16 = torch.float32, torch.bfloat16
 
@@ -37,23 +37,6 @@ def _id(layout):
 def _documents(lengths, gen, *, batch=2, heads=2, dim=16):
     """Per-document (q, k) `[batch, L, heads, dim]`, fp32 on the CPU."""
     return [tuple(torch.randn(batch, n, heads, dim, generator=gen) for _ in range(2)) for n in lengths]
-
-
-def _laid_out(documents, cell_size, block_size):
-    """The documents end to end in one row, each from a block boundary, zeros after it to the next
-    one -> (q, k) `[B, R, H, d]`, first_cells `[R / block_size]` (CPU LongTensor), each document's
-    first row."""
-    lengths = [q.shape[1] for q, _ in documents]
-    padded = [-(-n // block_size) * block_size for n in lengths]
-    bsz, _, heads, dim = documents[0][0].shape
-    q_row, k_row = (torch.zeros(bsz, sum(padded), heads, dim) for _ in range(2))
-    firsts, offsets, offset = [], [], 0
-    for (q, k), n, p in zip(documents, lengths, padded):
-        q_row[:, offset:offset + n], k_row[:, offset:offset + n] = q, k
-        firsts += [offset // cell_size] * (p // block_size)
-        offsets.append(offset)
-        offset += p
-    return q_row, k_row, torch.tensor(firsts), offsets
 
 
 def _kwargs(variant, layout):
@@ -88,7 +71,7 @@ CASES = [(layout, dtype) for layout in LAYOUTS for dtype in (F32, BF16) if dtype
 def test_documents_match_the_reference_and_each_document_alone(variant, layout, dtype, device):
     gen = torch.Generator().manual_seed(sum(layout[0]) + layout[1])
     documents = _documents(layout[0], gen)
-    q_row, k_row, first_cells, offsets = _laid_out(documents, layout[1], layout[2])
+    q_row, k_row, first_cells, offsets = laid_out_documents(documents, layout[1], layout[2])
     kwargs = _kwargs(variant, layout)
     config, prior = fs_pair(**kwargs)
     prior_dev = fs_pair(**dict(kwargs, sigma=kwargs["sigma"].to(device)))[1]
@@ -122,8 +105,8 @@ def test_one_launch_per_kernel_however_many_documents(monkeypatch, variant, devi
     kwargs = dict(variant=variant, cell_size=4, block_size=8, top_k=2, retained_cells=3, recent_cells=1,
                   sigma=2.0, lam=0.8)
     config, prior = fs_pair(**kwargs)
-    one = _laid_out(_documents([109], gen), 4, 8)
-    many = _laid_out(_documents([9, 20, 1, 17, 30, 3], gen), 4, 8)
+    one = laid_out_documents(_documents([109], gen), 4, 8)
+    many = laid_out_documents(_documents([9, 20, 1, 17, 30, 3], gen), 4, 8)
     assert one[0].shape == many[0].shape and len(set(many[2].tolist())) == 6
     results = {}
 

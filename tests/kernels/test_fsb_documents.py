@@ -16,7 +16,7 @@ import torch
 
 from fsframework.models.freesolo_settings import fs_pair
 from fsframework.ops.freesolo import select_cells
-from kernel_testing import kernel_launches
+from kernel_testing import kernel_launches, laid_out_documents
 
 # lengths not multiples of the cell (4) or block (16), two within one block (nothing long range), a
 # document of whole blocks, one long enough that its forests hold chunks of 8 and 16 cells
@@ -29,20 +29,6 @@ def _documents(lengths, seed, batch=2):
     return [tuple(torch.randn(batch, n, HEADS, DIM, generator=gen) for _ in range(2)) for n in lengths]
 
 
-def _laid_out(documents):
-    """(q, k) `[B, R, H, d]` of the documents end to end, each from a block boundary, zeros after it;
-    first_cells `[R / BLOCK]`; each document's first row."""
-    padded = [-(-q.shape[1] // BLOCK) * BLOCK for q, _ in documents]
-    q_row, k_row = (torch.zeros(documents[0][0].shape[0], sum(padded), HEADS, DIM) for _ in range(2))
-    firsts, offsets, offset = [], [], 0
-    for (q, k), p in zip(documents, padded):
-        q_row[:, offset:offset + q.shape[1]], k_row[:, offset:offset + q.shape[1]] = q, k
-        firsts += [offset // CELL] * (p // BLOCK)
-        offsets.append(offset)
-        offset += p
-    return q_row, k_row, torch.tensor(firsts), offsets
-
-
 def _pair(forests: str, impl: str = "reference", beam_width: int = 3):
     # tau near the keys' norm quantiles: Ftau admits some cells of each document, not all
     return fs_pair(variant="fsb", cell_size=CELL, block_size=BLOCK, top_k=2, beam_width=beam_width, forests=forests,
@@ -52,7 +38,7 @@ def _pair(forests: str, impl: str = "reference", beam_width: int = 3):
 @pytest.mark.parametrize("forests", ["both", "f0", "ftau"])
 def test_each_document_selects_what_it_selects_alone(forests):
     documents = _documents(LENGTHS, seed=3)
-    q_row, k_row, first_cells, offsets = _laid_out(documents)
+    q_row, k_row, first_cells, offsets = laid_out_documents(documents, CELL, BLOCK)
     config, prior = _pair(forests)
     got = select_cells(q_row, k_row, config, prior, first_cells=first_cells)
     assert got.shape == (2, q_row.shape[1], HEADS, 2)
@@ -71,7 +57,7 @@ def test_windows_of_blocks_restart_at_each_document(monkeypatch):
     import fsframework.ops.fsb_search as search
 
     documents = _documents(LENGTHS, seed=4)
-    q_row, k_row, first_cells, _ = _laid_out(documents)
+    q_row, k_row, first_cells, _ = laid_out_documents(documents, CELL, BLOCK)
     config, prior = _pair("both")
     whole_window = select_cells(q_row, k_row, config, prior, first_cells=first_cells)
     monkeypatch.setattr(search, "STATES_BUDGET_BYTES", 0)
@@ -82,7 +68,7 @@ def test_the_search_kernel_reads_documents_as_the_reference_does(monkeypatch, de
     """impl=triton: the beams search the same per-document forests, every block's queries in one launch
     (each reads its block's state of the forests; a document's first block searches nothing)."""
     documents = _documents([20, 45, 23], seed=5, batch=1)  # the interpreter's seconds go to each program
-    q_row, k_row, first_cells, _ = _laid_out(documents)
+    q_row, k_row, first_cells, _ = laid_out_documents(documents, CELL, BLOCK)
     q_row, k_row = q_row.to(device), k_row.to(device)
 
     def pair(impl):  # one forest: the interpreter runs a program per (row, head, forest, query)
