@@ -23,17 +23,18 @@ def positions_of(rows: list[list[int]]):
 
     return torch.stack([torch.cat([torch.arange(length) for length in row]) for row in rows])
 
-def tiny_model(name: str, vocab_size: int):
+def tiny_model(name: str, vocab_size: int, **attention):
     """A 2-layer, 2-head model of any registered kind with small attention shapes (window 16,
-    cells of 4, blocks of 8) and the reference ops, in eval mode; FS-B gets thresholds of 1."""
+    cells of 4, blocks of 8) and the reference ops, in eval mode; FS-B gets thresholds of 1.
+    `attention`: other `AttentionConfig` fields (e.g. route_score)."""
     import torch
 
     from fsframework.config import AttentionConfig, ModelConfig
     from fsframework.models.freesolo_attention import set_fsb_thresholds
     from fsframework.models.registry import build_model
 
-    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
-                          impl="reference")
+    att = AttentionConfig(**{**dict(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
+                                    impl="reference"), **attention})
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=name, vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2,
                                     attention=att)).eval()

@@ -342,14 +342,7 @@ def test_token_scored_routing_stays_exact_on_continued_pieces(name):
     """`model.attention.route_score=tokens` reads the cells' token keys, which no summary holds: FS's pieces
     then read their earlier inputs and FS-L's a zero prefix holding its whole cells, both routed by the op,
     and the ranks still equal one process."""
-    from fsframework.config import AttentionConfig, ModelConfig
-    from fsframework.models.registry import build_model
-
-    att = AttentionConfig(window=16, cell_size=4, block_size=8, top_k=2, recent_cells=2, retained_cells=3,
-                          impl="reference", route_score="tokens")
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(name=name, vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=2,
-                                    attention=att)).eval().float()
+    model = tiny_model(name, VOCAB, route_score="tokens").float()
     tokens, doc_ids = packed_batch()
     runs = RUNS["documents"]
     with torch.no_grad():
