@@ -238,7 +238,7 @@ def launch_rows(args, kinds: list[str], docs_list: list[int]) -> list[dict]:
             model = model.float()
             if not KIND_FACTS[kind].trainable:  # FS-B: a forward; tau 0 (the launches do not depend on it)
                 model.eval()
-                set_fsb_thresholds(model, [[0.0] * model.cfg.n_heads], source="bench_documents")
+                set_fsb_thresholds(model, [[0.0] * model.cfg.n_heads] * model.cfg.n_layers, source="bench_documents")
             tokens = torch.randint(0, vocab, (1, args.launch_seq_len + 1),
                                    generator=torch.Generator().manual_seed(args.seed))
         except Exception as exc:  # a kind whose config or model refuses impl=triton
